@@ -1,0 +1,117 @@
+# gpush build. `make` builds build/gpush (with the CUDA backend when nvcc is
+# found), `make test` installs what is missing, builds and runs every test,
+# `make check` runs the tests of an existing build, `make run` runs the main job.
+
+BUILD   ?= build
+CC      ?= cc
+V       ?= 0
+Q       := $(if $(filter 1,$(V)),,@)
+
+NVCC    ?= $(shell command -v nvcc 2>/dev/null || { test -x /usr/local/cuda/bin/nvcc && echo /usr/local/cuda/bin/nvcc; })
+ifeq ($(NOCUDA),1)
+NVCC    :=
+endif
+CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),)
+
+# Compute capability: CUDA_ARCH=90 overrides; else the visible GPU's; else a list.
+CUDA_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.[:space:]')
+ifeq ($(strip $(CUDA_ARCH)),)
+CUDA_ARCH := 80 90
+endif
+GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
+           -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+
+LUAJIT_INC ?= /usr/include/luajit-2.1
+LUAJIT_LIB ?= $(firstword $(wildcard /usr/lib/*/libluajit-5.1.a /usr/lib/libluajit-5.1.a /usr/local/lib/libluajit-5.1.a))
+
+HAVE_CUDA := $(if $(NVCC),1,0)
+CPPFLAGS  += -Isrc -I$(LUAJIT_INC) -DGP_HAVE_CUDA=$(HAVE_CUDA) -D_GNU_SOURCE
+CFLAGS    ?= -O2 -g
+CFLAGS    += -std=c11 -Wall -Wextra -MMD -MP
+NVFLAGS   ?= -O3 -g -lineinfo
+NVFLAGS   += -std=c++17 $(GENCODE) -Xcompiler -Wall,-Wextra -MMD -MP --expt-relaxed-constexpr
+LDLIBS    := $(LUAJIT_LIB) -lreadline -lm -ldl -lpthread
+ifeq ($(HAVE_CUDA),1)
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lcublas -lcublasLt -lrt -lstdc++
+endif
+
+CORE_SRC := $(filter-out src/main.c src/nocuda.c,$(wildcard src/*.c)) $(wildcard kernels/*.c)
+CU_SRC   := $(wildcard src/*.cu kernels/*.cu)
+ifeq ($(HAVE_CUDA),1)
+OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+else
+OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
+endif
+TEST_SRC := $(wildcard tests/c/*.c)
+
+.PHONY: all deps test check run bench clean
+all: $(BUILD)/gpush $(BUILD)/test_c
+
+$(BUILD)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  CC    $<"
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	@echo "  NVCC  $<"
+	$(Q)$(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
+
+# The header as LuaJIT's ffi.cdef will read it: preprocessed, then quoted.
+$(BUILD)/gen/cdef.inc: src/gpush.h $(wildcard kernels/*.def)
+	@mkdir -p $(dir $@)
+	@echo "  CDEF  $@"
+	$(Q)$(CC) -E -P -DGP_CDEF -Isrc src/gpush.h | sed -e 's/\\/\\\\/g' -e 's/"/\\"/g' -e 's/^/"/' -e 's/$$/\\n"/' > $@
+
+$(BUILD)/obj/src/main.o: $(BUILD)/gen/cdef.inc
+$(BUILD)/obj/src/main.o: CPPFLAGS += -I$(BUILD)/gen
+
+$(BUILD)/libgpush.a: $(OBJS)
+	@echo "  AR    $@"
+	$(Q)rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/gpush: $(BUILD)/obj/src/main.o $(BUILD)/libgpush.a
+	@echo "  LINK  $@"
+	$(Q)$(CC) -Wl,-E -o $@ $< -Wl,--whole-archive $(BUILD)/libgpush.a -Wl,--no-whole-archive $(LDLIBS)
+
+$(BUILD)/test_c: $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libgpush.a
+	@echo "  LINK  $@"
+	$(Q)$(CC) -o $@ $^ -lcriterion $(LDLIBS)
+
+# Debian packages the build and tests need, pinned to the versions tested;
+# only missing ones are installed, and a pinned version that the mirror no
+# longer has falls back to the current one.
+DEB_PKGS := libluajit-5.1-dev=2.1.0~beta3+git20220320+dfsg-4.1+deb12u1 \
+            libcriterion-dev=2.4.1-2 \
+            libcjson-dev=1.7.15-1+deb12u4 \
+            libreadline-dev=8.2-1.3 \
+            pkg-config=1.8.1-1 \
+            tmux=3.3a-3
+deps:
+	@missing=""; for p in $(DEB_PKGS); do n=$${p%%=*}; \
+	  dpkg-query -W -f='$${Status}' $$n 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps: installing$$missing"; \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && \
+	  { DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing || \
+	    DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$(echo $$missing | sed 's/=[^ ]*//g'); }; \
+	fi
+
+test: deps
+	$(Q)$(MAKE) --no-print-directory all
+	$(Q)$(MAKE) --no-print-directory check
+
+# Run the tests of an existing build (no rebuild): Criterion, then the Lua suite.
+check:
+	$(Q)$(BUILD)/test_c --jobs 1
+	$(Q)$(BUILD)/gpush tests/lua/run.lua
+
+run: deps
+	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush
+	$(Q)$(BUILD)/gpush examples/01_tensors.lua
+
+clean:
+	rm -rf $(BUILD)
+
+-include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,23 @@
+/* elementwise.h: op codes shared by elementwise.c (CPU) and elementwise.cu. */
+#ifndef GP_ELEMENTWISE_H
+#define GP_ELEMENTWISE_H
+#include "../src/internal.h"
+
+enum { U_NEG, U_ABS, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_TANH, U_SIGMOID, U_RELU, U_SILU, U_GELU, U_GELU_TANH, U_SIN, U_COS };
+/* binary ops; the *_R forms swap the operands (s - a, s / a, s ^ a) */
+enum { B_ADD, B_SUB, B_MUL, B_DIV, B_POW, B_MAX, B_MIN, B_SUB_R, B_DIV_R, B_POW_R };
+enum { C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE };
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* CUDA launchers (elementwise.cu); arguments already checked */
+int gp_cuda_unary(int op, gp_tensor *out, const gp_tensor *x);
+int gp_cuda_binary(int op, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, double s);
+int gp_cuda_compare(int op, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, double s);
+int gp_cuda_where(gp_tensor *out, const gp_tensor *mask, const gp_tensor *a, const gp_tensor *b);
+int gp_cuda_clamp(gp_tensor *out, const gp_tensor *x, double lo, double hi);
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,82 @@
+/* ew_launch.cuh: one engine for elementwise kernels on the GPU.
+ * out[i] = f(a[i], b[i]) over a gp_loop (broadcast, strided, dims merged);
+ * a dense loop runs a grid-stride kernel with 16-byte vector loads and
+ * stores, anything else indexes through the loop's strides. */
+#ifndef GP_EW_LAUNCH_CUH
+#define GP_EW_LAUNCH_CUH
+#include "../src/cuda_internal.h"
+
+template <typename T, int V> struct alignas(sizeof(T) * V) gp_vec { T v[V]; };
+
+template <int NIN, typename F, typename A, typename B>
+__device__ __forceinline__ auto gp_call(const F &f, A a, B b) {
+  if constexpr (NIN == 0) return f();
+  else if constexpr (NIN == 1) return f(a);
+  else return f(a, b);
+}
+
+template <int NIN, int V, typename To, typename Ta, typename Tb, typename F>
+__global__ void gp_ew_flat(To *o, const Ta *a, const Tb *b, int64_t n, F f) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  int64_t nv = n / V;
+  for (int64_t i = tid; i < nv; i += nth) {
+    gp_vec<Ta, V> va;
+    gp_vec<Tb, V> vb;
+    gp_vec<To, V> vo;
+    if constexpr (NIN >= 1) va = reinterpret_cast<const gp_vec<Ta, V> *>(a)[i];
+    if constexpr (NIN >= 2) vb = reinterpret_cast<const gp_vec<Tb, V> *>(b)[i];
+#pragma unroll
+    for (int j = 0; j < V; j++) vo.v[j] = gp_call<NIN>(f, va.v[j], vb.v[j]);
+    reinterpret_cast<gp_vec<To, V> *>(o)[i] = vo;
+  }
+  for (int64_t i = nv * V + tid; i < n; i += nth) {
+    Ta x{};
+    Tb y{};
+    if constexpr (NIN >= 1) x = a[i];
+    if constexpr (NIN >= 2) y = b[i];
+    o[i] = gp_call<NIN>(f, x, y);
+  }
+}
+
+template <int NIN, typename To, typename Ta, typename Tb, typename F>
+__global__ void gp_ew_strided(gp_loop L, To *o, const Ta *a, const Tb *b, F f) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = tid; i < L.numel; i += nth) {
+    int64_t off[4];
+    gp_loop_offsets(&L, i, off);
+    Ta x{};
+    Tb y{};
+    if constexpr (NIN >= 1) x = a[off[1]];
+    if constexpr (NIN >= 2) y = b[off[2]];
+    o[off[0]] = gp_call<NIN>(f, x, y);
+  }
+}
+
+static inline bool gp_aligned(const void *p, size_t n) { return ((uintptr_t)p % n) == 0; }
+
+template <int NIN, typename To, typename Ta, typename Tb, typename F>
+int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, F f) {
+  gp_loop L;
+  const gp_tensor *ops[3] = {out, a, b};
+  GP_TRY(gp_loop_init(&L, name, 1 + NIN, ops));
+  if (L.numel == 0) return GP_OK;
+  To *po = (To *)gp_ptr(out);
+  const Ta *pa = NIN >= 1 ? (const Ta *)gp_ptr(a) : nullptr;
+  const Tb *pb = NIN >= 2 ? (const Tb *)gp_ptr(b) : nullptr;
+  cudaStream_t s = gp_cuda_stream();
+  bool flat = L.ndim == 1;
+  for (int k = 0; k <= NIN; k++) flat = flat && (L.stride[k][0] == 1 || L.numel == 1);
+  if (flat) {
+    constexpr size_t mx = sizeof(To) > sizeof(Ta) ? (sizeof(To) > sizeof(Tb) ? sizeof(To) : sizeof(Tb))
+                                                  : (sizeof(Ta) > sizeof(Tb) ? sizeof(Ta) : sizeof(Tb));
+    constexpr int V = (int)(16 / mx);
+    bool al = gp_aligned(po, sizeof(To) * V) && (NIN < 1 || gp_aligned(pa, sizeof(Ta) * V)) &&
+              (NIN < 2 || gp_aligned(pb, sizeof(Tb) * V));
+    if (al) gp_ew_flat<NIN, V><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
+    else gp_ew_flat<NIN, 1><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
+  } else {
+    gp_ew_strided<NIN><<<gp_grid(L.numel, 256), 256, 0, s>>>(L, po, pa, pb, f);
+  }
+  return gp_cuda_check_launch(name);
+}
+#endif

@@ -1,0 +1,100 @@
+-- core: the bridge to the C ABI. Status codes become Lua errors that name the
+-- op; out-of-memory is retried once after a full collection and emptying the
+-- allocator cache; the collector is stepped in proportion to the bytes that
+-- tensors hold outside the Lua heap.
+local ffi = require 'ffi'
+local C = require 'gpush.ffi'
+
+local M = {C = C, ffi = ffi}
+
+M.DT = {f32 = 0, bf16 = 1, f16 = 2, i32 = 3, i64 = 4, u8 = 5}
+M.DTNAME = {[0] = 'f32', 'bf16', 'f16', 'i32', 'i64', 'u8'}
+local DT_ALIAS = {
+  f32 = 'f32', float = 'f32', float32 = 'f32', bf16 = 'bf16', bfloat16 = 'bf16', f16 = 'f16', half = 'f16',
+  float16 = 'f16', i32 = 'i32', int = 'i32', int32 = 'i32', i64 = 'i64', long = 'i64', int64 = 'i64',
+  u8 = 'u8', bool = 'u8', uint8 = 'u8', byte = 'u8',
+}
+M.ELSIZE = {[0] = 4, 2, 2, 4, 8, 1}
+M.DEV = {cpu = 0, cuda = 1}
+M.DEVNAME = {[0] = 'cpu', 'cuda'}
+
+-- The frame of the caller outside the gpush library, for error positions.
+local function user_level()
+  local level = 3
+  while true do
+    local info = debug.getinfo(level, 'S')
+    if not info then return 0 end
+    if not info.source:find('lua/gpush/', 1, true) and info.what ~= 'C' then return level - 1 end
+    level = level + 1
+  end
+end
+
+function M.raise(msg)
+  error(msg, user_level())
+end
+
+function M.dtype(name, op)
+  local d = DT_ALIAS[name]
+  if not d then
+    M.raise(string.format("%s: unknown dtype '%s' (f32, bf16, f16, i32, i64, u8)", op or 'dtype', tostring(name)))
+  end
+  return d
+end
+
+local box_stats = ffi.new('gp_memstats[1]')
+function M.memory_stats()
+  C.gp_memory_stats(box_stats)
+  local s = box_stats[0]
+  local t = {}
+  for _, k in ipairs {'in_use', 'reserved', 'peak', 'allocs', 'cache_hits', 'device_mallocs', 'frees', 'oom',
+                      'cached_blocks', 'limit', 'host_in_use', 'host_peak', 'host_allocs'} do
+    t[k] = tonumber(s[k])
+  end
+  t.fragmentation = t.reserved > 0 and (t.reserved - t.in_use) / t.reserved or 0
+  return t
+end
+
+local function mib(b) return string.format('%.1f MiB', b / 1048576) end
+function M.memory_summary(s)
+  s = s or M.memory_stats()
+  return string.format(
+    'cuda: %s in use, %s reserved, %s peak, %d allocations (%d from the cache), %d cudaMalloc, %d cached blocks%s; cpu: %s in use, %s peak',
+    mib(s.in_use), mib(s.reserved), mib(s.peak), s.allocs, s.cache_hits, s.device_mallocs, s.cached_blocks,
+    s.limit > 0 and (', limit ' .. mib(s.limit)) or '', mib(s.host_in_use), mib(s.host_peak))
+end
+
+function M.last_error() return ffi.string(C.gp_last_error()) end
+
+-- A failed call: retry once after freeing what can be freed if it ran out of
+-- memory, else raise the C message.
+function M.fail(rc, f, ...)
+  if rc == 2 then
+    collectgarbage('collect')
+    C.gp_empty_cache()
+    rc = f(...)
+    if rc == 0 then return end
+    if rc == 2 then M.raise(M.last_error() .. '\n  memory: ' .. M.memory_summary()) end
+  end
+  M.raise(M.last_error())
+end
+
+-- call f(...) and raise on failure
+function M.call(f, ...)
+  local rc = f(...)
+  if rc ~= 0 then M.fail(rc, f, ...) end
+end
+
+-- GC pacing: device and host tensor bytes are invisible to the Lua GC, so
+-- every GC_STEP bytes of tensors allocated, step it as if they were Lua bytes.
+local GC_STEP = 16 * 1048576
+local debt = 0
+function M.gc_account(bytes)
+  debt = debt + bytes
+  if debt >= GC_STEP then
+    local kb = math.floor(debt / 1024)
+    debt = 0
+    collectgarbage('step', kb)
+  end
+end
+
+return M

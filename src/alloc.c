@@ -1,0 +1,147 @@
+/* alloc.c: host allocation and the caching device allocator.
+ *
+ * Device blocks are rounded up to size classes (512 B, then four classes per
+ * power of two) and, when freed, kept on the free list of their class for
+ * reuse. Kernels are queued on one stream, so a block freed and handed out
+ * again is only touched after the work queued before it. gp_empty_cache()
+ * returns the cached blocks to the driver. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define NCLASS 256
+
+typedef struct block {
+  void *ptr;
+  struct block *next;
+} block;
+
+static gp_memstats S;
+static block *free_list[NCLASS];
+static block *spare_nodes;
+
+static size_t size_class(size_t n, int *cls) {
+  if (n <= 512) {
+    *cls = 0;
+    return 512;
+  }
+  int p = 63 - __builtin_clzll((unsigned long long)(n - 1));
+  size_t step = (size_t)1 << (p - 2);
+  size_t k = (n + step - 1) / step; /* 5..8 */
+  *cls = 1 + (p - 9) * 4 + (int)(k - 5);
+  return k * step;
+}
+
+static double mib(int64_t b) { return (double)b / (1024.0 * 1024.0); }
+
+int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device) {
+  *ptr = NULL;
+  *alloc_bytes = 0;
+  if (nbytes == 0) return GP_OK;
+  if (device == GP_CPU) {
+    if (S.limit && S.host_in_use + (int64_t)nbytes > S.limit)
+      return gp_error_oom("out of memory: %.1f MiB asked for on cpu, %.1f MiB in use, limit %.1f MiB",
+                          mib((int64_t)nbytes), mib(S.host_in_use), mib(S.limit));
+    void *p = NULL;
+    size_t rounded = (nbytes + 63) & ~(size_t)63;
+    if (posix_memalign(&p, 64, rounded) != 0 || !p)
+      return gp_error_oom("out of memory: %.1f MiB asked for on cpu", mib((int64_t)nbytes));
+    *ptr = p;
+    *alloc_bytes = nbytes;
+    S.host_in_use += (int64_t)nbytes;
+    S.host_allocs++;
+    if (S.host_in_use > S.host_peak) S.host_peak = S.host_in_use;
+    return GP_OK;
+  }
+  if (!gp_cuda_compiled()) return gp_error("cuda: this gpush was built without CUDA");
+  int cls;
+  size_t r = size_class(nbytes, &cls);
+  if (cls >= NCLASS) return gp_error_oom("out of memory: %.1f MiB asked for on cuda", mib((int64_t)nbytes));
+  S.allocs++;
+  block *b = free_list[cls];
+  if (b) {
+    free_list[cls] = b->next;
+    *ptr = b->ptr;
+    b->next = spare_nodes;
+    spare_nodes = b;
+    S.cache_hits++;
+    S.cached_blocks--;
+  } else {
+    if (S.limit && S.reserved + (int64_t)r > S.limit) {
+      S.oom++;
+      return gp_error_oom("out of memory: %.1f MiB asked for on cuda, %.1f MiB reserved, limit %.1f MiB",
+                          mib((int64_t)r), mib(S.reserved), mib(S.limit));
+    }
+    if (gp_cuda_malloc(ptr, r) != GP_OK) {
+      S.oom++;
+      return gp_error_oom("out of memory: %.1f MiB asked for on cuda, %.1f MiB in use, %.1f MiB reserved",
+                          mib((int64_t)r), mib(S.in_use), mib(S.reserved));
+    }
+    S.device_mallocs++;
+    S.reserved += (int64_t)r;
+  }
+  *alloc_bytes = r;
+  S.in_use += (int64_t)r;
+  if (S.in_use > S.peak) S.peak = S.in_use;
+  return GP_OK;
+}
+
+void gp_free(void *ptr, size_t alloc_bytes, int device) {
+  if (!ptr) return;
+  if (device == GP_CPU) {
+    free(ptr);
+    S.host_in_use -= (int64_t)alloc_bytes;
+    return;
+  }
+  int cls;
+  size_class(alloc_bytes, &cls);
+  block *b = spare_nodes;
+  if (b) {
+    spare_nodes = b->next;
+  } else if (!(b = malloc(sizeof *b))) { /* cannot cache it: give it back */
+    gp_cuda_free(ptr);
+    S.reserved -= (int64_t)alloc_bytes;
+    S.in_use -= (int64_t)alloc_bytes;
+    S.frees++;
+    return;
+  }
+  b->ptr = ptr;
+  b->next = free_list[cls];
+  free_list[cls] = b;
+  S.cached_blocks++;
+  S.in_use -= (int64_t)alloc_bytes;
+  S.frees++;
+}
+
+int gp_empty_cache(void) {
+  for (int c = 0; c < NCLASS; c++) {
+    size_t sz = c == 0 ? 512 : 0;
+    if (c > 0) {
+      int p = (c - 1) / 4 + 9, k = (c - 1) % 4 + 5;
+      sz = (size_t)k << (p - 2);
+    }
+    while (free_list[c]) {
+      block *b = free_list[c];
+      free_list[c] = b->next;
+      gp_cuda_free(b->ptr);
+      S.reserved -= (int64_t)sz;
+      S.cached_blocks--;
+      b->next = spare_nodes;
+      spare_nodes = b;
+    }
+  }
+  return GP_OK;
+}
+
+int gp_memory_stats(gp_memstats *out) {
+  if (!out) return gp_error("memory_stats: null output");
+  *out = S;
+  return GP_OK;
+}
+
+int gp_set_memory_limit(int64_t bytes) {
+  if (bytes < 0) return gp_error("set_memory_limit: negative limit %lld", (long long)bytes);
+  S.limit = bytes;
+  return GP_OK;
+}

@@ -1,0 +1,76 @@
+/* cuda_internal.h: what the .cu files share: the stream, launch helpers, dtype traits. */
+#ifndef GP_CUDA_INTERNAL_H
+#define GP_CUDA_INTERNAL_H
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "../kernels/common.h"
+
+cudaStream_t gp_cuda_stream(void);
+int gp_cuda_sm_count(void);
+
+/* a grid for n items, capped so that grid-stride loops cover the rest */
+static inline unsigned gp_grid(int64_t n, int block) {
+  int64_t g = (n + block - 1) / block, cap = (int64_t)gp_cuda_sm_count() * 32;
+  if (g > cap) g = cap;
+  return (unsigned)(g < 1 ? 1 : g);
+}
+
+/* Loads give the compute type (float for float dtypes, int64 for integers);
+ * st<T> stores it back: floats round to nearest, float -> integer truncates
+ * and saturates (NaN -> 0, as on the CPU), integer -> integer wraps. */
+__device__ __forceinline__ float ld(float v) { return v; }
+__device__ __forceinline__ float ld(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ld(__half v) { return __half2float(v); }
+__device__ __forceinline__ int64_t ld(int32_t v) { return v; }
+__device__ __forceinline__ int64_t ld(int64_t v) { return v; }
+__device__ __forceinline__ int64_t ld(uint8_t v) { return v; }
+
+template <typename T> struct gp_is_float_t { static constexpr bool value = false; };
+template <> struct gp_is_float_t<float> { static constexpr bool value = true; };
+template <> struct gp_is_float_t<__nv_bfloat16> { static constexpr bool value = true; };
+template <> struct gp_is_float_t<__half> { static constexpr bool value = true; };
+
+__device__ __forceinline__ int64_t gp_sat(float v, int64_t lo, int64_t hi) {
+  if (!(v == v)) return 0;
+  if (v <= (float)lo) return lo;
+  if (v >= (float)hi) return hi;
+  return (int64_t)v;
+}
+template <typename T> __device__ __forceinline__ T st(float v) {
+  if constexpr (std::is_same<T, float>::value) return v;
+  else if constexpr (std::is_same<T, __nv_bfloat16>::value) return __float2bfloat16_rn(v);
+  else if constexpr (std::is_same<T, __half>::value) return __float2half_rn(v);
+  else if constexpr (std::is_same<T, int32_t>::value) return (int32_t)gp_sat(v, INT32_MIN, INT32_MAX);
+  else if constexpr (std::is_same<T, int64_t>::value) return gp_sat(v, INT64_MIN, INT64_MAX);
+  else return (uint8_t)gp_sat(v, 0, 255);
+}
+template <typename T> __device__ __forceinline__ T st(int64_t v) {
+  if constexpr (gp_is_float_t<T>::value) return st<T>((float)v);
+  else return (T)v;
+}
+
+/* Call F<T>(args...) for the storage type of a float dtype. */
+#define GP_FLOAT_SWITCH(dt, T, ...)                            \
+  switch (dt) {                                                \
+    case GP_F32: { typedef float T; __VA_ARGS__; } break;       \
+    case GP_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break; \
+    case GP_F16: { typedef __half T; __VA_ARGS__; } break;      \
+    default: break;                                            \
+  }
+#define GP_ANY_SWITCH(dt, T, ...)                              \
+  switch (dt) {                                                \
+    case GP_F32: { typedef float T; __VA_ARGS__; } break;       \
+    case GP_BF16: { typedef __nv_bfloat16 T; __VA_ARGS__; } break; \
+    case GP_F16: { typedef __half T; __VA_ARGS__; } break;      \
+    case GP_I32: { typedef int32_t T; __VA_ARGS__; } break;     \
+    case GP_I64: { typedef int64_t T; __VA_ARGS__; } break;     \
+    case GP_U8: { typedef uint8_t T; __VA_ARGS__; } break;      \
+    default: break;                                            \
+  }
+
+#endif

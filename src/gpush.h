@@ -1,0 +1,132 @@
+/* gpush.h: the one C ABI of gpush.
+ *
+ * Everything the Lua side may call is declared here. The build runs this file
+ * through the C preprocessor with GP_CDEF defined and embeds the result in the
+ * binary; lua/gpush/ffi.lua hands it to ffi.cdef. So this header is the single
+ * source of truth for struct layouts and signatures: keep the part between the
+ * FFI markers free of anything LuaJIT's C parser cannot read (no macros that
+ * survive preprocessing, no inline functions, no system includes).
+ *
+ * Conventions: outputs first, then inputs, then scalars. Every entry returns a
+ * status (GP_OK, GP_ERR, GP_ERR_OOM); the message is read with gp_last_error().
+ * Dims and starts are 0-based here; the Lua layer converts from 1-based.
+ */
+#ifndef GPUSH_H
+#define GPUSH_H
+
+#ifndef GP_CDEF
+#include <stddef.h>
+#include <stdint.h>
+#endif
+
+#define GP_MAX_DIMS 8
+
+#if defined(__cplusplus) && !defined(GP_CDEF)
+extern "C" {
+#endif
+
+/* ---- FFI begin ---- */
+
+enum { GP_F32 = 0, GP_BF16 = 1, GP_F16 = 2, GP_I32 = 3, GP_I64 = 4, GP_U8 = 5, GP_NDTYPES = 6 };
+enum { GP_CPU = 0, GP_CUDA = 1 };
+enum { GP_OK = 0, GP_ERR = 1, GP_ERR_OOM = 2 };
+
+typedef struct gp_storage gp_storage;
+
+/* A tensor: a strided view of a refcounted storage. Element (i0, i1, ...) is at
+ * data + (offset + sum_k i_k * stride[k]) * elsize. Strides are in elements. */
+typedef struct gp_tensor {
+  gp_storage *storage;
+  char *data;            /* base of the storage (host or device pointer) */
+  int64_t offset;        /* in elements */
+  int32_t dtype;         /* GP_F32 ... */
+  int32_t device;        /* GP_CPU or GP_CUDA */
+  int32_t ndim;
+  int32_t reserved;
+  int64_t shape[GP_MAX_DIMS];
+  int64_t stride[GP_MAX_DIMS];
+} gp_tensor;
+
+typedef struct gp_memstats {
+  int64_t in_use;          /* device bytes held by live tensors (rounded to size classes) */
+  int64_t reserved;        /* device bytes obtained from cudaMalloc and not yet freed */
+  int64_t peak;            /* high-water mark of in_use */
+  int64_t allocs;          /* device allocations asked for */
+  int64_t cache_hits;      /* ... of which were served from the cache */
+  int64_t device_mallocs;  /* cudaMalloc calls */
+  int64_t frees;
+  int64_t oom;             /* allocations refused */
+  int64_t cached_blocks;   /* blocks sitting in the cache */
+  int64_t limit;           /* soft limit on reserved bytes (0: none) */
+  int64_t host_in_use;     /* the same for host tensors */
+  int64_t host_peak;
+  int64_t host_allocs;
+} gp_memstats;
+
+/* ---- errors, versions, devices ---- */
+const char *gp_last_error(void);
+const char *gp_version(void);
+int gp_cuda_available(void);      /* 1 when a CUDA device is usable */
+int gp_cuda_compiled(void);       /* 1 when built with the CUDA backend */
+int gp_runtime_info(char *buf, int n);  /* CUDA runtime, driver and GPU, one line */
+int gp_sync(void);
+
+/* ---- tensors ---- */
+int gp_tensor_empty(gp_tensor **out, int dtype, int device, int ndim, const int64_t *shape);
+int gp_tensor_alias(gp_tensor **out, const gp_tensor *src);  /* same storage and geometry */
+void gp_tensor_free(gp_tensor *t);
+int64_t gp_numel(const gp_tensor *t);
+int gp_is_contiguous(const gp_tensor *t);
+int gp_elsize(int dtype);
+int64_t gp_storage_numel(const gp_tensor *t);
+int gp_same_storage(const gp_tensor *a, const gp_tensor *b);
+
+/* Views: out must be an alias of src (gp_tensor_alias); its geometry is set. */
+int gp_view(gp_tensor *out, const gp_tensor *src, int ndim, const int64_t *shape);
+int gp_transpose(gp_tensor *out, const gp_tensor *src, int d0, int d1);
+int gp_permute(gp_tensor *out, const gp_tensor *src, int ndim, const int *perm);
+int gp_narrow(gp_tensor *out, const gp_tensor *src, int dim, int64_t start, int64_t length);
+int gp_expand(gp_tensor *out, const gp_tensor *src, int ndim, const int64_t *shape);
+int gp_as_strided(gp_tensor *out, const gp_tensor *src, int ndim, const int64_t *shape,
+                  const int64_t *stride, int64_t offset);
+
+/* Copy between devices: same dtype and shape, both contiguous. */
+int gp_transfer(gp_tensor *out, const gp_tensor *src);
+/* Host values into a contiguous tensor on any device (n elements, converted from double). */
+int gp_from_doubles(gp_tensor *out, const double *src, int64_t n);
+/* A contiguous tensor on any device into host doubles. */
+int gp_to_doubles(double *out, const gp_tensor *src, int64_t n);
+
+/* ---- random: one counter-based generator (Philox4x32-10) per process ---- */
+void gp_manual_seed(uint64_t seed);
+uint64_t gp_seed(void);
+uint64_t gp_rng_offset(void);
+
+/* ---- memory ---- */
+int gp_memory_stats(gp_memstats *out);
+int gp_empty_cache(void);
+int gp_set_memory_limit(int64_t bytes);  /* soft cap on reserved device bytes (and host in-use); 0 = none */
+
+/* ---- kernel registry ---- */
+typedef struct gp_kernel_info {
+  const char *name;
+  const char *family;
+  const char *signature;  /* the C parameter list */
+  const char *spec;       /* argument spec: see kernels/README.md */
+  const char *doc;        /* one line */
+} gp_kernel_info;
+int gp_kernel_count(void);
+const gp_kernel_info *gp_kernel_get(int i);
+
+/* Every kernel: int gp_k_NAME(outputs..., inputs..., scalars...). */
+#define GP_KERNEL(family, name, params, spec, doc) int gp_k_##name params;
+#include "../kernels/kernels.def"
+#undef GP_KERNEL
+
+/* ---- FFI end ---- */
+
+#if defined(__cplusplus) && !defined(GP_CDEF)
+}
+#endif
+
+#endif

@@ -1,0 +1,172 @@
+/* internal.h: what the C host and the kernels share but Lua never sees. */
+#ifndef GP_INTERNAL_H
+#define GP_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "gpush.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gp_storage {
+  void *ptr;
+  size_t nbytes;       /* bytes asked for */
+  size_t alloc_bytes;  /* bytes held (size class) */
+  int device;
+  int refcount;
+};
+
+/* ---- errors: every failure sets a message and returns a status ---- */
+int gp_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int gp_error_oom(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "(4,7)" into buf; returns buf */
+const char *gp_shape_str(const gp_tensor *t, char *buf, size_t n);
+const char *gp_dtype_name(int dtype);
+const char *gp_device_name(int device);
+#define GP_SHAPE(t) gp_shape_str((t), (char[96]){0}, 96)
+#define GP_TRY(x)                 \
+  do {                            \
+    int gp_rc_ = (x);             \
+    if (gp_rc_ != GP_OK) return gp_rc_; \
+  } while (0)
+
+/* ---- memory ---- */
+int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device);
+void gp_free(void *ptr, size_t alloc_bytes, int device);
+/* A scratch tensor owned by the caller (freed with gp_tensor_free). */
+int gp_tensor_scratch(gp_tensor **out, int dtype, int device, int ndim, const int64_t *shape);
+
+/* ---- geometry helpers ---- */
+static inline int gp_is_float(int dt) { return dt == GP_F32 || dt == GP_BF16 || dt == GP_F16; }
+static inline int gp_is_int(int dt) { return dt == GP_I32 || dt == GP_I64 || dt == GP_U8; }
+static inline void *gp_ptr(const gp_tensor *t) {
+  return t->data + t->offset * (int64_t)gp_elsize(t->dtype);
+}
+int gp_same_shape(const gp_tensor *a, const gp_tensor *b);
+/* strides that broadcast src to (ndim, shape) (0 on broadcast dims); GP_ERR if impossible */
+int gp_broadcast_strides(int64_t *stride, const gp_tensor *src, int ndim, const int64_t *shape);
+
+/* A loop over up to 4 operands sharing one shape (after broadcasting), with
+ * adjacent dims merged where every operand allows it. */
+typedef struct gp_loop {
+  int ndim;
+  int nops;
+  int64_t numel;
+  int64_t shape[GP_MAX_DIMS];
+  int64_t stride[4][GP_MAX_DIMS];
+} gp_loop;
+/* ops[0] is the output and defines the shape; the others broadcast to it. */
+int gp_loop_init(gp_loop *L, const char *op, int nops, const gp_tensor *const *ops);
+/* all operands dense in the same order (every stride run is the contiguous one) */
+int gp_loop_is_flat(const gp_loop *L);
+
+/* ---- argument specs (kernels/README.md) ---- */
+int gp_check(const char *op, const char *spec, int n, const gp_tensor *const *ts);
+/* kernel ids, in registry order, and the registry itself */
+enum {
+#define GP_KERNEL(family, name, params, spec, doc) GP_KID_##name,
+#include "../kernels/kernels.def"
+#undef GP_KERNEL
+  GP_NKERNELS
+};
+extern const gp_kernel_info gp_kernel_table[];
+/* check the tensor arguments of kernel NAME against its registry spec */
+#define GP_CHECK(name, ...)                                                              \
+  do {                                                                                   \
+    const gp_tensor *gp_ts_[] = {__VA_ARGS__};                                           \
+    GP_TRY(gp_check(#name, gp_kernel_table[GP_KID_##name].spec,                          \
+                    (int)(sizeof gp_ts_ / sizeof gp_ts_[0]), gp_ts_));                   \
+  } while (0)
+
+/* ---- half precision on the host ---- */
+static inline float gp_bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline uint16_t gp_f32_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+float gp_f16_to_f32(uint16_t h);
+uint16_t gp_f32_to_f16(float f);
+
+/* read element i (at an element offset) of a host buffer of any dtype as double, and write */
+static inline double gp_load(const void *p, int dt, int64_t i) {
+  switch (dt) {
+    case GP_F32: return ((const float *)p)[i];
+    case GP_BF16: return gp_bf16_to_f32(((const uint16_t *)p)[i]);
+    case GP_F16: return gp_f16_to_f32(((const uint16_t *)p)[i]);
+    case GP_I32: return ((const int32_t *)p)[i];
+    case GP_I64: return (double)((const int64_t *)p)[i];
+    default: return ((const uint8_t *)p)[i];
+  }
+}
+static inline int64_t gp_load_i64(const void *p, int dt, int64_t i) {
+  switch (dt) {
+    case GP_I32: return ((const int32_t *)p)[i];
+    case GP_I64: return ((const int64_t *)p)[i];
+    case GP_U8: return ((const uint8_t *)p)[i];
+    default: return (int64_t)gp_load(p, dt, i);
+  }
+}
+/* double -> integer the way C casts do, but never undefined: NaN -> 0, saturating */
+static inline int64_t gp_d2i(double v, int64_t lo, int64_t hi) {
+  if (!(v == v)) return 0;
+  if (v <= (double)lo) return lo;
+  if (v >= (double)hi) return hi;
+  return (int64_t)v;
+}
+static inline void gp_store(void *p, int dt, int64_t i, double v) {
+  switch (dt) {
+    case GP_F32: ((float *)p)[i] = (float)v; break;
+    case GP_BF16: ((uint16_t *)p)[i] = gp_f32_to_bf16((float)v); break;
+    case GP_F16: ((uint16_t *)p)[i] = gp_f32_to_f16((float)v); break;
+    case GP_I32: ((int32_t *)p)[i] = (int32_t)gp_d2i(v, INT32_MIN, INT32_MAX); break;
+    case GP_I64: ((int64_t *)p)[i] = gp_d2i(v, INT64_MIN, INT64_MAX); break;
+    default: ((uint8_t *)p)[i] = (uint8_t)gp_d2i(v, 0, 255); break;
+  }
+}
+static inline void gp_store_i64(void *p, int dt, int64_t i, int64_t v) {
+  switch (dt) {
+    case GP_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case GP_I64: ((int64_t *)p)[i] = v; break;
+    case GP_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    default: gp_store(p, dt, i, (double)v); break;
+  }
+}
+
+/* ---- random ---- */
+/* Reserve n counter values of the generator; returns the offset to use. */
+uint64_t gp_rng_reserve(uint64_t n);
+
+/* Send a kernel call to its CUDA launcher when the tensor is on the GPU. */
+#if GP_HAVE_CUDA
+#define GP_CUDA_DISPATCH(t, call) \
+  if ((t)->device == GP_CUDA) return call
+#else
+#define GP_CUDA_DISPATCH(t, call) (void)0
+#endif
+
+/* ---- CUDA backend (src/cuda.cu); only called when gp_cuda_compiled() ---- */
+int gp_cuda_init(void);
+int gp_cuda_malloc(void **p, size_t n);
+void gp_cuda_free(void *p);
+int gp_cuda_memcpy(void *dst, const void *src, size_t n, int kind); /* 1 H2D, 2 D2H, 3 D2D */
+int gp_cuda_sync(const char *op);
+int gp_cuda_check_launch(const char *op);
+int gp_cuda_runtime_info(char *buf, int n);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

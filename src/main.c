@@ -1,0 +1,185 @@
+/* main.c: the gpush command: embeds LuaJIT, preloads the gpush library and
+ * runs a script, a string, standard input or the interactive prompt. */
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <luajit.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static const char g_cdef[] =
+#include "cdef.inc"
+    ;
+
+static const char *usage =
+    "usage: gpush [options] [script.lua [args...]]\n"
+    "  script.lua [args]   run a script; its arguments are in the global 'arg'\n"
+    "  -                   run the script read from standard input\n"
+    "  -e 'code'           run a string of Lua (may be repeated)\n"
+    "  -i                  enter the interactive prompt after running the script or -e code\n"
+    "  --device cpu|cuda   the default device for new tensors\n"
+    "  --version           print the gpush, LuaJIT and CUDA versions and the GPU seen\n"
+    "  --help              this text\n"
+    "With no script, a terminal gets the interactive prompt; otherwise the script is read from stdin.\n";
+
+static int traceback(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* run the function on top of the stack with nargs arguments below it */
+static int docall(lua_State *L, int nargs) {
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, traceback);
+  lua_insert(L, base);
+  int rc = lua_pcall(L, nargs, 0, base);
+  lua_remove(L, base);
+  if (rc != 0) {
+    fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  return rc;
+}
+
+static int dostring(lua_State *L, const char *code, const char *name) {
+  if (luaL_loadbuffer(L, code, strlen(code), name) != 0) {
+    fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    return 1;
+  }
+  return docall(L, 0);
+}
+
+/* directory of lua/ : $GPUSH_HOME/lua, else <dir of the executable>/../lua */
+static void set_paths(lua_State *L) {
+  char exe[PATH_MAX] = {0}, root[PATH_MAX + 8];
+  const char *home = getenv("GPUSH_HOME");
+  if (home) {
+    snprintf(root, sizeof root, "%s", home);
+  } else {
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) exe[n] = 0;
+    snprintf(root, sizeof root, "%s/..", dirname(exe));
+  }
+  lua_getglobal(L, "package");
+  lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;", root, root);
+  lua_getfield(L, -2, "path");
+  lua_concat(L, 2);
+  lua_setfield(L, -2, "path");
+  lua_pushstring(L, root);
+  lua_setglobal(L, "GPUSH_ROOT");
+  /* the FFI declarations, generated from src/gpush.h */
+  lua_getfield(L, -1, "loaded");
+  lua_pushstring(L, g_cdef);
+  lua_setfield(L, -2, "gpush.cdef");
+  lua_pop(L, 2);
+}
+
+static void make_arg(lua_State *L, char **argv, int argc, int script) {
+  lua_createtable(L, argc, script + 1);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i - script);
+  }
+  lua_setglobal(L, "arg");
+}
+
+int main(int argc, char **argv) {
+  const char *device = NULL;
+  int interactive = 0, script = 0, ran_e = 0;
+  const char *exprs[64];
+  int nexpr = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      fputs(usage, stdout);
+      return 0;
+    } else if (!strcmp(a, "--version") || !strcmp(a, "-v")) {
+      char info[512];
+      gp_runtime_info(info, sizeof info);
+      printf("gpush %s (%s)\n%s\n", gp_version(), LUAJIT_VERSION, info);
+      return 0;
+    } else if (!strcmp(a, "--device")) {
+      if (i + 1 >= argc) {
+        fprintf(stderr, "gpush: --device needs cpu or cuda\n");
+        return 2;
+      }
+      device = argv[++i];
+    } else if (!strncmp(a, "--device=", 9)) {
+      device = a + 9;
+    } else if (!strcmp(a, "-e")) {
+      if (i + 1 >= argc || nexpr == 64) {
+        fprintf(stderr, "gpush: -e needs a string of Lua\n");
+        return 2;
+      }
+      exprs[nexpr++] = argv[++i];
+    } else if (!strcmp(a, "-i")) {
+      interactive = 1;
+    } else if (!strcmp(a, "-") || a[0] != '-') {
+      script = i;
+      break;
+    } else {
+      fprintf(stderr, "gpush: unknown option %s\n%s", a, usage);
+      return 2;
+    }
+  }
+  if (device && strcmp(device, "cpu") && strcmp(device, "cuda")) {
+    fprintf(stderr, "gpush: --device must be cpu or cuda, not '%s'\n", device);
+    return 2;
+  }
+
+  lua_State *L = luaL_newstate();
+  if (!L) {
+    fprintf(stderr, "gpush: cannot create the Lua state\n");
+    return 1;
+  }
+  luaL_openlibs(L);
+  set_paths(L);
+  make_arg(L, argv, argc, script ? script : argc - 1);
+
+  /* gp preloaded as a global; the default device as asked */
+  char boot[256];
+  snprintf(boot, sizeof boot,
+           "gp = require 'gpush'; help = gp.help; %s",
+           device ? (strcmp(device, "cpu") ? "gp.set_device('cuda')" : "gp.set_device('cpu')") : "");
+  if (dostring(L, boot, "=(gpush)") != 0) {
+    lua_close(L);
+    return 1;
+  }
+
+  int rc = 0;
+  for (int i = 0; i < nexpr && rc == 0; i++, ran_e = 1) rc = dostring(L, exprs[i], "=(command line)");
+  if (rc == 0 && script) {
+    const char *path = strcmp(argv[script], "-") ? argv[script] : NULL;
+    if (luaL_loadfile(L, path) != 0) {
+      fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
+      rc = 1;
+    } else {
+      int n = 0;
+      for (int i = script + 1; i < argc; i++, n++) lua_pushstring(L, argv[i]);
+      rc = docall(L, n);
+    }
+  } else if (rc == 0 && !ran_e && !interactive) {
+    if (isatty(0)) interactive = 1;
+    else if (luaL_loadfile(L, NULL) != 0) {
+      fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
+      rc = 1;
+    } else {
+      rc = docall(L, 0);
+    }
+  }
+  if (interactive && (rc == 0 || script)) rc = dostring(L, "require('gpush.repl').run()", "=(repl)") || 0;
+  lua_close(L);
+  return rc ? 1 : 0;
+}
