@@ -24,7 +24,7 @@ local function user_level()
   while true do
     local info = debug.getinfo(level, 'S')
     if not info then return 0 end
-    if not info.source:find('lua/gpush/', 1, true) and info.what ~= 'C' then return level - 1 end
+    if not info.source:find('lua/gpush/', 1, true) and not info.source:find('^=gp%.k%.') and info.what ~= 'C' then return level - 1 end
     level = level + 1
   end
 end

@@ -247,8 +247,8 @@ doc(gp.stack, 'gp.stack({a, b}, dim)', 'join tensors along a new dim')
 function gp.where(mask, a, b)
   if not is_tensor(mask) then raise('where: mask must be a tensor') end
   local dev = mask.device
-  local ref = is_tensor(a) and a or b
-  local dt = is_tensor(a) and is_tensor(b) and tensor.promote(a.dtype, b.dtype) or (ref and ref.dtype or 'f32')
+  local dt = is_tensor(a) and (is_tensor(b) and tensor.promote(a.dtype, b.dtype) or a.dtype)
+    or (is_tensor(b) and b.dtype or 'f32')
   local function as_t(x, name)
     if type(x) == 'number' then return gp.full({}, x, {dtype = dt, device = dev}) end
     if not is_tensor(x) then raise('where: ' .. name .. ' must be a tensor or a number') end

@@ -1,0 +1,67 @@
+-- A small test library for the Lua suite: test(name, fn), skip(reason) and
+-- assertions. tests/lua/run.lua collects and runs the cases.
+local gp = require 'gpush'
+local M = {cases = {}}
+
+function M.test(name, fn) M.cases[#M.cases + 1] = {name = name, fn = fn, file = M.current_file} end
+function M.skip(reason) error({skip = reason}, 0) end
+function M.cuda() if not gp.cuda_available() then M.skip('no CUDA GPU') end end
+
+local function fail(msg, level) error(msg, (level or 1) + 2) end
+
+function M.eq(a, b, msg)
+  if a ~= b then fail(string.format('%sexpected %s, got %s', msg and msg .. ': ' or '', tostring(b), tostring(a))) end
+end
+function M.ok(v, msg) if not v then fail(msg or 'expected a true value') end end
+function M.near(a, b, tol, msg)
+  tol = tol or 1e-6
+  if not (math.abs(a - b) <= tol * math.max(1, math.abs(b))) then
+    fail(string.format('%sexpected %.9g, got %.9g (tol %g)', msg and msg .. ': ' or '', b, a, tol))
+  end
+end
+-- deep comparison of nested tables of numbers
+function M.same(a, b, tol, path)
+  path = path or ''
+  if type(a) == 'table' and type(b) == 'table' then
+    if #a ~= #b then fail(string.format('length %d ~= %d at %s', #a, #b, path)) end
+    for i = 1, #a do M.same(a[i], b[i], tol, path .. '[' .. i .. ']') end
+  elseif type(a) == 'number' and type(b) == 'number' then
+    if not (math.abs(a - b) <= (tol or 0) * math.max(1, math.abs(b))) then
+      fail(string.format('%s: expected %.9g, got %.9g', path, b, a))
+    end
+  else
+    fail(string.format('%s: %s vs %s', path, type(a), type(b)))
+  end
+end
+-- fn must raise an error whose message contains every given substring
+function M.raises(fn, ...)
+  local ok, err = pcall(fn)
+  if ok then fail('expected an error, none raised') end
+  err = tostring(err)
+  for _, s in ipairs {...} do
+    if not err:find(s, 1, true) then fail(string.format('error %q does not mention %q', err, s)) end
+  end
+  return err
+end
+
+-- relative norm ||a - b|| / ||b|| of two tensors, in double on the host
+function M.relnorm(a, b)
+  local tensor = require 'gpush.tensor'
+  local x, n = tensor.to_doubles(a)
+  local y, m = tensor.to_doubles(b)
+  assert(n == m, 'relnorm: sizes differ')
+  local num, den = 0, 0
+  for i = 0, n - 1 do
+    local u, v = x[i], y[i]
+    if u ~= v then
+      local d = u - v
+      if d ~= d or d == math.huge or d == -math.huge then return math.huge end -- NaN or inf on one side only
+      num = num + d * d
+    end
+    if v == v and v ~= math.huge and v ~= -math.huge then den = den + v * v end
+  end
+  if den == 0 then return math.sqrt(num) end
+  return math.sqrt(num / den)
+end
+
+return M

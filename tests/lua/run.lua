@@ -1,0 +1,47 @@
+-- The Lua test runner: gpush tests/lua/run.lua [substring]
+-- Runs every tests/lua/test_*.lua; prints a line per case and
+-- 'N passed, N failed, N skipped' last; exits non-zero on any failure.
+local root = (arg and arg[0] or 'tests/lua/run.lua'):match('^(.*)/[^/]*$') or '.'
+package.path = root .. '/?.lua;' .. package.path
+local T = require 'lib'
+local filter = arg and arg[1]
+
+local files = {}
+for f in io.popen('ls "' .. root .. '"/test_*.lua 2>/dev/null'):lines() do files[#files + 1] = f end
+table.sort(files)
+for _, f in ipairs(files) do
+  T.current_file = f:match('[^/]*$')
+  local chunk, err = loadfile(f)
+  if not chunk then
+    T.test(T.current_file .. ' (load)', function() error(err) end)
+  else
+    chunk()
+  end
+end
+
+local passed, failed, skipped = 0, 0, 0
+local t0 = os.clock()
+for _, c in ipairs(T.cases) do
+  local full = c.file:gsub('%.lua$', '') .. ': ' .. c.name
+  if not filter or full:find(filter, 1, true) then
+    gp.manual_seed(1234)
+    local ok, err = xpcall(c.fn, function(e)
+      if type(e) == 'table' and e.skip then return e end
+      return debug.traceback(tostring(e), 2)
+    end)
+    if ok then
+      passed = passed + 1
+      print('ok    ' .. full)
+    elseif type(err) == 'table' and err.skip then
+      skipped = skipped + 1
+      print('skip  ' .. full .. ' (' .. err.skip .. ')')
+    else
+      failed = failed + 1
+      print('FAIL  ' .. full .. '\n' .. err)
+    end
+    io.stdout:flush()
+  end
+end
+print(string.format('lua tests: %.1f s of CPU', os.clock() - t0))
+print(string.format('%d passed, %d failed, %d skipped', passed, failed, skipped))
+os.exit(failed > 0 and 1 or 0)

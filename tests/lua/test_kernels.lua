@@ -1,0 +1,196 @@
+-- The generic kernel test: for every registry entry, random inputs built from
+-- its argument spec (odd and large sizes, broadcast and non-contiguous
+-- views, every dtype the spec allows), outputs poisoned first.
+--  * every device: the kernel runs twice with different poison; equal results
+--    prove every element was written;
+--  * with a GPU: the CUDA result matches the CPU reference by relative norm
+--    (f32 1e-5, f16 2e-3, bf16 1e-2, integers exactly).
+local T = require 'lib'
+local gp = require 'gpush'
+local kernels = require 'gpush.kernels'
+
+local FLOATS = {'f32', 'bf16', 'f16'}
+local ALL = {'f32', 'bf16', 'f16', 'i32', 'i64', 'u8'}
+local TOL = {f32 = 1e-5, bf16 = 1e-2, f16 = 2e-3, i32 = 0, i64 = 0, u8 = 0}
+local SCALARS = {lo = 3, hi = 17, std = 1.5, mean = 0.5, value = 2.5, s = 1.5}
+
+-- the out shape for each size case; symbols get these values
+local CASES = {
+  {name = '1', shape = {1}, sym = 1},
+  {name = '7', shape = {7}, sym = 7},
+  {name = '3x5x7', shape = {3, 5, 7}, sym = 5},
+  {name = '1000003', shape = {1000003}, sym = 1000, big = true},
+}
+
+local function rand_fill(dst, positive)
+  local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
+  local dt = t.dtype
+  if dt == 'u8' then gp.k.randint(t, positive and 1 or 0, 100)
+  elseif dt == 'i32' or dt == 'i64' then gp.k.randint(t, positive and 1 or -50, 50)
+  elseif positive then gp.k.rand_uniform(t, 0.1, 3)
+  else gp.k.rand_normal(t, 0, 1.5) end
+  return dst:copy_(t)
+end
+
+local function mask_fill(dst)
+  local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
+  gp.k.randint(t, 0, 2)
+  return dst:copy_(t)
+end
+
+-- a tensor of the given shape whose strides are not the contiguous ones
+local function noncontig(shape, dtype, device)
+  local s = {}
+  for i = 1, #shape do s[i] = shape[i] end
+  local o = {dtype = dtype, device = device or 'cpu'}
+  if #shape >= 2 then
+    s[#s], s[#s - 1] = s[#s - 1], s[#s]
+    return gp.empty(s, o):transpose(-1, -2)
+  end
+  s[#s + 1] = 2
+  return gp.empty(s, o):select(-1, 1)
+end
+
+-- a shape that broadcasts to `shape`: some dims 1, maybe fewer leading dims
+local function bcast_of(shape, variant)
+  if variant == 0 or #shape == 1 then return shape end
+  local s = {}
+  for i = 1, #shape do s[i] = shape[i] end
+  if variant == 1 then s[1] = 1 else table.remove(s, 1); s[#s] = 1 end
+  return s
+end
+
+-- build the argument list (on the CPU) for one case
+local function make_args(k, case, dts, variant)
+  local args, syms = {}, {}
+  local first_shape
+  for i, a in ipairs(k.args) do
+    if a.scalar then
+      args[i] = SCALARS[a.name] or 0.75
+    else
+      local dt = dts[i]
+      local shape
+      if a.dims == '~' then shape = bcast_of(first_shape, variant)
+      elseif a.dims == '=' or a.dims == nil then shape = first_shape or case.shape
+      else
+        shape = {}
+        for tok in a.dims:gmatch('[^,]+') do
+          if tok == '*' then for _ = 1, #case.shape - 1 do shape[#shape + 1] = case.shape[_] end
+          elseif tonumber(tok) then shape[#shape + 1] = tonumber(tok)
+          else syms[tok] = syms[tok] or case.sym; shape[#shape + 1] = syms[tok] end
+        end
+      end
+      first_shape = first_shape or shape
+      local t
+      if variant == 2 and not a.contiguous and not case.big then
+        t = noncontig(shape, dt)
+      else
+        t = gp.empty(shape, {dtype = dt, device = 'cpu'})
+      end
+      if not a.out then
+        if a.type == 'B' then mask_fill(t) else rand_fill(t, a.positive) end
+      end
+      args[i] = t
+    end
+  end
+  return args
+end
+
+local function poison(t, v)
+  gp.k.fill(t, v)
+end
+
+-- run k on a copy of args on a device; returns the outputs (on that device)
+local function run_on(k, args, device, poison_value, seed)
+  local dargs = {}
+  for i, a in ipairs(k.args) do
+    local x = args[i]
+    if not a.scalar then
+      local y = x:is_contiguous() and x:to(device) or noncontig(x.shape, x.dtype, device):copy_(x)
+      if a.out then poison(y, poison_value) end
+      dargs[i] = y
+    else
+      dargs[i] = x
+    end
+  end
+  gp.manual_seed(seed)
+  k.fn(unpack(dargs, 1, #k.args))
+  local outs = {}
+  for i, a in ipairs(k.args) do if a.out then outs[#outs + 1] = dargs[i] end end
+  return outs
+end
+
+-- dtype assignments for a spec: one per F/T choice; N args vary with the case
+local function dtype_sets(k)
+  local has = {}
+  for _, a in ipairs(k.args) do if not a.scalar then has[a.type] = true end end
+  local list = has.T and ALL or (has.F and FLOATS) or {'f32'}
+  local sets = {}
+  for idx, main in ipairs(list) do
+    local d = {}
+    for i, a in ipairs(k.args) do
+      if not a.scalar then
+        if a.type == 'F' or a.type == 'T' then d[i] = main
+        elseif a.type == 'B' then d[i] = 'u8'
+        elseif a.type == 'I' then d[i] = idx % 2 == 0 and 'i32' or 'i64'
+        elseif a.type == 'N' then d[i] = ALL[(idx + i * 2) % #ALL + 1]
+        else d[i] = a.type end
+      end
+    end
+    sets[#sets + 1] = d
+  end
+  -- N args: every output dtype once more with each input dtype (casts)
+  if has.N and #k.args == 2 and not k.args[2].scalar then
+    for _, o in ipairs(ALL) do for _, s in ipairs(ALL) do sets[#sets + 1] = {o, s} end end
+  end
+  return sets
+end
+
+local function out_dtype(k, dts)
+  for i, a in ipairs(k.args) do if a.out then return dts[i] end end
+end
+
+for _, k in ipairs(kernels.list) do
+  T.test('kernel ' .. k.name, function()
+    local ran, compared = 0, 0
+    for si, dts in ipairs(dtype_sets(k)) do
+      for ci, case in ipairs(CASES) do
+        -- large sizes: the first two dtype sets only
+        if not (case.big and si > 2) then
+          local variant = (si + ci) % 3
+          local args = make_args(k, case, dts, variant)
+          local seed = 99 + si * 7 + ci
+          local dev = gp.cuda_available() and 'cuda' or 'cpu'
+          -- every element written: two runs with different poison agree
+          local o1 = run_on(k, args, 'cpu', 77, seed)
+          local o2 = run_on(k, args, 'cpu', 11, seed)
+          for j = 1, #o1 do
+            local r = T.relnorm(o1[j], o2[j])
+            if r ~= 0 then
+              error(string.format('%s %s case %s: cpu output not fully written (poisons disagree: %g)', k.name,
+                table.concat(dts, ','), case.name, r))
+            end
+          end
+          ran = ran + 1
+          if dev == 'cuda' then
+            local g1 = run_on(k, args, 'cuda', 77, seed)
+            local g2 = run_on(k, args, 'cuda', 11, seed)
+            for j = 1, #o1 do
+              if T.relnorm(g1[j], g2[j]) ~= 0 then
+                error(string.format('%s case %s: cuda output not fully written', k.name, case.name))
+              end
+              local tol = TOL[o1[j].dtype]
+              local r = T.relnorm(g1[j], o1[j])
+              if not (r <= tol) then
+                error(string.format('%s dtypes %s case %s variant %d: cuda vs cpu relative norm %g > %g', k.name,
+                  table.concat(dts, ','), case.name, variant, r, tol))
+              end
+            end
+            compared = compared + 1
+          end
+        end
+      end
+    end
+    T.ok(ran > 0)
+  end)
+end

@@ -1,0 +1,47 @@
+-- Memory: temporaries are collected, the cache bounds reserved memory, and
+-- running out of memory is a clear error after one retry.
+local T = require 'lib'
+local gp = require 'gpush'
+
+T.test('100,000 temporary 1 MB tensors keep memory bounded', function()
+  local dev = gp.device()
+  local m0 = gp.memory()
+  for _ = 1, 100000 do
+    local t = gp.empty({262144}, {device = dev}) -- 1 MB of f32
+  end
+  local m = gp.memory()
+  if dev == 'cuda' then
+    T.ok(m.reserved - m0.reserved < 256 * 1048576, 'reserved grew by ' .. (m.reserved - m0.reserved))
+    T.ok(m.cache_hits - m0.cache_hits > 99000, 'the cache served the allocations')
+  else
+    T.ok(m.host_peak < m0.host_peak + 256 * 1048576, 'host peak ' .. m.host_peak)
+  end
+end)
+
+T.test('out of memory: a clear error with the stats, then recovery', function()
+  local dev = gp.device()
+  local keep = gp.ones({1024}, {device = dev})
+  gp.set_memory_limit(64 * 1048576)
+  local ok, err = pcall(function() return gp.empty({1024, 1024, 32}, {device = dev}) end) -- 128 MB
+  gp.set_memory_limit(0)
+  T.ok(not ok)
+  T.ok(err:find('out of memory', 1, true), err)
+  T.ok(err:find('memory:', 1, true), 'prints the stats: ' .. err)
+  -- garbage is collected before giving up: 40 x 4 MB of garbage under a 64 MB cap
+  gp.set_memory_limit(64 * 1048576)
+  local ok2, err2 = pcall(function()
+    for _ = 1, 40 do local g = gp.empty({1048576}, {device = dev}) end
+  end)
+  gp.set_memory_limit(0)
+  T.ok(ok2, err2)
+  T.eq(keep:totable()[7], 1)
+  T.same((keep + 1):narrow(1, 1, 2):totable(), {2, 2})
+end)
+
+T.test('memory stats', function()
+  local m = gp.memory()
+  for _, k in ipairs {'in_use', 'reserved', 'peak', 'allocs', 'cache_hits', 'fragmentation', 'host_in_use'} do
+    T.ok(type(m[k]) == 'number', k)
+  end
+  T.ok(tostring(m):find('reserved', 1, true))
+end)
