@@ -85,3 +85,19 @@ extern "C" int gp_cuda_runtime_info(char *buf, int n) {
            (double)p.totalGlobalMem / (1 << 30));
   return GP_OK;
 }
+
+extern "C" int gp_cuda_event_create(void **ev) {
+  GP_TRY(gp_cuda_init());
+  cudaError_t e = cudaEventCreate((cudaEvent_t *)ev);
+  return e == cudaSuccess ? GP_OK : gp_error("event: %s", cudaGetErrorString(e));
+}
+extern "C" void gp_cuda_event_destroy(void *ev) { cudaEventDestroy((cudaEvent_t)ev); }
+extern "C" int gp_cuda_event_record(void *ev) {
+  cudaError_t e = cudaEventRecord((cudaEvent_t)ev, g_stream);
+  return e == cudaSuccess ? GP_OK : gp_error("event_record: %s", cudaGetErrorString(e));
+}
+extern "C" int gp_cuda_event_elapsed(float *ms, void *a, void *b) {
+  cudaError_t e = cudaEventSynchronize((cudaEvent_t)b);
+  if (e == cudaSuccess) e = cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b);
+  return e == cudaSuccess ? GP_OK : gp_error("event_elapsed: %s", cudaGetErrorString(e));
+}

@@ -102,6 +102,14 @@ void gp_manual_seed(uint64_t seed);
 uint64_t gp_seed(void);
 uint64_t gp_rng_offset(void);
 
+/* ---- timing: events on the stream (CUDA events on the GPU, a host clock on the CPU) ---- */
+typedef struct gp_event gp_event;
+int gp_event_create(gp_event **out);
+void gp_event_destroy(gp_event *e);
+int gp_event_record(gp_event *e, int device);            /* queue a timestamp */
+int gp_event_elapsed(double *ms, gp_event *a, gp_event *b); /* waits for b */
+double gp_wall_ms(void);                                  /* host monotonic clock */
+
 /* ---- memory ---- */
 int gp_memory_stats(gp_memstats *out);
 int gp_empty_cache(void);

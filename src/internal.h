@@ -164,6 +164,10 @@ int gp_cuda_memcpy(void *dst, const void *src, size_t n, int kind); /* 1 H2D, 2 
 int gp_cuda_sync(const char *op);
 int gp_cuda_check_launch(const char *op);
 int gp_cuda_runtime_info(char *buf, int n);
+int gp_cuda_event_create(void **ev);
+void gp_cuda_event_destroy(void *ev);
+int gp_cuda_event_record(void *ev);
+int gp_cuda_event_elapsed(float *ms, void *a, void *b);
 
 #ifdef __cplusplus
 }

@@ -63,6 +63,10 @@ doc(gp.set_memory_limit, 'gp.set_memory_limit(bytes)', 'soft cap on reserved dev
 function gp.sync() core.call(C.gp_sync) end
 doc(gp.sync, 'gp.sync()', 'wait for all queued GPU work')
 
+gp.time = require('gpush.timing').time
+doc(gp.time, 'gp.time(fn, {warmup=3, iters=20, min_ms=0})',
+  'median milliseconds of fn() after warm-up, from CUDA events on the GPU (a host clock on the CPU); second result: min, max, mean, n, samples')
+
 function gp.version()
   local buf = ffi.new('char[512]')
   C.gp_runtime_info(buf, 512)

@@ -44,4 +44,5 @@ for _, c in ipairs(T.cases) do
 end
 print(string.format('lua tests: %.1f s of CPU', os.clock() - t0))
 print(string.format('%d passed, %d failed, %d skipped', passed, failed, skipped))
-os.exit(failed > 0 and 1 or 0)
+io.stdout:flush()
+if failed > 0 then os.exit(1) end

@@ -1,0 +1,43 @@
+-- gp.time: the median time of fn() after warm-up, from CUDA events queued on
+-- the stream (a host clock on the CPU).
+local ffi = require 'ffi'
+local core = require 'gpush.core'
+local C = core.C
+
+local M = {}
+local box = ffi.new('gp_event*[1]')
+local ms = ffi.new('double[1]')
+
+local function event()
+  core.call(C.gp_event_create, box)
+  return ffi.gc(box[0], C.gp_event_destroy)
+end
+
+-- opts: warmup (3), iters (20), device (gp.device()), min_ms (0: stop after iters)
+function M.time(fn, opts)
+  if type(fn) ~= 'function' then core.raise('time: needs a function') end
+  opts = opts or {}
+  local dev = core.DEV[opts.device or require('gpush.tensor').state.device]
+  if not dev then core.raise('time: unknown device ' .. tostring(opts.device)) end
+  for _ = 1, opts.warmup or 3 do fn() end
+  local a, b = event(), event()
+  local samples = {}
+  local total, iters, min_ms = 0, opts.iters or 20, opts.min_ms or 0
+  local i = 0
+  while i < iters or total < min_ms do
+    i = i + 1
+    core.call(C.gp_event_record, a, dev)
+    fn()
+    core.call(C.gp_event_record, b, dev)
+    core.call(C.gp_event_elapsed, ms, a, b)
+    samples[i] = ms[0]
+    total = total + ms[0]
+    if i >= 100000 then break end
+  end
+  table.sort(samples)
+  local n = #samples
+  local median = n % 2 == 1 and samples[(n + 1) / 2] or (samples[n / 2] + samples[n / 2 + 1]) / 2
+  return median, {min = samples[1], max = samples[n], mean = total / n, n = n, samples = samples}
+end
+
+return M
