@@ -269,6 +269,13 @@ end
 doc(gp.where, 'gp.where(mask, a, b)', 'mask ? a : b elementwise (a, b tensors or numbers)')
 
 ---------------------------------------------------------------------------
+-- op families: each lua/gpush/ops/<name>.lua returns function(gp, tensor)
+-- that adds its tensor methods (tensor.Tensor) and gp functions
+for _, name in ipairs {} do
+  require('gpush.ops.' .. name)(gp, tensor)
+end
+
+---------------------------------------------------------------------------
 -- help
 
 function gp.kernels()
