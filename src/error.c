@@ -35,7 +35,7 @@ const char *gp_last_error(void) { return g_err; }
 const char *gp_version(void) { return GP_VERSION; }
 
 const char *gp_dtype_name(int dt) {
-  static const char *names[] = {"f32", "bf16", "f16", "i32", "i64", "u8"};
+  static const char *names[] = {"f32", "bf16", "f16", "i32", "i64", "u8", "f64"};
   return dt >= 0 && dt < GP_NDTYPES ? names[dt] : "?";
 }
 

@@ -27,7 +27,8 @@ extern "C" {
 
 /* ---- FFI begin ---- */
 
-enum { GP_F32 = 0, GP_BF16 = 1, GP_F16 = 2, GP_I32 = 3, GP_I64 = 4, GP_U8 = 5, GP_NDTYPES = 6 };
+/* f64 lives on the CPU only: it is for gradient checks and references */
+enum { GP_F32 = 0, GP_BF16 = 1, GP_F16 = 2, GP_I32 = 3, GP_I64 = 4, GP_U8 = 5, GP_F64 = 6, GP_NDTYPES = 7 };
 enum { GP_CPU = 0, GP_CUDA = 1 };
 enum { GP_OK = 0, GP_ERR = 1, GP_ERR_OOM = 2 };
 

@@ -41,7 +41,7 @@ void gp_free(void *ptr, size_t alloc_bytes, int device);
 int gp_tensor_scratch(gp_tensor **out, int dtype, int device, int ndim, const int64_t *shape);
 
 /* ---- geometry helpers ---- */
-static inline int gp_is_float(int dt) { return dt == GP_F32 || dt == GP_BF16 || dt == GP_F16; }
+static inline int gp_is_float(int dt) { return dt == GP_F32 || dt == GP_BF16 || dt == GP_F16 || dt == GP_F64; }
 static inline int gp_is_int(int dt) { return dt == GP_I32 || dt == GP_I64 || dt == GP_U8; }
 static inline void *gp_ptr(const gp_tensor *t) {
   return t->data + t->offset * (int64_t)gp_elsize(t->dtype);
@@ -107,6 +107,7 @@ static inline double gp_load(const void *p, int dt, int64_t i) {
     case GP_F16: return gp_f16_to_f32(((const uint16_t *)p)[i]);
     case GP_I32: return ((const int32_t *)p)[i];
     case GP_I64: return (double)((const int64_t *)p)[i];
+    case GP_F64: return ((const double *)p)[i];
     default: return ((const uint8_t *)p)[i];
   }
 }
@@ -132,6 +133,7 @@ static inline void gp_store(void *p, int dt, int64_t i, double v) {
     case GP_F16: ((uint16_t *)p)[i] = gp_f32_to_f16((float)v); break;
     case GP_I32: ((int32_t *)p)[i] = (int32_t)gp_d2i(v, INT32_MIN, INT32_MAX); break;
     case GP_I64: ((int64_t *)p)[i] = gp_d2i(v, INT64_MIN, INT64_MAX); break;
+    case GP_F64: ((double *)p)[i] = v; break;
     default: ((uint8_t *)p)[i] = (uint8_t)gp_d2i(v, 0, 255); break;
   }
 }

@@ -8,7 +8,7 @@
 /* ---- tensors ---- */
 
 int gp_elsize(int dt) {
-  static const int sz[] = {4, 2, 2, 4, 8, 1};
+  static const int sz[] = {4, 2, 2, 4, 8, 1, 8};
   return dt >= 0 && dt < GP_NDTYPES ? sz[dt] : 0;
 }
 
@@ -57,6 +57,8 @@ int gp_tensor_empty(gp_tensor **out, int dtype, int device, int ndim, const int6
   if (device != GP_CPU && device != GP_CUDA) return gp_error("empty: unknown device %d", device);
   if (device == GP_CUDA && !gp_cuda_available())
     return gp_error("empty: device cuda asked for but no CUDA GPU is usable");
+  if (device == GP_CUDA && dtype == GP_F64)
+    return gp_error("empty: f64 tensors live on the CPU only (they are for gradient checks and references)");
   GP_TRY(check_shape("empty", ndim, shape, 0));
   gp_tensor *t = calloc(1, sizeof *t);
   gp_storage *s = calloc(1, sizeof *s);
@@ -449,7 +451,7 @@ typedef struct {
 } bindings;
 
 static int dtype_from_name(const char *s, int n) {
-  static const char *names[] = {"f32", "bf16", "f16", "i32", "i64", "u8"};
+  static const char *names[] = {"f32", "bf16", "f16", "i32", "i64", "u8", "f64"};
   for (int i = 0; i < GP_NDTYPES; i++)
     if ((int)strlen(names[i]) == n && !strncmp(s, names[i], (size_t)n)) return i;
   return -1;
@@ -492,7 +494,7 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
     /* dtype */
     int dt = t->dtype, ok = 1;
     if (tlen == 1 && *ty == 'F') {
-      if (!gp_is_float(dt)) return gp_error("%s: %s is %s but a float dtype (f32, bf16, f16) is needed", op, names[k], gp_dtype_name(dt));
+      if (!gp_is_float(dt)) return gp_error("%s: %s is %s but a float dtype (f32, bf16, f16, f64) is needed", op, names[k], gp_dtype_name(dt));
       if (dt_F < 0) { dt_F = dt; by_F = k; }
       else if (dt != dt_F)
         return gp_error("%s: %s is %s but %s is %s", op, names[k], gp_dtype_name(dt), names[by_F], gp_dtype_name(dt_F));

@@ -7,14 +7,14 @@ local C = require 'gpush.ffi'
 
 local M = {C = C, ffi = ffi}
 
-M.DT = {f32 = 0, bf16 = 1, f16 = 2, i32 = 3, i64 = 4, u8 = 5}
-M.DTNAME = {[0] = 'f32', 'bf16', 'f16', 'i32', 'i64', 'u8'}
+M.DT = {f32 = 0, bf16 = 1, f16 = 2, i32 = 3, i64 = 4, u8 = 5, f64 = 6}
+M.DTNAME = {[0] = 'f32', 'bf16', 'f16', 'i32', 'i64', 'u8', 'f64'}
 local DT_ALIAS = {
   f32 = 'f32', float = 'f32', float32 = 'f32', bf16 = 'bf16', bfloat16 = 'bf16', f16 = 'f16', half = 'f16',
   float16 = 'f16', i32 = 'i32', int = 'i32', int32 = 'i32', i64 = 'i64', long = 'i64', int64 = 'i64',
-  u8 = 'u8', bool = 'u8', uint8 = 'u8', byte = 'u8',
+  u8 = 'u8', bool = 'u8', uint8 = 'u8', byte = 'u8', f64 = 'f64', double = 'f64', float64 = 'f64',
 }
-M.ELSIZE = {[0] = 4, 2, 2, 4, 8, 1}
+M.ELSIZE = {[0] = 4, 2, 2, 4, 8, 1, 8}
 M.DEV = {cpu = 0, cuda = 1}
 M.DEVNAME = {[0] = 'cpu', 'cuda'}
 
@@ -36,7 +36,7 @@ end
 function M.dtype(name, op)
   local d = DT_ALIAS[name]
   if not d then
-    M.raise(string.format("%s: unknown dtype '%s' (f32, bf16, f16, i32, i64, u8)", op or 'dtype', tostring(name)))
+    M.raise(string.format("%s: unknown dtype '%s' (f32, bf16, f16, i32, i64, u8, f64)", op or 'dtype', tostring(name)))
   end
   return d
 end

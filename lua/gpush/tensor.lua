@@ -141,7 +141,7 @@ function Tensor:stride(d)
   return s
 end
 function Tensor:element_size() return ELSIZE[self.c.dtype] end
-function Tensor:is_floating_point() return self.c.dtype <= 2 end
+function Tensor:is_floating_point() local d = self.c.dtype; return d <= 2 or d == 6 end
 
 ---------------------------------------------------------------------------
 -- kernels used below (bound in init, from the registry)
@@ -208,6 +208,7 @@ function Tensor:half() return to_dtype(self, 'f16') end
 function Tensor:int() return to_dtype(self, 'i32') end
 function Tensor:long() return to_dtype(self, 'i64') end
 function Tensor:bool() return to_dtype(self, 'u8') end
+function Tensor:double() return to_dtype(self, 'f64') end
 function Tensor:type(dt)
   if dt == nil then return DTNAME[self.c.dtype] end
   return to_dtype(self, dt)
@@ -370,13 +371,13 @@ end
 ---------------------------------------------------------------------------
 -- arithmetic
 
-local FLOAT = {f32 = true, bf16 = true, f16 = true}
-local RANK = {u8 = 1, i32 = 2, i64 = 3, bf16 = 4, f16 = 4, f32 = 5}
+local FLOAT = {f32 = true, bf16 = true, f16 = true, f64 = true}
+local RANK = {u8 = 1, i32 = 2, i64 = 3, bf16 = 4, f16 = 4, f32 = 5, f64 = 6}
 
 local function promote(a, b)
   if a == b then return a end
   local fa, fb = FLOAT[a], FLOAT[b]
-  if fa and fb then return 'f32' end            -- bf16 with f16, or either with f32
+  if fa and fb then return (a == 'f64' or b == 'f64') and 'f64' or 'f32' end -- bf16 with f16 -> f32
   if fa then return a end
   if fb then return b end
   return RANK[a] > RANK[b] and a or b

@@ -28,7 +28,7 @@ T.test('narrow, dims and permutes out of range', function()
 end)
 
 T.test('unknown dtype or device', function()
-  T.raises(function() return gp.zeros({2}, {dtype = 'f64'}) end, 'zeros', "unknown dtype 'f64'")
+  T.raises(function() return gp.zeros({2}, {dtype = 'f8'}) end, 'zeros', "unknown dtype 'f8'")
   T.raises(function() return gp.zeros({2}, {device = 'tpu'}) end, 'zeros', "unknown device 'tpu'")
   T.raises(function() return gp.zeros {2}:to('f8') end, 'to', 'f8')
   T.raises(function() gp.set_device('gpu') end, 'set_device', 'gpu')

@@ -9,8 +9,9 @@ local T = require 'lib'
 local gp = require 'gpush'
 local kernels = require 'gpush.kernels'
 
-local FLOATS = {'f32', 'bf16', 'f16'}
-local ALL = {'f32', 'bf16', 'f16', 'i32', 'i64', 'u8'}
+-- f64 is CPU-only: its cases run the CPU reference and skip the GPU
+local FLOATS = {'f32', 'bf16', 'f16', 'f64'}
+local ALL = {'f32', 'bf16', 'f16', 'i32', 'i64', 'u8', 'f64'}
 local TOL = {f32 = 1e-5, bf16 = 1e-2, f16 = 2e-3, i32 = 0, i64 = 0, u8 = 0}
 local SCALARS = {lo = 3, hi = 17, std = 1.5, mean = 0.5, value = 2.5, s = 1.5}
 
@@ -172,7 +173,9 @@ for _, k in ipairs(kernels.list) do
             end
           end
           ran = ran + 1
-          if dev == 'cuda' then
+          local cpu_only = false
+          for _, d in pairs(dts) do if d == 'f64' then cpu_only = true end end
+          if dev == 'cuda' and not cpu_only then
             local g1 = run_on(k, args, 'cuda', 77, seed)
             local g2 = run_on(k, args, 'cuda', 11, seed)
             for j = 1, #o1 do

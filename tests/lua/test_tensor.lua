@@ -242,6 +242,16 @@ each_device('printing', function(dev)
   T.ok(tostring(gp.tensor(2, {device = dev})):find('tensor%(2%., shape=%(%)'))
 end)
 
+T.test('f64 lives on the CPU', function()
+  local x = gp.tensor({1, 2}, {dtype = 'f64', device = 'cpu'})
+  T.eq((x / 3).dtype, 'f64')
+  T.eq((x + x:float()).dtype, 'f64')
+  T.near((x / 3):totable()[1], 1 / 3, 1e-15)
+  if gp.cuda_available() then
+    T.raises(function() return gp.zeros({2}, {dtype = 'f64', device = 'cuda'}) end, 'f64', 'CPU only')
+  end
+end)
+
 T.test('gp.device and set_device', function()
   local d = gp.device()
   T.ok(d == 'cpu' or d == 'cuda')
