@@ -97,6 +97,12 @@ static int unary(const char *name, int op, gp_tensor *out, const gp_tensor *x) {
   char *po = gp_ptr(out);
   const char *px = gp_ptr(x);
   int dt = out->dtype;
+  if (dt == GP_F32 && gp_loop_is_flat(&L)) { /* the common case, without per-element dispatch */
+    float *o = (float *)po;
+    const float *a = (const float *)px;
+    for (int64_t i = 0; i < L.numel; i++) o[i] = (float)un_d(op, a[i]);
+    return GP_OK;
+  }
   if (gp_is_int(dt)) {
     FOR_LOOP(L, off, {
       int64_t v = gp_load_i64(px, dt, off[1]);
@@ -139,6 +145,15 @@ static int binary(const char *name, int op, gp_tensor *out, const gp_tensor *a, 
   const char *pa = gp_ptr(a), *pb = b ? gp_ptr(b) : NULL;
   int dt = out->dtype;
   int64_t si = gp_d2i(s, INT64_MIN, INT64_MAX);
+  if (dt == GP_F32 && gp_loop_is_flat(&L)) {
+    float *o = (float *)po;
+    const float *a = (const float *)pa, *b = (const float *)pb;
+    if (b)
+      for (int64_t i = 0; i < L.numel; i++) o[i] = (float)bin_d(op, a[i], b[i]);
+    else
+      for (int64_t i = 0; i < L.numel; i++) o[i] = (float)bin_d(op, a[i], s);
+    return GP_OK;
+  }
   if (gp_is_int(dt)) {
     FOR_LOOP(L, off, gp_store_i64(po, dt, off[0], bin_i(op, gp_load_i64(pa, dt, off[1]), pb ? gp_load_i64(pb, dt, off[2]) : si)));
   } else {

@@ -179,7 +179,8 @@ int main(int argc, char **argv) {
       rc = docall(L, 0);
     }
   }
-  if (interactive && (rc == 0 || script)) rc = dostring(L, "require('gpush.repl').run()", "=(repl)") || 0;
+  /* the prompt also follows a failed script, so its state can be inspected */
+  if (interactive && dostring(L, "require('gpush.repl').run()", "=(repl)") != 0 && !rc) rc = 1;
   lua_close(L);
   return rc ? 1 : 0;
 }
