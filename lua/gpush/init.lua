@@ -276,6 +276,16 @@ for _, name in ipairs {} do
 end
 
 ---------------------------------------------------------------------------
+-- autograd: wraps the differentiable methods and functions defined above
+local autograd = require 'gpush.autograd'
+autograd.install(gp)
+gp.autograd = autograd
+gp.no_grad = doc(autograd.no_grad, 'gp.no_grad(fn, ...)', 'run fn(...) without recording operations for autograd')
+gp.enable_grad = doc(autograd.enable_grad, 'gp.enable_grad(fn, ...)', 'run fn(...) with autograd recording (inside no_grad)')
+gp.gradcheck = doc(autograd.gradcheck, 'gp.gradcheck(fn, {x, y, ...}, {eps=1e-6, atol=1e-5, rtol=1e-4})',
+  'compare the gradients of fn at f64 CPU inputs with central differences; raises on a mismatch')
+
+---------------------------------------------------------------------------
 -- help
 
 function gp.kernels()
