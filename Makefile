@@ -30,7 +30,7 @@ CFLAGS    ?= -O2 -g
 CFLAGS    += -std=c11 -Wall -Wextra -MMD -MP
 NVFLAGS   ?= -O3 -g -lineinfo
 NVFLAGS   += -std=c++17 $(GENCODE) -Xcompiler -Wall,-Wextra -MMD -MP --expt-relaxed-constexpr
-LDLIBS    := $(LUAJIT_LIB) -Wl,--no-as-needed -lreadline -Wl,--as-needed -lm -ldl -lpthread
+LDLIBS    := $(LUAJIT_LIB) -Wl,--no-as-needed -lreadline -Wl,--as-needed -lcjson -lm -ldl -lpthread
 ifeq ($(HAVE_CUDA),1)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lcublas -lcublasLt -lrt -lstdc++
 endif

@@ -116,6 +116,18 @@ int gp_memory_stats(gp_memstats *out);
 int gp_empty_cache(void);
 int gp_set_memory_limit(int64_t bytes);  /* soft cap on reserved device bytes (and host in-use); 0 = none */
 
+/* ---- safetensors files (src/safetensors.c); tensors read and written on the cpu ---- */
+typedef struct gp_st gp_st;
+int gp_st_open(gp_st **out, const char *path);   /* parses and checks the whole header */
+void gp_st_close(gp_st *st);
+int gp_st_count(const gp_st *st);
+int gp_st_info(const gp_st *st, int i, const char **name, int *dtype, int *ndim, int64_t *shape);
+int gp_st_read(gp_st *st, int i, gp_tensor *out);  /* out: contiguous cpu tensor of that dtype and size */
+int gp_st_meta_count(const gp_st *st);
+int gp_st_meta(const gp_st *st, int i, const char **key, const char **value);
+int gp_st_save(const char *path, int n, const char *const *names, const gp_tensor *const *ts, int nmeta,
+               const char *const *keys, const char *const *values);
+
 /* ---- kernel registry ---- */
 typedef struct gp_kernel_info {
   const char *name;

@@ -61,6 +61,8 @@ static int dostring(lua_State *L, const char *code, const char *name) {
   return docall(L, 0);
 }
 
+int luaopen_gpush_json(lua_State *L);
+
 /* directory of lua/ : $GPUSH_HOME/lua, else <dir of the executable>/../lua */
 static void set_paths(lua_State *L) {
   char exe[PATH_MAX] = {0}, root[PATH_MAX + 8];
@@ -79,6 +81,10 @@ static void set_paths(lua_State *L) {
   lua_setfield(L, -2, "path");
   lua_pushstring(L, root);
   lua_setglobal(L, "GPUSH_ROOT");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_gpush_json);
+  lua_setfield(L, -2, "gpush.json");
+  lua_pop(L, 1);
   /* the FFI declarations, generated from src/gpush.h */
   lua_getfield(L, -1, "loaded");
   lua_pushstring(L, g_cdef);

@@ -276,6 +276,15 @@ for _, name in ipairs {} do
 end
 
 ---------------------------------------------------------------------------
+-- checkpoints and JSON
+local checkpoint = require 'gpush.checkpoint'
+gp.save = doc(checkpoint.save, "gp.save('m.safetensors', {name = tensor, ...}, {step = 10, config = {...}})",
+  'write tensors (moved to the cpu) and metadata in the safetensors format; atomic (a temporary file, then a rename)')
+gp.load = doc(checkpoint.load, "gp.load('m.safetensors', {device = 'cuda'})",
+  'read a safetensors file: returns {name = tensor}, metadata; every header entry is checked before reading')
+gp.json = require 'gpush.json'
+
+---------------------------------------------------------------------------
 -- autograd: wraps the differentiable methods and functions defined above
 local autograd = require 'gpush.autograd'
 autograd.install(gp)
