@@ -128,6 +128,21 @@ int gp_st_meta(const gp_st *st, int i, const char **key, const char **value);
 int gp_st_save(const char *path, int n, const char *const *names, const gp_tensor *const *ts, int nmeta,
                const char *const *keys, const char *const *values);
 
+/* ---- multi-tensor lists: one launch over many tensors (optimizers) ----
+ * A list holds `groups` groups of n tensors each (group-major: ts[g * n + i]),
+ * tensor i of every group having the same number of elements, each group one
+ * dtype, all contiguous on one device. The tensors must outlive the list. */
+typedef struct gp_tlist gp_tlist;
+int gp_tlist_create(gp_tlist **out, int groups, int n, const gp_tensor *const *ts);
+void gp_tlist_free(gp_tlist *l);
+/* groups p (f32), m, v (f32), g (any float); gscale f32[1] or NULL */
+int gp_multi_adamw(gp_tlist *l, const gp_tensor *gscale, double lr, double beta1, double beta2, double eps,
+                   double weight_decay, double step);
+/* groups p (f32), buf (f32), g */
+int gp_multi_sgd(gp_tlist *l, const gp_tensor *gscale, double lr, double momentum, double weight_decay, double nesterov);
+/* out f32[1] = sum of squares of every tensor of group 0 */
+int gp_multi_sumsq(gp_tensor *out, gp_tlist *l);
+
 /* ---- kernel registry ---- */
 typedef struct gp_kernel_info {
   const char *name;
