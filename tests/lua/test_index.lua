@@ -2,14 +2,8 @@
 -- known values, Lua oracles, finite-difference gradients in f64, bad input.
 local T = require 'lib'
 local gp = require 'gpush'
-local tensor = require 'gpush.tensor'
 
-local function flat(t)
-  local b, n = tensor.to_doubles(t)
-  local r = {}
-  for i = 0, n - 1 do r[i + 1] = b[i] end
-  return r
-end
+local flat = T.flat
 local function dot(a, b)
   local x, y, s = flat(a), flat(b), 0
   for i = 1, #x do s = s + x[i] * y[i] end

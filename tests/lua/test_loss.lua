@@ -2,15 +2,9 @@
 -- finite differences in f64, large and odd V, bad input.
 local T = require 'lib'
 local gp = require 'gpush'
-local tensor = require 'gpush.tensor'
 
 local cpu = {device = 'cpu'}
-local function flat(t)
-  local b, n = tensor.to_doubles(t)
-  local r = {}
-  for i = 0, n - 1 do r[i + 1] = b[i] end
-  return r
-end
+local flat = T.flat
 
 -- per-row losses in double from host tables
 local function oracle(lg, tg, ign)
