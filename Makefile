@@ -32,7 +32,7 @@ NVFLAGS   ?= -O3 -g -lineinfo
 NVFLAGS   += -std=c++17 $(GENCODE) -Xcompiler -Wall,-Wextra -MMD -MP --expt-relaxed-constexpr
 LDLIBS    := $(LUAJIT_LIB) -Wl,--no-as-needed -lreadline -Wl,--as-needed -lm -ldl -lpthread
 ifeq ($(HAVE_CUDA),1)
-LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lcublas -lcublasLt -lrt -lstdc++
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lnvrtc -lcublas -lcublasLt -lrt -lstdc++
 endif
 
 CORE_SRC := $(filter-out src/main.c src/nocuda.c,$(wildcard src/*.c)) $(wildcard kernels/*.c)
