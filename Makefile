@@ -102,10 +102,12 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory check
 
-# Run the tests of an existing build (no rebuild): Criterion, then the Lua suite.
+# Run the tests of an existing build (no rebuild): Criterion, the Lua suite,
+# then the prompt through a terminal (tmux; skipped with a message without it).
 check:
 	$(Q)$(BUILD)/test_c --jobs 1
 	$(Q)$(BUILD)/gpush tests/lua/run.lua
+	$(Q)tests/repl/test_repl.sh $(BUILD)/gpush
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush

@@ -139,7 +139,8 @@ local function run_chunk(c, f)
   local res = {xpcall(f, function(e)
     if tostring(e):find('interrupted', 1, true) then return '\ninterrupted' end
     local tb = debug.traceback(tostring(e), 2)
-    return (tb:gsub('\n%s*%[C%]: in function \'xpcall\'.*$', ''))
+    tb = tb:gsub('\n%s*%[C%]: in function \'xpcall\'.*$', ''):gsub('\n%s*%[builtin#%d+%]:[^\n]*', '')
+    return (tb:gsub('\nstack traceback:$', ''))
   end)}
   if c then c.run_end() end
   if res[1] then
