@@ -15,7 +15,7 @@ local code_cache = {}   -- key -> {code = string, lowered = string}
 local loaded = {}       -- key -> kernel object
 
 local function need_gpu(op)
-  if C.gp_cuda_compiled() ~= 1 then raise(op .. ': this gpush was built without CUDA, so NVRTC kernels cannot run') end
+  if C.gp_cuda_compiled() ~= 1 then raise(op .. ': this gpush was built without CUDA, so run-time compiled GPU kernels cannot run') end
   if C.gp_cuda_available() ~= 1 then
     raise(op .. ': run-time compiled kernels need a CUDA GPU, and ' .. core.last_error() .. ' (the CPU backend has no rtc)')
   end
