@@ -52,7 +52,7 @@ function gp.memory()
   local s = core.memory_stats()
   return setmetatable(s, {__tostring = core.memory_summary})
 end
-doc(gp.memory, 'gp.memory()', 'allocator stats: in_use, reserved, peak, allocs, cache_hits, device_mallocs, frees, cached_blocks, fragmentation, host_in_use, host_peak')
+doc(gp.memory, 'gp.memory()', 'allocator stats: in_use, reserved, peak, allocs, cache_hits, device_mallocs, frees, cached_blocks, largest_cached, fragmentation, pending_blocks/pending_bytes (held after stream use), host_in_use, host_peak')
 
 function gp.empty_cache() C.gp_empty_cache() end
 doc(gp.empty_cache, 'gp.empty_cache()', 'return cached device blocks to the driver')
