@@ -207,7 +207,7 @@ extern "C" int gp_cuda_where(gp_tensor *out, const gp_tensor *mask, const gp_ten
   const gp_tensor *ops[] = {out, mask, a, b};
   GP_TRY(gp_loop_init(&L, "where", 4, ops));
   if (L.numel == 0) return GP_OK;
-  GP_ANY_SWITCH(out->dtype, T,
+  GP_ANY_SWITCH(out->dtype, T, GP_NOTE_LAUNCH(k_where<T>, 256, 0);
                 k_where<T><<<gp_grid(L.numel, 256), 256, 0, gp_cuda_stream()>>>(
                     L, (T *)gp_ptr(out), (const uint8_t *)gp_ptr(mask), (const T *)gp_ptr(a), (const T *)gp_ptr(b)));
   return gp_cuda_check_launch("where");

@@ -32,7 +32,7 @@ extern "C" int gp_cuda_random(int kind, gp_tensor *out, uint64_t seed, uint64_t 
   int64_t n = gp_numel(out);
   if (n == 0) return GP_OK;
   uint64_t range = (uint64_t)(int64_t)(b - a);
-  GP_ANY_SWITCH(out->dtype, T,
+  GP_ANY_SWITCH(out->dtype, T, GP_NOTE_LAUNCH(k_random<T>, 256, 0);
                 k_random<T><<<gp_grid((n + 3) / 4, 256), 256, 0, gp_cuda_stream()>>>((T *)gp_ptr(out), n, kind, seed,
                                                                                       offset, a, b, range));
   return gp_cuda_check_launch("random");

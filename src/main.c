@@ -13,6 +13,8 @@
 
 #include "internal.h"
 
+int gp_luaopen_repl(lua_State *L); /* src/repl.c */
+
 static const char g_cdef[] =
 #include "cdef.inc"
     ;
@@ -89,6 +91,11 @@ static void set_paths(lua_State *L) {
   lua_getfield(L, -1, "loaded");
   lua_pushstring(L, g_cdef);
   lua_setfield(L, -2, "gpush.cdef");
+  lua_pop(L, 1);
+  /* the C half of the prompt */
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, gp_luaopen_repl);
+  lua_setfield(L, -2, "gpush.repl_c");
   lua_pop(L, 2);
 }
 
