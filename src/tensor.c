@@ -433,8 +433,8 @@ int gp_loop_is_flat(const gp_loop *L) {
 
 /* ---- argument specs ----
  * A spec lists the arguments in order, separated by spaces:
- *   [&]name:TYPE[DIMS][!][constraint]
- * & marks an output; TYPE is F (a float dtype shared by all F arguments),
+ *   [&^]name:TYPE[DIMS][!][constraint]
+ * & marks an output, ^ an argument read and written (optimizer state); TYPE is F (a float dtype shared by all F arguments),
  * T (any dtype shared by all T arguments), N (any dtype), I (i32 or i64),
  * B (u8), a dtype name (f32, i64, ...), or f / i for a float or int scalar
  * (not checked here). DIMS is ~ (broadcasts to the first argument), = (same
@@ -469,7 +469,7 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
   while (*p) {
     while (*p == ' ') p++;
     if (!*p) break;
-    if (*p == '&') p++;
+    if (*p == '&' || *p == '^') p++;
     const char *name = p;
     while (*p && *p != ':') p++;
     int nlen = (int)(p - name);

@@ -45,10 +45,10 @@ function A.no_grad(f, ...) return with_mode(false, f, ...) end
 function A.enable_grad(f, ...) return with_mode(true, f, ...) end
 
 -- wrap tbl[name] so that calls on tensors needing grad are recorded
-local function wrap(tbl, name, rule, opname)
+local function wrap(tbl, name, rule, docs, opname)
   local f = tbl[name]
   if not f then return end
-  tbl[name] = function(...)
+  local g = function(...)
     if not A.enabled or not any_needs(select('#', ...), ...) then return f(...) end
     local args = {n = select('#', ...), ...}
     local outs = {n = 0}
@@ -61,6 +61,8 @@ local function wrap(tbl, name, rule, opname)
     end
     return unpack(outs, 1, outs.n)
   end
+  tbl[name] = g
+  if docs and docs[f] then docs[g] = docs[f] end
 end
 
 -- rules for methods (Tensor[name]) and gp functions (gp[name]); each is
@@ -292,8 +294,8 @@ end)
 -- install: wrap every method and function that has a rule
 
 function A.install(gp)
-  for name, rule in pairs(A.method_rules) do wrap(Tensor, name, rule) end
-  for name, rule in pairs(A.function_rules) do wrap(gp, name, rule) end
+  for name, rule in pairs(A.method_rules) do wrap(Tensor, name, rule, gp._docs) end
+  for name, rule in pairs(A.function_rules) do wrap(gp, name, rule, gp._docs) end
   for _, name in ipairs(INPLACE) do
     local f = Tensor[name]
     if f then

@@ -317,12 +317,13 @@ gp.save = doc(checkpoint.save, "gp.save('m.safetensors', {name = tensor, ...}, {
 gp.load = doc(checkpoint.load, "gp.load('m.safetensors', {device = 'cuda'})",
   'read a safetensors file: returns {name = tensor}, metadata; every header entry is checked before reading')
 gp.json = require 'gpush.json'
+doc(gp.json.encode, 'gp.json.encode(value)', 'JSON text of a Lua value (tables with keys 1..n are arrays)')
+doc(gp.json.decode, 'gp.json.decode(text)', 'a Lua value from JSON text (null is gp.json.null)')
 
 ---------------------------------------------------------------------------
 -- autograd: wraps the differentiable methods and functions defined above
 local autograd = require 'gpush.autograd'
 autograd.install(gp)
-gp.autograd = autograd
 gp.no_grad = doc(autograd.no_grad, 'gp.no_grad(fn, ...)', 'run fn(...) without recording operations for autograd')
 gp.enable_grad = doc(autograd.enable_grad, 'gp.enable_grad(fn, ...)', 'run fn(...) with autograd recording (inside no_grad)')
 gp.gradcheck = doc(autograd.gradcheck, 'gp.gradcheck(fn, {x, y, ...}, {eps=1e-6, atol=1e-5, rtol=1e-4})',

@@ -13,9 +13,9 @@ local M = {list = {}, by_name = {}, by_fn = {}}
 local function parse_spec(spec)
   local args = {}
   for tok in spec:gmatch('%S+') do
-    local out, name, ty, rest = tok:match('^(&?)([%w_]+):(%a[%w]*)(.*)$')
+    local out, name, ty, rest = tok:match('^([&^]?)([%w_]+):(%a[%w]*)(.*)$')
     if not name then error('bad spec token ' .. tok) end
-    local a = {name = name, out = out == '&', type = ty, raw = tok}
+    local a = {name = name, out = out ~= '', inout = out == '^', type = ty, raw = tok}
     a.scalar = ty == 'f' or ty == 'i'
     a.dims = rest:match('^%[([^%]]*)%]')
     a.contiguous = rest:find('!', 1, true) ~= nil
@@ -76,7 +76,7 @@ end
 function M.usage(k)
   local parts = {}
   for _, a in ipairs(k.args) do
-    parts[#parts + 1] = a.raw:gsub('^&', ''):gsub('<%u', ''):gsub('%+$', '')
+    parts[#parts + 1] = a.raw:gsub('^[&^]', ''):gsub('<%u', ''):gsub('%+$', '')
   end
   return string.format('gp.k.%s(%s)', k.name, table.concat(parts, ', '))
 end

@@ -86,7 +86,7 @@ local function make_args(k, case, dts, variant)
   local first_shape
   for i, a in ipairs(k.args) do
     if a.scalar then
-      args[i] = SCALARS[a.name] or 0.75
+      args[i] = SCALARS[a.name] or a.default or 0.75
     else
       local dt = dts[i]
       local shape
@@ -107,7 +107,7 @@ local function make_args(k, case, dts, variant)
       else
         t = gp.empty(shape, {dtype = dt, device = 'cpu'})
       end
-      if not a.out then
+      if not a.out or a.inout then
         if a.lt then range_fill(t, syms[a.lt] or over[a.lt] or case.sym)
         elseif a.type == 'B' then mask_fill(t) else rand_fill(t, a.positive) end
       end
@@ -128,7 +128,7 @@ local function run_on(k, args, device, poison_value, seed)
     local x = args[i]
     if not a.scalar then
       local y = x:is_contiguous() and x:to(device) or noncontig(x.shape, x.dtype, device):copy_(x)
-      if a.out then poison(y, poison_value) end
+      if a.out and not a.inout then poison(y, poison_value) end
       dargs[i] = y
     else
       dargs[i] = x
