@@ -51,7 +51,7 @@ KCASES.rows = {
   {name = '2x8200', shape = {2, 0}, syms = {D = 8200}},
   {name = '1000003', shape = {1000003}, syms = {D = 1000003}, big = true, tol = {f32 = 1e-4}},
 }
-KCASES.fused_rows = KCASES.rows
+KCASES.add_rms_norm, KCASES.bias_gelu = KCASES.rows, KCASES.rows
 
 local function rand_fill(dst, positive)
   local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
