@@ -49,6 +49,10 @@ return function(gp, tensor)
     end
     local xf = float_of(x):contiguous()
     local out = empty(rs, odt or xf.dtype, x.device, kname)
+    if A * C == 0 then return out end
+    if B == 0 then -- an empty sum is 0; an empty mean or variance is NaN
+      return out:fill_((kname == 'mean' or kname == 'var') and 0 / 0 or 0)
+    end
     K[kname](out:view {A, C}, xf:view {A, B, C}, ...)
     return out
   end
@@ -119,6 +123,7 @@ return function(gp, tensor)
     check(x, 'cumsum')
     local xf = float_of(x):contiguous()
     local out = empty(x.shape, xf.dtype, x.device, 'cumsum')
+    if x:numel() == 0 then return d == nil and out:view {0} or out end
     if d == nil then
       local n = x:numel()
       out = out:view {n}
