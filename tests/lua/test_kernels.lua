@@ -13,7 +13,7 @@ local kernels = require 'gpush.kernels'
 local FLOATS = {'f32', 'bf16', 'f16', 'f64'}
 local ALL = {'f32', 'bf16', 'f16', 'i32', 'i64', 'u8', 'f64'}
 local TOL = {f32 = 1e-5, bf16 = 1e-2, f16 = 2e-3, i32 = 0, i64 = 0, u8 = 0}
-local SCALARS = {lo = 3, hi = 17, std = 1.5, mean = 0.5, value = 2.5, s = 1.5}
+local SCALARS = {lo = 3, hi = 17, std = 1.5, mean = 0.5, value = 2.5, s = 1.5, correction = 0}
 SCALARS.ignore_index = 1 -- cross-entropy: rows whose target is 1 are ignored
 
 -- per-kernel symbol sizes where the case's size does not fit (function of the
@@ -33,6 +33,36 @@ local CASES = {
   {name = '3x5x7', shape = {3, 5, 7}, sym = 5},
   {name = '1000003', shape = {1000003}, sym = 1000, big = true},
 }
+
+-- Per-kernel or per-family hooks (looked up by k.name, then k.family):
+--  KCASES: the size cases, when the default ones do not fit the spec; a case's
+--    `syms` gives sizes to named symbols (others get `sym`), `shape` gives the
+--    leading dims that `*` stands for (all but its last entry), `tol` overrides
+--    the tolerance by dtype for that case;
+--  KTOL: tolerances by dtype (e.g. looser f32 after long reductions).
+local KCASES, KTOL = {}, {}
+-- reduce: x is (A, B, C), B reduced; C == 1 is the contiguous-row path, C > 1 the strided one
+KCASES.reduce = {
+  {name = '1x1x1', shape = {1}, syms = {A = 1, B = 1, C = 1}},
+  {name = '7x7x1', shape = {1}, syms = {A = 7, B = 7, C = 1}},
+  {name = '3x5x7', shape = {1}, syms = {A = 3, B = 5, C = 7}},
+  {name = '5x1000x1', shape = {1}, syms = {A = 5, B = 1000, C = 1}},
+  {name = '2x300x40', shape = {1}, syms = {A = 2, B = 300, C = 40}},
+  {name = '1x1000003x1', shape = {1}, syms = {A = 1, B = 1000003, C = 1}, big = true},
+  {name = '1x20011x50', shape = {1}, syms = {A = 1, B = 20011, C = 50}, big = true},
+}
+KTOL.reduce = {f32 = 1e-4}
+-- rows: [*, D] with warp rows, block rows (vector and scalar), and one row too long for registers
+KCASES.rows = {
+  {name = '1', shape = {1}, syms = {D = 1}},
+  {name = '7', shape = {7}, syms = {D = 7}},
+  {name = '3x5x7', shape = {3, 5, 7}, syms = {D = 7}},
+  {name = '4x1000', shape = {4, 0}, syms = {D = 1000}},
+  {name = '3x1003', shape = {3, 0}, syms = {D = 1003}},
+  {name = '2x8200', shape = {2, 0}, syms = {D = 8200}},
+  {name = '1000003', shape = {1000003}, syms = {D = 1000003}, big = true, tol = {f32 = 1e-4}},
+}
+KCASES.add_rms_norm, KCASES.bias_gelu = KCASES.rows, KCASES.rows
 
 local function rand_fill(dst, positive)
   local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
@@ -97,7 +127,7 @@ local function make_args(k, case, dts, variant)
         for tok in a.dims:gmatch('[^,]+') do
           if tok == '*' then for _ = 1, #case.shape - 1 do shape[#shape + 1] = case.shape[_] end
           elseif tonumber(tok) then shape[#shape + 1] = tonumber(tok)
-          else syms[tok] = syms[tok] or over[tok] or case.sym; shape[#shape + 1] = syms[tok] end
+          else syms[tok] = syms[tok] or over[tok] or (case.syms and case.syms[tok]) or case.sym; shape[#shape + 1] = syms[tok] end
         end
       end
       first_shape = first_shape or shape
@@ -174,8 +204,10 @@ end
 for _, k in ipairs(kernels.list) do
   T.test('kernel ' .. k.name, function()
     local ran, compared = 0, 0
+    local cases = KCASES[k.name] or KCASES[k.family] or CASES
+    local ktol = KTOL[k.name] or KTOL[k.family] or {}
     for si, dts in ipairs(dtype_sets(k)) do
-      for ci, case in ipairs(CASES) do
+      for ci, case in ipairs(cases) do
         -- large sizes: the first two dtype sets only
         if not (case.big and si > 2) then
           local variant = (si + ci) % 3
@@ -202,7 +234,8 @@ for _, k in ipairs(kernels.list) do
               if T.relnorm(g1[j], g2[j]) ~= 0 then
                 error(string.format('%s case %s: cuda output not fully written', k.name, case.name))
               end
-              local tol = TOL[o1[j].dtype]
+              local odt = o1[j].dtype
+              local tol = case.tol and case.tol[odt] or ktol[odt] or TOL[odt]
               local r = T.relnorm(g1[j], o1[j])
               if not (r <= tol) then
                 error(string.format('%s dtypes %s case %s variant %d: cuda vs cpu relative norm %g > %g', k.name,

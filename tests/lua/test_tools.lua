@@ -231,7 +231,7 @@ test('repl: completion of globals, gp fields and tensor methods', function()
   rawset(_G, 'repl_t_', nil)
   local g = repl.complete('whi')
   T.ok(g[1] == 'while')
-  list_eq(repl.complete('gp.k.add_'), {'gp.k.add_s'})
+  list_eq(repl.complete('gp.k.add_s'), {'gp.k.add_s'})
   T.eq(#repl.complete('nosuchthing.x'), 0)
 end)
 

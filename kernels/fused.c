@@ -1,0 +1,82 @@
+/* fused.c: dispatch and CPU reference of the fused ops, in double. */
+#include <math.h>
+
+#include "common.h"
+#include "fused.h"
+#include "rows.h"
+
+static double sigm(double v) { return 1.0 / (1.0 + exp(-v)); }
+
+int gp_k_swiglu(gp_tensor *out, const gp_tensor *gate, const gp_tensor *up) {
+  GP_CHECK(swiglu, out, gate, up);
+  GP_CUDA_DISPATCH(out, gp_cuda_swiglu(out, gate, up));
+  gp_loop L;
+  const gp_tensor *ops[] = {out, gate, up};
+  GP_TRY(gp_loop_init(&L, "swiglu", 3, ops));
+  char *po = gp_ptr(out);
+  const char *pg = gp_ptr(gate), *pu = gp_ptr(up);
+  int dt = out->dtype;
+  int64_t off[4];
+  for (int64_t i = 0; i < L.numel; i++) {
+    gp_loop_offsets(&L, i, off);
+    double g = gp_load(pg, dt, off[1]);
+    gp_store(po, dt, off[0], g * sigm(g) * gp_load(pu, dt, off[2]));
+  }
+  return GP_OK;
+}
+
+int gp_k_swiglu_backward(gp_tensor *dgate, gp_tensor *dup, const gp_tensor *gate, const gp_tensor *up,
+                         const gp_tensor *dout) {
+  GP_CHECK(swiglu_backward, dgate, dup, gate, up, dout);
+  GP_CUDA_DISPATCH(dgate, gp_cuda_swiglu_backward(dgate, dup, gate, up, dout));
+  int64_t n = gp_numel(gate);
+  char *pdg = gp_ptr(dgate), *pdu = gp_ptr(dup);
+  const char *pg = gp_ptr(gate), *pu = gp_ptr(up), *pd = gp_ptr(dout);
+  int dt = gate->dtype;
+  for (int64_t i = 0; i < n; i++) {
+    double g = gp_load(pg, dt, i), u = gp_load(pu, dt, i), d = gp_load(pd, dt, i), s = sigm(g);
+    gp_store(pdg, dt, i, d * u * s * (1.0 + g * (1.0 - s)));
+    gp_store(pdu, dt, i, d * g * s);
+  }
+  return GP_OK;
+}
+
+int gp_k_add_rms_norm(gp_tensor *out, gp_tensor *res_out, gp_tensor *rstd, const gp_tensor *x, const gp_tensor *res,
+                      const gp_tensor *w, double eps) {
+  GP_CHECK(add_rms_norm, out, res_out, rstd, x, res, w);
+  if (!(eps >= 0)) return gp_error("add_rms_norm: eps = %g; it must be >= 0", eps);
+  GP_CUDA_DISPATCH(out, gp_cuda_add_rms_norm(out, res_out, rstd, x, res, w, eps));
+  int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  const char *px = gp_ptr(x), *pr = gp_ptr(res), *pw = gp_ptr(w);
+  char *po = gp_ptr(out), *pq = gp_ptr(res_out);
+  float *ps = gp_ptr(rstd);
+  int dt = x->dtype;
+  for (int64_t r = 0; r < R; r++) {
+    int64_t o = r * D;
+    double s = 0;
+    for (int64_t j = 0; j < D; j++) {
+      gp_store(pq, dt, o + j, gp_load(px, dt, o + j) + gp_load(pr, dt, o + j));
+      double v = gp_load(pq, dt, o + j); /* the norm sees res_out as stored */
+      s += v * v;
+    }
+    double rs = 1.0 / sqrt(s / (double)D + eps);
+    for (int64_t j = 0; j < D; j++) gp_store(po, dt, o + j, gp_load(pq, dt, o + j) * rs * gp_load(pw, dt, j));
+    ps[r] = (float)rs;
+  }
+  return GP_OK;
+}
+
+int gp_k_bias_gelu(gp_tensor *out, const gp_tensor *x, const gp_tensor *b) {
+  GP_CHECK(bias_gelu, out, x, b);
+  GP_CUDA_DISPATCH(out, gp_cuda_bias_gelu(out, x, b));
+  int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  const char *px = gp_ptr(x), *pb = gp_ptr(b);
+  char *po = gp_ptr(out);
+  int dt = x->dtype;
+  for (int64_t r = 0; r < R; r++)
+    for (int64_t j = 0; j < D; j++) {
+      double v = gp_load(px, dt, r * D + j) + gp_load(pb, dt, j);
+      gp_store(po, dt, r * D + j, 0.5 * v * (1.0 + erf(v * 0.70710678118654752440)));
+    }
+  return GP_OK;
+}

@@ -1,0 +1,174 @@
+/* fused.cu: SwiGLU forward/backward (16-byte vectors and a tail), residual
+ * add + RMSNorm (row engine of rows.cuh), bias + GELU (bias vector held in
+ * registers while a thread walks down the rows). All math in f32. */
+#include "ew_launch.cuh"
+#include "fused.h"
+#include "rows.cuh"
+#include "rows.h"
+
+__device__ __forceinline__ float silu_f(float g) { return g / (1.f + __expf(-g)); }
+
+template <typename T> struct SwigluF {
+  __device__ T operator()(T g, T u) const { return st<T>(silu_f(ld(g)) * ld(u)); }
+};
+
+extern "C" int gp_cuda_swiglu(gp_tensor *out, const gp_tensor *gate, const gp_tensor *up) {
+  int rc = GP_OK;
+  GP_FLOAT_SWITCH(out->dtype, T, rc = gp_ew_launch<2, T, T, T>("swiglu", out, gate, up, SwigluF<T>{}));
+  return rc;
+}
+
+template <typename T> __device__ __forceinline__ void swiglu_bwd1(T g_, T u_, T d_, T &dg, T &du) {
+  const float g = ld(g_), u = ld(u_), d = ld(d_), s = 1.f / (1.f + __expf(-g));
+  dg = st<T>(d * u * s * (1.f + g * (1.f - s)));
+  du = st<T>(d * g * s);
+}
+
+/* contiguous operands; V > 1 only when all five pointers are 16-byte aligned */
+template <typename T, int V>
+__global__ void k_swiglu_bwd(T *__restrict__ dg, T *__restrict__ du, const T *__restrict__ g, const T *__restrict__ u,
+                             const T *__restrict__ d, int64_t n) {
+  typedef rowvec<T, V> VT;
+  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  const int64_t nv = n / V;
+  for (int64_t i = tid; i < nv; i += nth) {
+    VT a = reinterpret_cast<const VT *>(g)[i], b = reinterpret_cast<const VT *>(u)[i],
+       c = reinterpret_cast<const VT *>(d)[i], x, y;
+#pragma unroll
+    for (int e = 0; e < V; e++) swiglu_bwd1(a.v[e], b.v[e], c.v[e], x.v[e], y.v[e]);
+    reinterpret_cast<VT *>(dg)[i] = x;
+    reinterpret_cast<VT *>(du)[i] = y;
+  }
+  for (int64_t i = nv * V + tid; i < n; i += nth) swiglu_bwd1(g[i], u[i], d[i], dg[i], du[i]);
+}
+
+extern "C" int gp_cuda_swiglu_backward(gp_tensor *dgate, gp_tensor *dup, const gp_tensor *gate, const gp_tensor *up,
+                                       const gp_tensor *dout) {
+  const int64_t n = gp_numel(gate);
+  if (n == 0) return GP_OK;
+  const bool al = al16(gp_ptr(dgate)) && al16(gp_ptr(dup)) && al16(gp_ptr(gate)) && al16(gp_ptr(up)) && al16(gp_ptr(dout));
+  cudaStream_t s = gp_cuda_stream();
+  GP_FLOAT_SWITCH(gate->dtype, T, {
+    constexpr int V = 16 / sizeof(T);
+    T *a = (T *)gp_ptr(dgate), *b = (T *)gp_ptr(dup);
+    const T *g = (const T *)gp_ptr(gate), *u = (const T *)gp_ptr(up), *d = (const T *)gp_ptr(dout);
+    if (al) k_swiglu_bwd<T, V><<<gp_grid((n + V - 1) / V, 256), 256, 0, s>>>(a, b, g, u, d, n);
+    else k_swiglu_bwd<T, 1><<<gp_grid(n, 256), 256, 0, s>>>(a, b, g, u, d, n);
+  });
+  return gp_cuda_check_launch("swiglu_backward");
+}
+
+/* ---- residual add + RMSNorm: r = round(x + res) is stored and normalized ---- */
+template <typename T> struct AddRmsOp {
+  const T *x, *res, *w;
+  T *o, *ro;
+  float *rstd;
+  int64_t D;
+  float eps;
+  template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
+    float v[NV * V], q[NV * V];
+    row_load<T, V, NV>(x + row * D, D, lane, tpr, v, 0.f);
+    row_load<T, V, NV>(res + row * D, D, lane, tpr, q, 0.f);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV * V; i++) {
+      v[i] = ld(st<T>(v[i] + q[i]));
+      s += v[i] * v[i];
+    }
+    row_store<T, V, NV>(ro + row * D, D, lane, tpr, v);
+    const float rs = rsqrtf(group_sum(s, tpr, sh) / (float)D + eps);
+    row_load<T, V, NV, false>(w, D, lane, tpr, q, 0.f);
+#pragma unroll
+    for (int i = 0; i < NV * V; i++) v[i] = v[i] * rs * q[i];
+    row_store<T, V, NV>(o + row * D, D, lane, tpr, v);
+    if (lane == 0) rstd[row] = rs;
+  }
+  /* pass 2 reads back res_out, each thread the elements it wrote itself */
+  __device__ void loop(int64_t row, float *sh) const {
+    const int64_t o0 = row * D;
+    float s = 0.f;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      T r = st<T>(ld(x[o0 + j]) + ld(res[o0 + j]));
+      ro[o0 + j] = r;
+      float v = ld(r);
+      s += v * v;
+    }
+    const float rs = rsqrtf(block_sum(s, sh) / (float)D + eps);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) o[o0 + j] = st<T>(ld(ro[o0 + j]) * rs * ld(w[j]));
+    if (threadIdx.x == 0) rstd[row] = rs;
+  }
+};
+
+extern "C" int gp_cuda_add_rms_norm(gp_tensor *out, gp_tensor *res_out, gp_tensor *rstd, const gp_tensor *x,
+                                    const gp_tensor *res, const gp_tensor *w, double eps) {
+  int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  int rc = GP_OK;
+  bool al = al16(gp_ptr(x)) && al16(gp_ptr(res)) && al16(gp_ptr(w)) && al16(gp_ptr(out)) && al16(gp_ptr(res_out));
+  GP_FLOAT_SWITCH(x->dtype, T, {
+    AddRmsOp<T> op{(const T *)gp_ptr(x), (const T *)gp_ptr(res), (const T *)gp_ptr(w), (T *)gp_ptr(out),
+                   (T *)gp_ptr(res_out), (float *)gp_ptr(rstd), D, (float)eps};
+    rc = rows_launch<T>("add_rms_norm", op, R, D, al);
+  });
+  return rc;
+}
+
+/* ---- bias + GELU ---- */
+__device__ __forceinline__ float gelu_f(float v) { return 0.5f * v * (1.f + erff(v * 0.70710678118654752f)); }
+
+/* threads across (vectors of) columns, each with its bias in registers, striding over rows */
+template <typename T, int V>
+__global__ void k_bias_gelu(const T *__restrict__ x, const T *__restrict__ b, T *__restrict__ o, int64_t R, int64_t D) {
+  typedef rowvec<T, V> VT;
+  const int64_t jv = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+  if (jv * V >= D) return;
+  float bv[V];
+  if constexpr (V > 1) {
+    VT t = reinterpret_cast<const VT *>(b)[jv];
+#pragma unroll
+    for (int e = 0; e < V; e++) bv[e] = ld(t.v[e]);
+  } else {
+    bv[0] = ld(b[jv]);
+  }
+  for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {
+    const int64_t i = r * D + jv * V;
+    VT t = *reinterpret_cast<const VT *>(x + i), y;
+#pragma unroll
+    for (int e = 0; e < V; e++) y.v[e] = st<T>(gelu_f(ld(t.v[e]) + bv[e]));
+    *reinterpret_cast<VT *>(o + i) = y;
+  }
+}
+
+/* short rows: flat over all elements */
+template <typename T>
+__global__ void k_bias_gelu_flat(const T *__restrict__ x, const T *__restrict__ b, T *__restrict__ o, int64_t n, int64_t D) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    o[i] = st<T>(gelu_f(ld(x[i]) + ld(b[i % D])));
+}
+
+extern "C" int gp_cuda_bias_gelu(gp_tensor *out, const gp_tensor *x, const gp_tensor *b) {
+  const int64_t R = gp_rows_of(x), D = gp_cols_of(x), n = R * D;
+  if (n == 0) return GP_OK;
+  cudaStream_t s = gp_cuda_stream();
+  const bool al = al16(gp_ptr(x)) && al16(gp_ptr(b)) && al16(gp_ptr(out));
+  GP_FLOAT_SWITCH(x->dtype, T, {
+    constexpr int VV = 16 / sizeof(T);
+    const T *px = (const T *)gp_ptr(x), *pb = (const T *)gp_ptr(b);
+    T *po = (T *)gp_ptr(out);
+    if (D < 64) {
+      k_bias_gelu_flat<T><<<gp_grid(n, 256), 256, 0, s>>>(px, pb, po, n, D);
+    } else {
+      const bool vec = al && D % VV == 0;
+      const int64_t ncol = vec ? D / VV : D;
+      const int block = ncol >= 256 ? 256 : (int)((ncol + 31) / 32 * 32);
+      const int64_t gx = (ncol + block - 1) / block, target = (int64_t)gp_cuda_sm_count() * 32;
+      int64_t gy = (target + gx - 1) / gx;
+      if (gy > R) gy = R;
+      if (gy > 65535) gy = 65535;
+      if (gy < 1) gy = 1;
+      dim3 grid((unsigned)gx, (unsigned)gy);
+      if (vec) k_bias_gelu<T, VV><<<grid, block, 0, s>>>(px, pb, po, R, D);
+      else k_bias_gelu<T, 1><<<grid, block, 0, s>>>(px, pb, po, R, D);
+    }
+  });
+  return gp_cuda_check_launch("bias_gelu");
+}

@@ -1,0 +1,342 @@
+/* rows.cu: softmax, log_softmax, LayerNorm and RMSNorm over the last dim, on
+ * the row engine of rows.cuh (row in registers, read once, f32 math).
+ * Norm backward: dx per row on the same engine; dw (and db) as column sums
+ * over rows: per-split partial sums (no atomics) and a second kernel that adds
+ * the splits in order, so results are deterministic. */
+#include "rows.cuh"
+#include "rows.h"
+
+/* ---- softmax / log_softmax ---- */
+template <typename T, bool LOG> struct SoftmaxOp {
+  const T *x;
+  T *o;
+  int64_t D;
+  template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
+    float v[NV * V];
+    row_load<T, V, NV>(x + row * D, D, lane, tpr, v, -INFINITY);
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < NV * V; i++) m = fmaxf(m, v[i]);
+    m = group_max(m, tpr, sh);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV * V; i++) {
+      float e = __expf(v[i] - m);
+      s += e;
+      if (!LOG) v[i] = e;
+    }
+    s = group_sum(s, tpr, sh);
+    if (LOG) {
+      const float ls = m + __logf(s);
+#pragma unroll
+      for (int i = 0; i < NV * V; i++) v[i] -= ls;
+    } else {
+      const float r = 1.f / s;
+#pragma unroll
+      for (int i = 0; i < NV * V; i++) v[i] *= r;
+    }
+    row_store<T, V, NV>(o + row * D, D, lane, tpr, v);
+  }
+  __device__ void loop(int64_t row, float *sh) const {
+    const T *p = x + row * D;
+    float m = -INFINITY, s = 0.f; /* online: running max and sum scaled to it */
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float v = ld(p[j]);
+      if (v > m) s = s * __expf(m - v) + 1.f, m = v;
+      else s += __expf(v - m);
+    }
+    const float M = block_max(m, sh);
+    s = block_sum(m == -INFINITY ? 0.f : s * __expf(m - M), sh);
+    const float ls = M + __logf(s), r = 1.f / s;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float v = ld(p[j]);
+      o[row * D + j] = st<T>(LOG ? v - ls : __expf(v - M) * r);
+    }
+  }
+};
+
+template <typename T, bool LOG> struct SoftmaxBwdOp {
+  const T *y, *dy;
+  T *dx;
+  int64_t D;
+  template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
+    float a[NV * V], g[NV * V];
+    row_load<T, V, NV>(y + row * D, D, lane, tpr, a, 0.f);
+    row_load<T, V, NV>(dy + row * D, D, lane, tpr, g, 0.f);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NV * V; i++) s += LOG ? g[i] : a[i] * g[i];
+    s = group_sum(s, tpr, sh);
+#pragma unroll
+    for (int i = 0; i < NV * V; i++) a[i] = LOG ? g[i] - __expf(a[i]) * s : a[i] * (g[i] - s);
+    row_store<T, V, NV>(dx + row * D, D, lane, tpr, a);
+  }
+  __device__ void loop(int64_t row, float *sh) const {
+    const int64_t o = row * D;
+    float s = 0.f;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) s += LOG ? ld(dy[o + j]) : ld(y[o + j]) * ld(dy[o + j]);
+    s = block_sum(s, sh);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float a = ld(y[o + j]), g = ld(dy[o + j]);
+      dx[o + j] = st<T>(LOG ? g - __expf(a) * s : a * (g - s));
+    }
+  }
+};
+
+extern "C" int gp_cuda_softmax(gp_tensor *out, const gp_tensor *x, int lg) {
+  int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  int rc = GP_OK;
+  bool al = al16(gp_ptr(x)) && al16(gp_ptr(out));
+  GP_FLOAT_SWITCH(x->dtype, T, {
+    if (lg) rc = rows_launch<T>("log_softmax", SoftmaxOp<T, true>{(const T *)gp_ptr(x), (T *)gp_ptr(out), D}, R, D, al);
+    else rc = rows_launch<T>("softmax", SoftmaxOp<T, false>{(const T *)gp_ptr(x), (T *)gp_ptr(out), D}, R, D, al);
+  });
+  return rc;
+}
+
+extern "C" int gp_cuda_softmax_backward(gp_tensor *dx, const gp_tensor *y, const gp_tensor *dy, int lg) {
+  int64_t R = gp_rows_of(y), D = gp_cols_of(y);
+  int rc = GP_OK;
+  bool al = al16(gp_ptr(y)) && al16(gp_ptr(dy)) && al16(gp_ptr(dx));
+  GP_FLOAT_SWITCH(y->dtype, T, {
+    const T *py = (const T *)gp_ptr(y), *pg = (const T *)gp_ptr(dy);
+    T *pd = (T *)gp_ptr(dx);
+    if (lg) rc = rows_launch<T>("log_softmax_backward", SoftmaxBwdOp<T, true>{py, pg, pd, D}, R, D, al);
+    else rc = rows_launch<T>("softmax_backward", SoftmaxBwdOp<T, false>{py, pg, pd, D}, R, D, al);
+  });
+  return rc;
+}
+
+/* ---- LayerNorm / RMSNorm forward (RMS: no mean, no bias) ---- */
+template <typename T, bool RMS> struct NormOp {
+  const T *x, *w, *b;
+  T *o;
+  float *mean, *rstd;
+  int64_t D;
+  float eps;
+  template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
+    float v[NV * V];
+    row_load<T, V, NV>(x + row * D, D, lane, tpr, v, 0.f);
+    float mu = 0.f;
+    if (!RMS) {
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < NV * V; i++) s += v[i];
+      mu = group_sum(s, tpr, sh) / (float)D;
+    }
+    float q = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        float d = v[k * V + e] - mu;
+        if (RMS || row_in<V>(k, e, lane, tpr, D)) q += d * d;
+      }
+    const float rs = rsqrtf(group_sum(q, tpr, sh) / (float)D + eps);
+    float wv[NV * V];
+    row_load<T, V, NV, false>(w, D, lane, tpr, wv, 0.f);
+    if (RMS) {
+#pragma unroll
+      for (int i = 0; i < NV * V; i++) v[i] = v[i] * rs * wv[i];
+    } else {
+      float bv[NV * V];
+      row_load<T, V, NV, false>(b, D, lane, tpr, bv, 0.f);
+#pragma unroll
+      for (int i = 0; i < NV * V; i++) v[i] = (v[i] - mu) * rs * wv[i] + bv[i];
+    }
+    row_store<T, V, NV>(o + row * D, D, lane, tpr, v);
+    if (lane == 0) {
+      if (!RMS) mean[row] = mu;
+      rstd[row] = rs;
+    }
+  }
+  __device__ void loop(int64_t row, float *sh) const {
+    const T *p = x + row * D;
+    float mu = 0.f;
+    if (!RMS) {
+      float s = 0.f;
+      for (int64_t j = threadIdx.x; j < D; j += blockDim.x) s += ld(p[j]);
+      mu = block_sum(s, sh) / (float)D;
+    }
+    float q = 0.f;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float d = ld(p[j]) - mu;
+      q += d * d;
+    }
+    const float rs = rsqrtf(block_sum(q, sh) / (float)D + eps);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float y = (ld(p[j]) - mu) * rs * ld(w[j]);
+      if (!RMS) y += ld(b[j]);
+      o[row * D + j] = st<T>(y);
+    }
+    if (threadIdx.x == 0) {
+      if (!RMS) mean[row] = mu;
+      rstd[row] = rs;
+    }
+  }
+};
+
+extern "C" int gp_cuda_layer_norm(gp_tensor *out, gp_tensor *mean, gp_tensor *rstd, const gp_tensor *x, const gp_tensor *w,
+                                  const gp_tensor *b, double eps) {
+  int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  int rc = GP_OK;
+  bool al = al16(gp_ptr(x)) && al16(gp_ptr(out)) && al16(gp_ptr(w)) && al16(gp_ptr(b));
+  GP_FLOAT_SWITCH(x->dtype, T, {
+    NormOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(b), (T *)gp_ptr(out),
+                        (float *)gp_ptr(mean), (float *)gp_ptr(rstd), D, (float)eps};
+    rc = rows_launch<T>("layer_norm", op, R, D, al);
+  });
+  return rc;
+}
+
+extern "C" int gp_cuda_rms_norm(gp_tensor *out, gp_tensor *rstd, const gp_tensor *x, const gp_tensor *w, double eps) {
+  int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  int rc = GP_OK;
+  bool al = al16(gp_ptr(x)) && al16(gp_ptr(out)) && al16(gp_ptr(w));
+  GP_FLOAT_SWITCH(x->dtype, T, {
+    NormOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), nullptr, (T *)gp_ptr(out), nullptr,
+                       (float *)gp_ptr(rstd), D, (float)eps};
+    rc = rows_launch<T>("rms_norm", op, R, D, al);
+  });
+  return rc;
+}
+
+/* ---- norm backward: dx per row ---- */
+template <typename T, bool RMS> struct NormDxOp {
+  const T *x, *w, *dout;
+  const float *mean, *rstd;
+  T *dx;
+  int64_t D;
+  template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
+    float xv[NV * V], g[NV * V], wv[NV * V];
+    row_load<T, V, NV>(x + row * D, D, lane, tpr, xv, 0.f);
+    row_load<T, V, NV>(dout + row * D, D, lane, tpr, g, 0.f);
+    row_load<T, V, NV, false>(w, D, lane, tpr, wv, 0.f);
+    const float mu = RMS ? 0.f : mean[row], rs = rstd[row];
+    float2 s = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < NV * V; i++) {
+      g[i] *= wv[i];
+      xv[i] = (xv[i] - mu) * rs;
+      s.x += g[i];
+      s.y += g[i] * xv[i];
+    }
+    s = group_sum2(s, tpr, sh);
+    const float a = RMS ? 0.f : s.x / (float)D, c = s.y / (float)D;
+#pragma unroll
+    for (int i = 0; i < NV * V; i++) xv[i] = rs * (g[i] - a - xv[i] * c);
+    row_store<T, V, NV>(dx + row * D, D, lane, tpr, xv);
+  }
+  __device__ void loop(int64_t row, float *sh) const {
+    const int64_t o = row * D;
+    const float mu = RMS ? 0.f : mean[row], rs = rstd[row];
+    float2 s = make_float2(0.f, 0.f);
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float g = ld(dout[o + j]) * ld(w[j]), xh = (ld(x[o + j]) - mu) * rs;
+      s.x += g;
+      s.y += g * xh;
+    }
+    s.x = block_sum(s.x, sh);
+    s.y = block_sum(s.y, sh);
+    const float a = RMS ? 0.f : s.x / (float)D, c = s.y / (float)D;
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float g = ld(dout[o + j]) * ld(w[j]), xh = (ld(x[o + j]) - mu) * rs;
+      dx[o + j] = st<T>(rs * (g - a - xh * c));
+    }
+  }
+};
+
+/* dw[j] = sum_r dout * (x - mean) * rstd, db[j] = sum_r dout: block (32 columns x 8 rows),
+ * split s of the rows writes part[s][j] (two planes: dw, db) */
+template <typename T>
+__global__ void k_norm_dw_part(const T *__restrict__ x, const T *__restrict__ dout, const float *__restrict__ mean,
+                               const float *__restrict__ rstd, float *__restrict__ part, int64_t R, int64_t D,
+                               int64_t chunk, int S) {
+  __shared__ float sw[8][33], sb[8][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t j = blockIdx.x * 32LL + tx;
+  const int s = blockIdx.y;
+  const int64_t lo = s * chunk, hi = min(R, lo + chunk);
+  float aw = 0.f, ab = 0.f;
+  if (j < D) {
+    for (int64_t r = lo + ty; r < hi; r += 8) {
+      const float g = ld(dout[r * D + j]);
+      aw += g * (ld(x[r * D + j]) - (mean ? mean[r] : 0.f)) * rstd[r];
+      ab += g;
+    }
+  }
+  sw[ty][tx] = aw;
+  sb[ty][tx] = ab;
+  __syncthreads();
+  if (ty == 0 && j < D) {
+    for (int k = 1; k < 8; k++) aw += sw[k][tx], ab += sb[k][tx];
+    part[(int64_t)s * D + j] = aw;
+    part[((int64_t)S + s) * D + j] = ab;
+  }
+}
+
+template <typename T>
+__global__ void k_norm_dw_final(const float *__restrict__ part, T *dw, T *db, int64_t D, int S) {
+  for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < D; j += (int64_t)gridDim.x * blockDim.x) {
+    float aw = 0.f, ab = 0.f;
+    for (int s = 0; s < S; s++) aw += part[(int64_t)s * D + j], ab += part[((int64_t)S + s) * D + j];
+    dw[j] = st<T>(aw);
+    if (db) db[j] = st<T>(ab);
+  }
+}
+
+template <typename T>
+static int norm_dw(const char *name, gp_tensor *dw, gp_tensor *db, const gp_tensor *x, const gp_tensor *mean,
+                   const gp_tensor *rstd, const gp_tensor *dout) {
+  const int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  if (D == 0) return GP_OK;
+  cudaStream_t stream = gp_cuda_stream();
+  const int64_t ct = (D + 31) / 32, target = (int64_t)gp_cuda_sm_count() * 8;
+  int64_t S = (target + ct - 1) / ct, maxs = R / 64;
+  if (S > maxs) S = maxs;
+  if (S > 1024) S = 1024;
+  if (S < 1) S = 1;
+  int64_t chunk = R > 0 ? (R + S - 1) / S : 1;
+  S = R > 0 ? (R + chunk - 1) / chunk : 1;
+  if (ct > 2147483647LL) return gp_error("%s: D too large", name);
+  void *scratch;
+  size_t sbytes;
+  GP_TRY(gp_alloc(&scratch, &sbytes, (size_t)(2 * S * D) * sizeof(float), GP_CUDA));
+  float *part = (float *)scratch;
+  k_norm_dw_part<T><<<dim3((unsigned)ct, (unsigned)S), 256, 0, stream>>>(
+      (const T *)gp_ptr(x), (const T *)gp_ptr(dout), mean ? (const float *)gp_ptr(mean) : nullptr,
+      (const float *)gp_ptr(rstd), part, R, D, chunk, (int)S);
+  k_norm_dw_final<T><<<gp_grid(D, 256), 256, 0, stream>>>(part, (T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, D, (int)S);
+  int rc = gp_cuda_check_launch(name);
+  gp_free(scratch, sbytes, GP_CUDA);
+  return rc;
+}
+
+extern "C" int gp_cuda_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tensor *db, const gp_tensor *x,
+                                           const gp_tensor *w, const gp_tensor *mean, const gp_tensor *rstd,
+                                           const gp_tensor *dout) {
+  int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  int rc = GP_OK;
+  bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx));
+  GP_FLOAT_SWITCH(x->dtype, T, {
+    NormDxOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
+                          (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
+    rc = rows_launch<T>("layer_norm_backward", op, R, D, al);
+    if (rc == GP_OK) rc = norm_dw<T>("layer_norm_backward", dw, db, x, mean, rstd, dout);
+  });
+  return rc;
+}
+
+extern "C" int gp_cuda_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_tensor *x, const gp_tensor *w,
+                                         const gp_tensor *rstd, const gp_tensor *dout) {
+  int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  int rc = GP_OK;
+  bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx));
+  GP_FLOAT_SWITCH(x->dtype, T, {
+    NormDxOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
+                         (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
+    rc = rows_launch<T>("rms_norm_backward", op, R, D, al);
+    if (rc == GP_OK) rc = norm_dw<T>("rms_norm_backward", dw, nullptr, x, nullptr, rstd, dout);
+  });
+  return rc;
+}
