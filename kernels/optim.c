@@ -125,7 +125,9 @@ int gp_tlist_create(gp_tlist **out, int groups, int n, const gp_tensor *const *t
     }
   }
   for (int i = 0; i < n; i++) l->nchunks += (int)((l->numel[i] + GP_CHUNK - 1) / GP_CHUNK);
+#if GP_HAVE_CUDA
   if (l->device == GP_CUDA && (rc = gp_cuda_tlist_upload(l)) != GP_OK) goto fail;
+#endif
   *out = l;
   return GP_OK;
 fail:
