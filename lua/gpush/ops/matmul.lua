@@ -169,7 +169,7 @@ return function(gp, tensor)
     local rows, oshape = 1, {}
     for i = 1, #sx - 1 do rows = rows * sx[i]; oshape[i] = sx[i] end
     oshape[#sx] = w:size(1)
-    local y = mm('linear', x:reshape {rows, sx[#sx]}, w:t(), {bias = b})
+    local y = mm('linear', #sx == 2 and x or x:reshape {rows, sx[#sx]}, w:t(), {bias = b})
     return y:view(oshape)
   end
   doc(gp.linear, 'gp.linear(x, w, b)', 'x @ w^T + b with w (out, in) like torch; x (..., in); b (out) or nil')
