@@ -30,9 +30,9 @@ CFLAGS    ?= -O2 -g
 CFLAGS    += -std=c11 -Wall -Wextra -MMD -MP
 NVFLAGS   ?= -O3 -g -lineinfo
 NVFLAGS   += -std=c++17 $(GENCODE) -Xcompiler -Wall,-Wextra -MMD -MP --expt-relaxed-constexpr
-LDLIBS    := $(LUAJIT_LIB) -Wl,--no-as-needed -lreadline -Wl,--as-needed -lm -ldl -lpthread
+LDLIBS    := $(LUAJIT_LIB) -Wl,--no-as-needed -lreadline -Wl,--as-needed -lcjson -lm -ldl -lpthread
 ifeq ($(HAVE_CUDA),1)
-LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lcublas -lcublasLt -lrt -lstdc++
+LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lnvrtc -lcublas -lcublasLt -lrt -lstdc++
 endif
 
 CORE_SRC := $(filter-out src/main.c src/nocuda.c,$(wildcard src/*.c)) $(wildcard kernels/*.c)
@@ -102,10 +102,12 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory check
 
-# Run the tests of an existing build (no rebuild): Criterion, then the Lua suite.
+# Run the tests of an existing build (no rebuild): Criterion, the Lua suite,
+# then the prompt through a terminal (tmux; skipped with a message without it).
 check:
 	$(Q)$(BUILD)/test_c --jobs 1
 	$(Q)$(BUILD)/gpush tests/lua/run.lua
+	$(Q)tests/repl/test_repl.sh $(BUILD)/gpush
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush

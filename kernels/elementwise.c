@@ -97,6 +97,12 @@ static int unary(const char *name, int op, gp_tensor *out, const gp_tensor *x) {
   char *po = gp_ptr(out);
   const char *px = gp_ptr(x);
   int dt = out->dtype;
+  if (dt == GP_F32 && gp_loop_is_flat(&L)) { /* the common case, without per-element dispatch */
+    float *o = (float *)po;
+    const float *a = (const float *)px;
+    for (int64_t i = 0; i < L.numel; i++) o[i] = (float)un_d(op, a[i]);
+    return GP_OK;
+  }
   if (gp_is_int(dt)) {
     FOR_LOOP(L, off, {
       int64_t v = gp_load_i64(px, dt, off[1]);
@@ -139,6 +145,15 @@ static int binary(const char *name, int op, gp_tensor *out, const gp_tensor *a, 
   const char *pa = gp_ptr(a), *pb = b ? gp_ptr(b) : NULL;
   int dt = out->dtype;
   int64_t si = gp_d2i(s, INT64_MIN, INT64_MAX);
+  if (dt == GP_F32 && gp_loop_is_flat(&L)) {
+    float *o = (float *)po;
+    const float *a = (const float *)pa, *b = (const float *)pb;
+    if (b)
+      for (int64_t i = 0; i < L.numel; i++) o[i] = (float)bin_d(op, a[i], b[i]);
+    else
+      for (int64_t i = 0; i < L.numel; i++) o[i] = (float)bin_d(op, a[i], s);
+    return GP_OK;
+  }
   if (gp_is_int(dt)) {
     FOR_LOOP(L, off, gp_store_i64(po, dt, off[0], bin_i(op, gp_load_i64(pa, dt, off[1]), pb ? gp_load_i64(pb, dt, off[2]) : si)));
   } else {
@@ -220,6 +235,39 @@ COMPARE_S(lt_s, C_LT)
 COMPARE_S(le_s, C_LE)
 COMPARE_S(gt_s, C_GT)
 COMPARE_S(ge_s, C_GE)
+
+/* ---- activation backward ---- */
+
+static double act_bwd_d(int op, double x, double dy) {
+  if (op == G_SILU) {
+    double s = 1.0 / (1.0 + exp(-x));
+    return dy * s * (1.0 + x * (1.0 - s));
+  }
+  if (op == G_GELU) return dy * (0.5 * (1.0 + erf(x * 0.70710678118654752440)) + x * exp(-0.5 * x * x) * 0.39894228040143267794);
+  double k = 0.79788456080286535588, t = tanh(k * (x + 0.044715 * x * x * x));
+  return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * 0.044715 * x * x));
+}
+
+static int act_bwd(const char *name, int op, gp_tensor *dx, const gp_tensor *x, const gp_tensor *dy) {
+  GP_CUDA_DISPATCH(dx, gp_cuda_act_bwd(op, dx, x, dy));
+  gp_loop L;
+  const gp_tensor *ops[] = {dx, x, dy};
+  GP_TRY(gp_loop_init(&L, name, 3, ops));
+  char *po = gp_ptr(dx);
+  const char *px = gp_ptr(x), *pg = gp_ptr(dy);
+  int dt = dx->dtype;
+  FOR_LOOP(L, off, gp_store(po, dt, off[0], act_bwd_d(op, gp_load(px, dt, off[1]), gp_load(pg, dt, off[2]))));
+  return GP_OK;
+}
+
+#define ACT_BWD(name, OP)                                                         \
+  int gp_k_##name(gp_tensor *dx, const gp_tensor *x, const gp_tensor *dy) {       \
+    GP_CHECK(name, dx, x, dy);                                                    \
+    return act_bwd(#name, OP, dx, x, dy);                                         \
+  }
+ACT_BWD(silu_bwd, G_SILU)
+ACT_BWD(gelu_bwd, G_GELU)
+ACT_BWD(gelu_tanh_bwd, G_GELU_TANH)
 
 /* ---- where, clamp ---- */
 

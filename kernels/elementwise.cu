@@ -125,6 +125,30 @@ template <typename T> struct CompareSF {
     else return cmp(op, (double)ld(x), s.d);
   }
 };
+template <typename T> struct ActBwdF {
+  int op;
+  __device__ T operator()(T xs, T gs) const {
+    float x = ld(xs), dy = ld(gs), d;
+    if (op == G_SILU) {
+      float s = 1.0f / (1.0f + expf(-x));
+      d = s * (1.0f + x * (1.0f - s));
+    } else if (op == G_GELU) {
+      d = 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f;
+    } else {
+      const float k = 0.79788456080286536f;
+      float t = tanhf(k * (x + 0.044715f * x * x * x));
+      d = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
+    }
+    return st<T>(dy * d);
+  }
+};
+
+extern "C" int gp_cuda_act_bwd(int op, gp_tensor *dx, const gp_tensor *x, const gp_tensor *dy) {
+  int rc = GP_OK;
+  GP_FLOAT_SWITCH(dx->dtype, T, rc = gp_ew_launch<2, T, T, T>("act_bwd", dx, x, dy, ActBwdF<T>{op}));
+  return rc;
+}
+
 template <typename T> struct ClampF {
   scal lo, hi;
   __device__ T operator()(T x) const {
@@ -183,7 +207,7 @@ extern "C" int gp_cuda_where(gp_tensor *out, const gp_tensor *mask, const gp_ten
   const gp_tensor *ops[] = {out, mask, a, b};
   GP_TRY(gp_loop_init(&L, "where", 4, ops));
   if (L.numel == 0) return GP_OK;
-  GP_ANY_SWITCH(out->dtype, T,
+  GP_ANY_SWITCH(out->dtype, T, GP_NOTE_LAUNCH(k_where<T>, 256, 0);
                 k_where<T><<<gp_grid(L.numel, 256), 256, 0, gp_cuda_stream()>>>(
                     L, (T *)gp_ptr(out), (const uint8_t *)gp_ptr(mask), (const T *)gp_ptr(a), (const T *)gp_ptr(b)));
   return gp_cuda_check_launch("where");

@@ -7,6 +7,8 @@ enum { U_NEG, U_ABS, U_EXP, U_LOG, U_SQRT, U_RSQRT, U_TANH, U_SIGMOID, U_RELU, U
 /* binary ops; the *_R forms swap the operands (s - a, s / a, s ^ a) */
 enum { B_ADD, B_SUB, B_MUL, B_DIV, B_POW, B_MAX, B_MIN, B_SUB_R, B_DIV_R, B_POW_R };
 enum { C_EQ, C_NE, C_LT, C_LE, C_GT, C_GE };
+/* activation backward: dx = dy * f'(x) */
+enum { G_SILU, G_GELU, G_GELU_TANH };
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,6 +19,7 @@ int gp_cuda_binary(int op, gp_tensor *out, const gp_tensor *a, const gp_tensor *
 int gp_cuda_compare(int op, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, double s);
 int gp_cuda_where(gp_tensor *out, const gp_tensor *mask, const gp_tensor *a, const gp_tensor *b);
 int gp_cuda_clamp(gp_tensor *out, const gp_tensor *x, double lo, double hi);
+int gp_cuda_act_bwd(int op, gp_tensor *dx, const gp_tensor *x, const gp_tensor *dy);
 #ifdef __cplusplus
 }
 #endif

@@ -72,9 +72,12 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
     constexpr int V = (int)(16 / mx);
     bool al = gp_aligned(po, sizeof(To) * V) && (NIN < 1 || gp_aligned(pa, sizeof(Ta) * V)) &&
               (NIN < 2 || gp_aligned(pb, sizeof(Tb) * V));
+    if (al) GP_NOTE_LAUNCH((gp_ew_flat<NIN, V, To, Ta, Tb, F>), 256, 0);
+    else GP_NOTE_LAUNCH((gp_ew_flat<NIN, 1, To, Ta, Tb, F>), 256, 0);
     if (al) gp_ew_flat<NIN, V><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
     else gp_ew_flat<NIN, 1><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
   } else {
+    GP_NOTE_LAUNCH((gp_ew_strided<NIN, To, Ta, Tb, F>), 256, 0);
     gp_ew_strided<NIN><<<gp_grid(L.numel, 256), 256, 0, s>>>(L, po, pa, pb, f);
   }
   return gp_cuda_check_launch(name);

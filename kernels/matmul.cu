@@ -16,8 +16,9 @@
  * only with gp_matmul_option("tf32", 1)); with option "gemv" 1, m == 1 or
  * n == 1 runs cublas<S|TST|HSH>gemvStridedBatched instead. Bias (and
  * GELU-bias) epilogues: cublasLtMatmul; where cuBLASLt offers no algorithm,
- * a plain GEMM and a small epilogue kernel. The handles and a 32 MiB
- * workspace are created on first use and bound to gp_cuda_stream(). */
+ * a plain GEMM and a small epilogue kernel. The handles are created on first
+ * use and bound to the current stream (gp_cuda_stream()), with a 32 MiB
+ * workspace per stream. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <limits.h>
@@ -32,10 +33,44 @@ extern "C" int gp_matmul_gemv;
 
 static cublasHandle_t g_blas;
 static cublasLtHandle_t g_lt;
-static void *g_ws;
 static const size_t WS_BYTES = (size_t)32 << 20;
-static cudaStream_t g_bound;
+/* one workspace per stream: GEMMs on two streams at once must not share one.
+ * Past MM_WS_SLOTS streams, cuBLAS runs without a workspace. */
+#define MM_WS_SLOTS 8
+static struct {
+  cudaStream_t stream;
+  void *ws;
+} g_ws[MM_WS_SLOTS];
+static int g_nws;
+static cudaStream_t g_bound; /* the stream the handle is bound to, and its workspace */
 static int g_bound_set;
+static void *g_cur_ws;
+static size_t g_cur_ws_bytes;
+
+static int mm_workspace(const char *op, cudaStream_t st, void **ws, size_t *bytes) {
+  for (int i = 0; i < g_nws; i++) {
+    if (g_ws[i].stream == st) {
+      *ws = g_ws[i].ws;
+      *bytes = WS_BYTES;
+      return GP_OK;
+    }
+  }
+  *ws = nullptr;
+  *bytes = 0;
+  if (g_nws == MM_WS_SLOTS) return GP_OK;
+  void *p = nullptr;
+  if (gp_cuda_malloc(&p, WS_BYTES) != GP_OK) {
+    gp_empty_cache();
+    if (gp_cuda_malloc(&p, WS_BYTES) != GP_OK)
+      return gp_error_oom("%s: out of memory for the %zu MiB cuBLAS workspace", op, WS_BYTES >> 20);
+  }
+  g_ws[g_nws].stream = st;
+  g_ws[g_nws].ws = p;
+  g_nws++;
+  *ws = p;
+  *bytes = WS_BYTES;
+  return GP_OK;
+}
 
 static int mm_init(const char *op) {
   GP_TRY(gp_cuda_init());
@@ -57,24 +92,20 @@ static int mm_init(const char *op) {
       return gp_error("%s: cublasLtCreate failed: %s", op, cublasGetStatusString(s));
     g_lt = h;
   }
-  if (!g_ws) {
-    void *p = nullptr;
-    if (gp_cuda_malloc(&p, WS_BYTES) != GP_OK) {
-      gp_empty_cache();
-      if (gp_cuda_malloc(&p, WS_BYTES) != GP_OK)
-        return gp_error_oom("%s: out of memory for the %zu MiB cuBLAS workspace", op, WS_BYTES >> 20);
-    }
-    g_ws = p;
-  }
-  cudaStream_t st = gp_cuda_stream();
+  cudaStream_t st = gp_cuda_stream(); /* the current stream (gp.with_stream may change it) */
   if (!g_bound_set || st != g_bound) {
+    void *ws;
+    size_t bytes;
+    GP_TRY(mm_workspace(op, st, &ws, &bytes));
     if ((s = cublasSetStream(g_blas, st)) != CUBLAS_STATUS_SUCCESS)
       return gp_error("%s: cublasSetStream failed: %s", op, cublasGetStatusString(s));
     /* cublasSetStream resets the workspace: set it after */
-    if ((s = cublasSetWorkspace(g_blas, g_ws, WS_BYTES)) != CUBLAS_STATUS_SUCCESS)
+    if ((s = cublasSetWorkspace(g_blas, ws, bytes)) != CUBLAS_STATUS_SUCCESS)
       return gp_error("%s: cublasSetWorkspace failed: %s", op, cublasGetStatusString(s));
     g_bound = st;
     g_bound_set = 1;
+    g_cur_ws = ws;
+    g_cur_ws_bytes = bytes;
   }
   return GP_OK;
 }
@@ -164,7 +195,7 @@ __global__ void mm_epilogue_k(T *o, const T *bias, int64_t rows, int64_t M, int6
 static int mm_epilogue(const char *op, int dt, const mm_mat &C, const gp_tensor *bias, int64_t batch, int64_t M,
                        int64_t N, double scale, int read, int gelu) {
   int64_t rows = batch * M;
-  GP_FLOAT_SWITCH(dt, T,
+  GP_FLOAT_SWITCH(dt, T, GP_NOTE_LAUNCH(mm_epilogue_k<T>, 256, 0);
                   mm_epilogue_k<T><<<gp_grid(rows * N, 256), 256, 0, gp_cuda_stream()>>>(
                       (T *)C.p, bias ? (const T *)gp_ptr(bias) : nullptr, rows, M, N, C.ld, C.bs, (float)scale, read,
                       gelu));
@@ -286,7 +317,7 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, int gelu, bool *done) {
     int32_t bias_ty = (int32_t)j.ty;
     int64_t bias_bs = 0;
     int es = gp_elsize(j.to->dtype);
-    uint64_t ws = WS_BYTES;
+    uint64_t ws = g_cur_ws_bytes;
     uint32_t al_a = mm_align((uintptr_t)j.B.p | (uintptr_t)(j.B.bs * es));
     uint32_t al_b = mm_align((uintptr_t)j.A.p | (uintptr_t)(j.A.bs * es));
     uint32_t al_c = mm_align((uintptr_t)j.C.p | (uintptr_t)(j.C.bs * es));
@@ -323,7 +354,7 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, int gelu, bool *done) {
     s = cublasLtMatmulAlgoGetHeuristic(g_lt, g.desc, g.la, g.lb, g.lc, g.lc, g.pref, 1, &res, &nres);
     if (s != CUBLAS_STATUS_SUCCESS || nres < 1) return GP_OK; /* not supported: the caller falls back */
     LT(cublasLtMatmul(g_lt, g.desc, &j.alpha, j.B.p, g.la, j.A.p, g.lb, &j.beta, j.C.p, g.lc, (void *)j.C.p, g.lc,
-                      &res.algo, g_ws, WS_BYTES, gp_cuda_stream()));
+                      &res.algo, g_cur_ws, g_cur_ws_bytes, g_bound));
   }
 #undef LT
   *done = true;

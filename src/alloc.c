@@ -4,7 +4,14 @@
  * power of two) and, when freed, kept on the free list of their class for
  * reuse. Kernels are queued on one stream, so a block freed and handed out
  * again is only touched after the work queued before it. gp_empty_cache()
- * returns the cached blocks to the driver. */
+ * returns the cached blocks to the driver.
+ *
+ * Streams: while user streams are in use (gp.with_stream), a freed block may
+ * still be read or written by work queued on another stream, so it is held
+ * on a pending list instead of the cache until the next device-wide sync
+ * (gp.sync(), or one forced here when memory runs short or the pending bytes
+ * pile up). Entering a stream also makes it wait for the enclosing stream, so
+ * blocks cached before are safe on it (src/cuda.cu). */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -15,11 +22,14 @@
 typedef struct block {
   void *ptr;
   struct block *next;
+  int cls;
 } block;
 
 static gp_memstats S;
 static block *free_list[NCLASS];
 static block *spare_nodes;
+static block *pending;           /* freed while streams were in use */
+#define PENDING_MAX ((int64_t)256 << 20)
 
 static size_t size_class(size_t n, int *cls) {
   if (n <= 512) {
@@ -60,6 +70,7 @@ int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device) {
   if (cls >= NCLASS) return gp_error_oom("out of memory: %.1f MiB asked for on cuda", mib((int64_t)nbytes));
   S.allocs++;
   block *b = free_list[cls];
+  if (!b && pending && S.pending_bytes >= PENDING_MAX && gp_cuda_device_sync("alloc") == GP_OK) b = free_list[cls];
   if (b) {
     free_list[cls] = b->next;
     *ptr = b->ptr;
@@ -73,7 +84,21 @@ int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device) {
       return gp_error_oom("out of memory: %.1f MiB asked for on cuda, %.1f MiB reserved, limit %.1f MiB",
                           mib((int64_t)r), mib(S.reserved), mib(S.limit));
     }
-    if (gp_cuda_malloc(ptr, r) != GP_OK) {
+    int rc = gp_cuda_malloc(ptr, r);
+    if (rc != GP_OK && pending && gp_cuda_device_sync("alloc") == GP_OK) { /* reuse what streams held back */
+      if ((b = free_list[cls])) {
+        free_list[cls] = b->next;
+        *ptr = b->ptr;
+        b->next = spare_nodes;
+        spare_nodes = b;
+        S.cache_hits++;
+        S.cached_blocks--;
+        goto done;
+      }
+      gp_empty_cache();
+      rc = gp_cuda_malloc(ptr, r);
+    }
+    if (rc != GP_OK) {
       S.oom++;
       return gp_error_oom("out of memory: %.1f MiB asked for on cuda, %.1f MiB in use, %.1f MiB reserved",
                           mib((int64_t)r), mib(S.in_use), mib(S.reserved));
@@ -81,6 +106,7 @@ int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device) {
     S.device_mallocs++;
     S.reserved += (int64_t)r;
   }
+done:
   *alloc_bytes = r;
   S.in_use += (int64_t)r;
   if (S.in_use > S.peak) S.peak = S.in_use;
@@ -107,14 +133,35 @@ void gp_free(void *ptr, size_t alloc_bytes, int device) {
     return;
   }
   b->ptr = ptr;
-  b->next = free_list[cls];
-  free_list[cls] = b;
-  S.cached_blocks++;
+  b->cls = cls;
+  if (gp_cuda_streams_used()) {
+    b->next = pending;
+    pending = b;
+    S.pending_blocks++;
+    S.pending_bytes += (int64_t)alloc_bytes;
+  } else {
+    b->next = free_list[cls];
+    free_list[cls] = b;
+    S.cached_blocks++;
+  }
   S.in_use -= (int64_t)alloc_bytes;
   S.frees++;
 }
 
+void gp_alloc_release_pending(void) {
+  while (pending) {
+    block *b = pending;
+    pending = b->next;
+    b->next = free_list[b->cls];
+    free_list[b->cls] = b;
+    S.cached_blocks++;
+  }
+  S.pending_blocks = 0;
+  S.pending_bytes = 0;
+}
+
 int gp_empty_cache(void) {
+  if (pending) GP_TRY(gp_cuda_device_sync("empty_cache"));
   for (int c = 0; c < NCLASS; c++) {
     size_t sz = c == 0 ? 512 : 0;
     if (c > 0) {
@@ -137,6 +184,9 @@ int gp_empty_cache(void) {
 int gp_memory_stats(gp_memstats *out) {
   if (!out) return gp_error("memory_stats: null output");
   *out = S;
+  out->largest_cached = 0;
+  for (int c = NCLASS - 1; c >= 0 && !out->largest_cached; c--)
+    if (free_list[c]) out->largest_cached = c == 0 ? 512 : (int64_t)((c - 1) % 4 + 5) << ((c - 1) / 4 + 7);
   return GP_OK;
 }
 

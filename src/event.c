@@ -52,3 +52,33 @@ int gp_event_elapsed(double *ms, gp_event *a, gp_event *b) {
   *ms = b->host_ms - a->host_ms;
   return GP_OK;
 }
+
+/* ---- events between streams (CUDA); on the CPU work runs in order, so they are no-ops ---- */
+
+int gp_event_record_stream(gp_event *e, void *s) {
+  if (!e) return gp_error("event:record: null event");
+  if (!s && !gp_cuda_available()) return gp_event_record(e, GP_CPU);
+  e->device = GP_CUDA;
+  if (!e->cuda) GP_TRY(gp_cuda_event_create(&e->cuda));
+  return gp_cuda_event_record_on(e->cuda, s);
+}
+
+int gp_event_wait(void *s, gp_event *e) {
+  if (!e) return gp_error("stream:wait: null event");
+  if (e->device != GP_CUDA || !e->cuda) return GP_OK;
+  return gp_cuda_event_wait(s, e->cuda);
+}
+
+int gp_event_synchronize(gp_event *e) {
+  if (!e) return gp_error("event:synchronize: null event");
+  if (e->device != GP_CUDA || !e->cuda) return GP_OK;
+  int r = gp_cuda_event_sync(e->cuda, 0);
+  return r < 0 ? GP_ERR : GP_OK;
+}
+
+int gp_event_query(gp_event *e) {
+  if (!e) return -1;
+  if (e->device != GP_CUDA || !e->cuda) return 1;
+  int r = gp_cuda_event_sync(e->cuda, 1);
+  return r < 0 ? -1 : r;
+}

@@ -62,6 +62,9 @@ typedef struct gp_memstats {
   int64_t host_in_use;     /* the same for host tensors */
   int64_t host_peak;
   int64_t host_allocs;
+  int64_t pending_blocks;  /* freed while user streams ran: reused after the next device-wide sync */
+  int64_t pending_bytes;
+  int64_t largest_cached;  /* the largest block sitting in the cache */
 } gp_memstats;
 
 /* ---- errors, versions, devices ---- */
@@ -111,10 +114,73 @@ int gp_event_record(gp_event *e, int device);            /* queue a timestamp */
 int gp_event_elapsed(double *ms, gp_event *a, gp_event *b); /* waits for b */
 double gp_wall_ms(void);                                  /* host monotonic clock */
 
+/* ---- streams (CUDA; opaque cudaStream_t handles, NULL = gpush's default stream) ---- */
+int gp_stream_create(void **out);              /* a non-blocking stream */
+int gp_stream_destroy(void *s);
+int gp_stream_set_current(void *s);            /* kernels are queued on the current stream */
+void *gp_stream_current(void);
+int gp_stream_synchronize(void *s);
+int gp_stream_query(void *s);                  /* 1 when all its work is done */
+int gp_event_record_stream(gp_event *e, void *s);
+int gp_event_wait(void *s, gp_event *e);      /* work queued on s after this waits for e */
+int gp_event_synchronize(gp_event *e);
+int gp_event_query(gp_event *e);               /* 1 done, 0 pending, -1 error */
+int gp_device_sync(void);                      /* every stream */
+
+/* ---- profiling: what the last CUDA launch ran (launchers note it) ---- */
+typedef struct gp_launch_info {
+  const void *fn;       /* NULL when no launch was noted since the last call */
+  int block;            /* threads per block */
+  int regs;             /* registers per thread */
+  int blocks_per_sm;    /* resident blocks per SM (cudaOccupancyMaxActiveBlocksPerMultiprocessor) */
+  double occupancy;     /* theoretical: blocks_per_sm * block / max threads per SM */
+} gp_launch_info;
+int gp_last_launch(gp_launch_info *out);
+
+/* ---- run-time compiled kernels (NVRTC) ---- */
+/* Compile CUDA C for arch (e.g. "sm_90"; NULL: the current GPU's) into a cubin;
+ * *lowered is the kernel's symbol (mangled unless extern "C"). The compiler's
+ * log (errors, warnings) is in *log. Free *code, *lowered, *log with gp_rtc_free. */
+int gp_rtc_compile(char **code, size_t *ncode, char **lowered, char **log, const char *src, const char *name,
+                   const char *arch, int nopts, const char **opts);
+int gp_rtc_load(void **lib, void **kernel, const void *code, size_t ncode, const char *name);
+void gp_rtc_unload(void *lib);
+int gp_rtc_launch(void *kernel, const unsigned *grid, const unsigned *block, unsigned shared, void **args);
+void gp_rtc_free(void *p);
+int gp_rtc_arch(char *buf, int n);             /* "sm_90" for the current GPU */
+int gp_rtc_version(int *major, int *minor);    /* NVRTC version; GP_ERR without NVRTC */
+
 /* ---- memory ---- */
 int gp_memory_stats(gp_memstats *out);
 int gp_empty_cache(void);
 int gp_set_memory_limit(int64_t bytes);  /* soft cap on reserved device bytes (and host in-use); 0 = none */
+
+/* ---- safetensors files (src/safetensors.c); tensors read and written on the cpu ---- */
+typedef struct gp_st gp_st;
+int gp_st_open(gp_st **out, const char *path);   /* parses and checks the whole header */
+void gp_st_close(gp_st *st);
+int gp_st_count(const gp_st *st);
+int gp_st_info(const gp_st *st, int i, const char **name, int *dtype, int *ndim, int64_t *shape);
+int gp_st_read(gp_st *st, int i, gp_tensor *out);  /* out: contiguous cpu tensor of that dtype and size */
+int gp_st_meta_count(const gp_st *st);
+int gp_st_meta(const gp_st *st, int i, const char **key, const char **value);
+int gp_st_save(const char *path, int n, const char *const *names, const gp_tensor *const *ts, int nmeta,
+               const char *const *keys, const char *const *values);
+
+/* ---- multi-tensor lists: one launch over many tensors (optimizers) ----
+ * A list holds `groups` groups of n tensors each (group-major: ts[g * n + i]),
+ * tensor i of every group having the same number of elements, each group one
+ * dtype, all contiguous on one device. The tensors must outlive the list. */
+typedef struct gp_tlist gp_tlist;
+int gp_tlist_create(gp_tlist **out, int groups, int n, const gp_tensor *const *ts);
+void gp_tlist_free(gp_tlist *l);
+/* groups p (f32), m, v (f32), g (any float); gscale f32[1] or NULL */
+int gp_multi_adamw(gp_tlist *l, const gp_tensor *gscale, double lr, double beta1, double beta2, double eps,
+                   double weight_decay, double step);
+/* groups p (f32), buf (f32), g */
+int gp_multi_sgd(gp_tlist *l, const gp_tensor *gscale, double lr, double momentum, double weight_decay, double nesterov);
+/* out f32[1] = sum of squares of every tensor of group 0 */
+int gp_multi_sumsq(gp_tensor *out, gp_tlist *l);
 
 /* ---- matrix products (kernels/matmul.c) ---- */
 /* Options: "tf32" (1: f32 GEMMs may use TF32 tensor cores; default 0) and

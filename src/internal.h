@@ -170,6 +170,17 @@ int gp_cuda_event_create(void **ev);
 void gp_cuda_event_destroy(void *ev);
 int gp_cuda_event_record(void *ev);
 int gp_cuda_event_elapsed(float *ms, void *a, void *b);
+int gp_cuda_event_record_on(void *ev, void *stream);
+int gp_cuda_event_wait(void *stream, void *ev);
+int gp_cuda_event_sync(void *ev, int query); /* 1 done, 0 pending (query), -GP_ERR on error */
+int gp_cuda_device_sync(const char *op);     /* every stream; releases the allocator's pending blocks */
+int gp_cuda_streams_used(void);              /* a user stream was current since the last device sync */
+/* CUDA launchers note the kernel they launch (for gp.profile's registers and
+ * occupancy): GP_NOTE_LAUNCH(k_name<T>, block, shared_bytes) before <<<>>>. */
+void gp_cuda_note_launch(const void *fn, int block, int smem);
+#define GP_NOTE_LAUNCH(fn, block, smem) gp_cuda_note_launch((const void *)(fn), (block), (smem))
+/* alloc.c: blocks freed while streams were in use become reusable */
+void gp_alloc_release_pending(void);
 
 #ifdef __cplusplus
 }

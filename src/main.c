@@ -13,6 +13,8 @@
 
 #include "internal.h"
 
+int gp_luaopen_repl(lua_State *L); /* src/repl.c */
+
 static const char g_cdef[] =
 #include "cdef.inc"
     ;
@@ -61,6 +63,8 @@ static int dostring(lua_State *L, const char *code, const char *name) {
   return docall(L, 0);
 }
 
+int luaopen_gpush_json(lua_State *L);
+
 /* directory of lua/ : $GPUSH_HOME/lua, else <dir of the executable>/../lua */
 static void set_paths(lua_State *L) {
   char exe[PATH_MAX] = {0}, root[PATH_MAX + 8];
@@ -79,10 +83,19 @@ static void set_paths(lua_State *L) {
   lua_setfield(L, -2, "path");
   lua_pushstring(L, root);
   lua_setglobal(L, "GPUSH_ROOT");
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_gpush_json);
+  lua_setfield(L, -2, "gpush.json");
+  lua_pop(L, 1);
   /* the FFI declarations, generated from src/gpush.h */
   lua_getfield(L, -1, "loaded");
   lua_pushstring(L, g_cdef);
   lua_setfield(L, -2, "gpush.cdef");
+  lua_pop(L, 1);
+  /* the C half of the prompt */
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, gp_luaopen_repl);
+  lua_setfield(L, -2, "gpush.repl_c");
   lua_pop(L, 2);
 }
 
@@ -179,7 +192,8 @@ int main(int argc, char **argv) {
       rc = docall(L, 0);
     }
   }
-  if (interactive && (rc == 0 || script)) rc = dostring(L, "require('gpush.repl').run()", "=(repl)") || 0;
+  /* the prompt also follows a failed script, so its state can be inspected */
+  if (interactive && dostring(L, "require('gpush.repl').run()", "=(repl)") != 0 && !rc) rc = 1;
   lua_close(L);
   return rc ? 1 : 0;
 }

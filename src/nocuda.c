@@ -40,3 +40,73 @@ int gp_cuda_event_elapsed(float *ms, void *a, void *b) {
   *ms = 0;
   return gp_cuda_init();
 }
+int gp_cuda_event_record_on(void *ev, void *s) {
+  (void)ev, (void)s;
+  return gp_cuda_init();
+}
+int gp_cuda_event_wait(void *s, void *ev) {
+  (void)ev, (void)s;
+  return GP_OK;
+}
+int gp_cuda_event_sync(void *ev, int query) {
+  (void)ev, (void)query;
+  return 1;
+}
+int gp_cuda_device_sync(const char *op) {
+  (void)op;
+  return GP_OK;
+}
+int gp_cuda_streams_used(void) { return 0; }
+void gp_cuda_note_launch(const void *fn, int block, int smem) { (void)fn, (void)block, (void)smem; }
+
+/* streams: the CPU backend runs everything in order */
+int gp_stream_create(void **out) {
+  *out = 0;
+  return gp_cuda_init();
+}
+int gp_stream_destroy(void *s) {
+  (void)s;
+  return GP_OK;
+}
+int gp_stream_set_current(void *s) { return s ? gp_cuda_init() : GP_OK; }
+void *gp_stream_current(void) { return 0; }
+int gp_stream_synchronize(void *s) {
+  (void)s;
+  return GP_OK;
+}
+int gp_stream_query(void *s) {
+  (void)s;
+  return 1;
+}
+int gp_last_launch(gp_launch_info *out) {
+  memset(out, 0, sizeof *out);
+  return GP_OK;
+}
+
+/* NVRTC is part of the CUDA toolkit */
+static int no_rtc(void) { return gp_error("rtc: this gpush was built without CUDA (NVRTC is not available)"); }
+int gp_rtc_compile(char **code, size_t *ncode, char **lowered, char **log, const char *src, const char *name,
+                   const char *arch, int nopts, const char **opts) {
+  (void)src, (void)name, (void)arch, (void)nopts, (void)opts;
+  *code = 0, *ncode = 0, *lowered = 0, *log = 0;
+  return no_rtc();
+}
+int gp_rtc_load(void **lib, void **kernel, const void *code, size_t ncode, const char *name) {
+  (void)code, (void)ncode, (void)name;
+  *lib = 0, *kernel = 0;
+  return no_rtc();
+}
+void gp_rtc_unload(void *lib) { (void)lib; }
+int gp_rtc_launch(void *kernel, const unsigned *grid, const unsigned *block, unsigned shared, void **args) {
+  (void)kernel, (void)grid, (void)block, (void)shared, (void)args;
+  return no_rtc();
+}
+void gp_rtc_free(void *p) { (void)p; }
+int gp_rtc_arch(char *buf, int n) {
+  (void)buf, (void)n;
+  return no_rtc();
+}
+int gp_rtc_version(int *major, int *minor) {
+  *major = *minor = 0;
+  return no_rtc();
+}

@@ -603,7 +603,8 @@ uint64_t gp_rng_reserve(uint64_t n) {
 
 int gp_cuda_available(void) { return gp_cuda_compiled() && gp_cuda_init() == GP_OK; }
 
-int gp_sync(void) { return gp_cuda_available() ? gp_cuda_sync("sync") : GP_OK; }
+int gp_sync(void) { return gp_cuda_available() ? gp_cuda_device_sync("sync") : GP_OK; }
+int gp_device_sync(void) { return gp_sync(); }
 
 int gp_runtime_info(char *buf, int n) {
   if (!buf || n <= 0) return gp_error("runtime_info: no buffer");

@@ -47,7 +47,8 @@ function M.memory_stats()
   local s = box_stats[0]
   local t = {}
   for _, k in ipairs {'in_use', 'reserved', 'peak', 'allocs', 'cache_hits', 'device_mallocs', 'frees', 'oom',
-                      'cached_blocks', 'limit', 'host_in_use', 'host_peak', 'host_allocs'} do
+                      'cached_blocks', 'limit', 'host_in_use', 'host_peak', 'host_allocs', 'pending_blocks', 'pending_bytes',
+                      'largest_cached'} do
     t[k] = tonumber(s[k])
   end
   t.fragmentation = t.reserved > 0 and (t.reserved - t.in_use) / t.reserved or 0
@@ -60,7 +61,9 @@ function M.memory_summary(s)
   return string.format(
     'cuda: %s in use, %s reserved, %s peak, %d allocations (%d from the cache), %d cudaMalloc, %d cached blocks%s; cpu: %s in use, %s peak',
     mib(s.in_use), mib(s.reserved), mib(s.peak), s.allocs, s.cache_hits, s.device_mallocs, s.cached_blocks,
-    s.limit > 0 and (', limit ' .. mib(s.limit)) or '', mib(s.host_in_use), mib(s.host_peak))
+    (s.limit > 0 and (', limit ' .. mib(s.limit)) or '') ..
+      (s.pending_blocks > 0 and string.format(', %d blocks (%s) held until a sync after stream use', s.pending_blocks,
+        mib(s.pending_bytes)) or ''), mib(s.host_in_use), mib(s.host_peak))
 end
 
 function M.last_error() return ffi.string(C.gp_last_error()) end

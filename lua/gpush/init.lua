@@ -52,7 +52,7 @@ function gp.memory()
   local s = core.memory_stats()
   return setmetatable(s, {__tostring = core.memory_summary})
 end
-doc(gp.memory, 'gp.memory()', 'allocator stats: in_use, reserved, peak, allocs, cache_hits, device_mallocs, frees, cached_blocks, fragmentation, host_in_use, host_peak')
+doc(gp.memory, 'gp.memory()', 'allocator stats: in_use, reserved, peak, allocs, cache_hits, device_mallocs, frees, cached_blocks, largest_cached, fragmentation, pending_blocks/pending_bytes (held after stream use), host_in_use, host_peak')
 
 function gp.empty_cache() C.gp_empty_cache() end
 doc(gp.empty_cache, 'gp.empty_cache()', 'return cached device blocks to the driver')
@@ -66,6 +66,34 @@ doc(gp.sync, 'gp.sync()', 'wait for all queued GPU work')
 gp.time = require('gpush.timing').time
 doc(gp.time, 'gp.time(fn, {warmup=3, iters=20, min_ms=0})',
   'median milliseconds of fn() after warm-up, from CUDA events on the GPU (a host clock on the CPU); second result: min, max, mean, n, samples')
+
+---------------------------------------------------------------------------
+-- profiling, streams, run-time compiled kernels
+
+function gp.profile(fn, opts) return require('gpush.profile').profile(gp, fn, opts) end
+doc(gp.profile, 'gp.profile(fn, {warmup=1, iters=1})',
+  'run fn with every gp.k call timed by events: per kernel calls, total/mean us, % of time, GB/s, registers, occupancy (print it)')
+
+local stream = require 'gpush.stream'
+gp.stream = doc(stream.stream, 'gp.stream()', 'a new non-blocking CUDA stream (a no-op stream on the CPU); s:record(), s:wait(ev), s:synchronize(), s:query()')
+gp.with_stream = doc(stream.with_stream, 'gp.with_stream(s, fn)', 'run fn with its kernels queued on stream s (s first waits for the work queued before); returns what fn returns')
+gp.current_stream = doc(stream.current, 'gp.current_stream()', 'the stream kernels are queued on now')
+gp.default_stream = doc(stream.default_stream, 'gp.default_stream()', "gpush's own stream, current outside gp.with_stream")
+gp.event = doc(stream.event, 'gp.event()', 'an event to record on a stream: s:record(ev), other:wait(ev), ev:synchronize(), ev:query(), a:elapsed(b)')
+
+do
+  local rtc = require 'gpush.rtc'
+  gp.rtc = {
+    kernel = doc(rtc.kernel, "gp.rtc.kernel(src, name, {args={'ptr','int',...}, options={...}})",
+      'compile CUDA C with NVRTC for this GPU (cached in memory and $GPUSH_CACHE or ~/.cache/gpush); call it as k(args..., {grid=, block=, shared=})'),
+    map = doc(rtc.map, "gp.rtc.map('y = x > 0.f ? x : 0.f')", 'an elementwise f32 kernel over tensors named by the free names of the expression; m(x, ...) returns y'),
+    compile = doc(rtc.compile, "gp.rtc.compile(src, name, {arch='sm_90'})", 'compile (or fetch from the caches) to a cubin: returns {code, lowered, log}, and memory|disk|compiled'),
+    arch = doc(rtc.arch, 'gp.rtc.arch()', "the current GPU's architecture, e.g. 'sm_90'"),
+    cache_dir = doc(rtc.cache_dir, 'gp.rtc.cache_dir()', 'where compiled kernels are cached on disk ($GPUSH_CACHE or ~/.cache/gpush)'),
+    clear_memory_cache = doc(rtc.clear_memory_cache, 'gp.rtc.clear_memory_cache()', 'forget the compiled and loaded kernels held in memory'),
+    stats = rtc.stats,
+  }
+end
 
 function gp.version()
   local buf = ffi.new('char[512]')
@@ -194,6 +222,12 @@ like('empty', function(s, o) return gp.empty(s, o) end)
 like('rand', function(s, o) return gp.rand(s, o) end)
 like('randn', function(s, o) return gp.randn(s, o) end)
 gp.full_like = function(t, v) return gp.full(t.shape, v, {dtype = t.dtype, device = t.device}) end
+for _, name in ipairs {'zeros', 'ones', 'empty', 'rand', 'randn'} do
+  doc(gp[name .. '_like'], 'gp.' .. name .. '_like(t)', 'gp.' .. name .. ' with the shape, dtype and device of t')
+end
+doc(gp.full_like, 'gp.full_like(t, v)', 'gp.full with the shape, dtype and device of t')
+doc(gp.is_tensor, 'gp.is_tensor(x)', 'true when x is a gp tensor')
+doc(gp.doc, 'gp.doc(fn, usage, text)', 'register the doc that help(fn) prints; returns fn')
 
 ---------------------------------------------------------------------------
 -- joining and selecting
@@ -271,9 +305,28 @@ doc(gp.where, 'gp.where(mask, a, b)', 'mask ? a : b elementwise (a, b tensors or
 ---------------------------------------------------------------------------
 -- op families: each lua/gpush/ops/<name>.lua returns function(gp, tensor)
 -- that adds its tensor methods (tensor.Tensor) and gp functions
-for _, name in ipairs {'matmul'} do
+for _, name in ipairs {'index', 'loss', 'select', 'random', 'matmul'} do
   require('gpush.ops.' .. name)(gp, tensor)
 end
+
+---------------------------------------------------------------------------
+-- checkpoints and JSON
+local checkpoint = require 'gpush.checkpoint'
+gp.save = doc(checkpoint.save, "gp.save('m.safetensors', {name = tensor, ...}, {step = 10, config = {...}})",
+  'write tensors (moved to the cpu) and metadata in the safetensors format; atomic (a temporary file, then a rename)')
+gp.load = doc(checkpoint.load, "gp.load('m.safetensors', {device = 'cuda'})",
+  'read a safetensors file: returns {name = tensor}, metadata; every header entry is checked before reading')
+gp.json = require 'gpush.json'
+
+---------------------------------------------------------------------------
+-- autograd: wraps the differentiable methods and functions defined above
+local autograd = require 'gpush.autograd'
+autograd.install(gp)
+gp.autograd = autograd
+gp.no_grad = doc(autograd.no_grad, 'gp.no_grad(fn, ...)', 'run fn(...) without recording operations for autograd')
+gp.enable_grad = doc(autograd.enable_grad, 'gp.enable_grad(fn, ...)', 'run fn(...) with autograd recording (inside no_grad)')
+gp.gradcheck = doc(autograd.gradcheck, 'gp.gradcheck(fn, {x, y, ...}, {eps=1e-6, atol=1e-5, rtol=1e-4})',
+  'compare the gradients of fn at f64 CPU inputs with central differences; raises on a mismatch')
 
 ---------------------------------------------------------------------------
 -- help
@@ -316,5 +369,6 @@ function gp.help(x)
   if d.kernel then s = s .. '\n  C: int gp_k_' .. d.kernel.name .. d.kernel.signature end
   print(s)
 end
+doc(gp.help, 'help(x) / gp.help(x)', "print the usage and doc of a gpush function, kernel or tensor method (x may be a name: help('zeros'))")
 
 return gp

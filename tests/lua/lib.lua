@@ -44,6 +44,14 @@ function M.raises(fn, ...)
   return err
 end
 
+-- the elements of a tensor as a flat Lua list (row-major)
+function M.flat(t)
+  local b, n = require('gpush.tensor').to_doubles(t)
+  local r = {}
+  for i = 0, n - 1 do r[i + 1] = b[i] end
+  return r
+end
+
 -- relative norm ||a - b|| / ||b|| of two tensors, in double on the host
 function M.relnorm(a, b)
   local tensor = require 'gpush.tensor'

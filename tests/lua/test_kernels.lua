@@ -14,6 +14,17 @@ local FLOATS = {'f32', 'bf16', 'f16', 'f64'}
 local ALL = {'f32', 'bf16', 'f16', 'i32', 'i64', 'u8', 'f64'}
 local TOL = {f32 = 1e-5, bf16 = 1e-2, f16 = 2e-3, i32 = 0, i64 = 0, u8 = 0}
 local SCALARS = {lo = 3, hi = 17, std = 1.5, mean = 0.5, value = 2.5, s = 1.5}
+SCALARS.ignore_index = 1 -- cross-entropy: rows whose target is 1 are ignored
+
+-- per-kernel symbol sizes where the case's size does not fit (function of the
+-- case; symbols not returned get case.sym)
+local SYMS = {}
+local function gather_syms(case)
+  if case.big then return {A = 1000, B = 37, K = 11, C = 3} end
+  return {B = case.sym + 3}
+end
+SYMS.gather, SYMS.index_select, SYMS.scatter_add = gather_syms, gather_syms, gather_syms
+SYMS.topk = function(case) return {K = math.max(1, math.min(case.sym - 2, 64))} end
 
 -- the out shape for each size case; symbols get these values
 local CASES = {
@@ -57,6 +68,13 @@ local function mask_fill(dst)
   return dst:copy_(t)
 end
 
+-- `<V`: integers in [0, size of V)
+local function range_fill(dst, n)
+  local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
+  gp.k.randint(t, 0, n)
+  return dst:copy_(t)
+end
+
 -- a tensor of the given shape whose strides are not the contiguous ones
 local function noncontig(shape, dtype, device)
   local s = {}
@@ -82,6 +100,7 @@ end
 -- build the argument list (on the CPU) for one case
 local function make_args(k, case, dts, variant)
   local args, syms = {}, {}
+  local over = SYMS[k.name] and SYMS[k.name](case) or {}
   local first_shape
   local kscalars = SCALARS_FOR[k.name] or SCALARS_FOR[k.family] or {}
   for i, a in ipairs(k.args) do
@@ -97,7 +116,7 @@ local function make_args(k, case, dts, variant)
         for tok in a.dims:gmatch('[^,]+') do
           if tok == '*' then for _ = 1, #case.shape - 1 do shape[#shape + 1] = case.shape[_] end
           elseif tonumber(tok) then shape[#shape + 1] = tonumber(tok)
-          else syms[tok] = syms[tok] or (case.syms and case.syms[tok]) or case.sym; shape[#shape + 1] = syms[tok] end
+          else syms[tok] = syms[tok] or over[tok] or (case.syms and case.syms[tok]) or case.sym; shape[#shape + 1] = syms[tok] end
         end
       end
       first_shape = first_shape or shape
@@ -108,7 +127,8 @@ local function make_args(k, case, dts, variant)
         t = gp.empty(shape, {dtype = dt, device = 'cpu'})
       end
       if not a.out then
-        if a.type == 'B' then mask_fill(t) else rand_fill(t, a.positive) end
+        if a.lt then range_fill(t, syms[a.lt] or over[a.lt] or case.sym)
+        elseif a.type == 'B' then mask_fill(t) else rand_fill(t, a.positive) end
       end
       args[i] = t
     end

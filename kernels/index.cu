@@ -1,0 +1,203 @@
+/* index.cu: embedding, gather, index_select and scatter_add on the GPU.
+ * Copies move raw element bits (dtype-agnostic); embedding rows move in the
+ * widest aligned unit up to 16 bytes. Accumulating kernels add in f32 with
+ * atomics (into the output when it is f32, else into an f32 scratch that is
+ * then rounded), so their sums are not bitwise deterministic. */
+#include "bad_index.cuh"
+
+template <typename I> __device__ __forceinline__ int64_t ldi(const I *p, int64_t i) { return (int64_t)p[i]; }
+
+template <typename U, typename I>
+__global__ void k_embedding(U *o, const U *w, const I *idx, int64_t n, int64_t v, int64_t upr) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  int64_t total = n * upr;
+  for (int64_t u = tid; u < total; u += nth) {
+    int64_t i = u / upr, j = u - i * upr;
+    int64_t r = ldi(idx, i);
+    if (r < 0 || r >= v) {
+      gp_report_bad(r);
+      o[u] = U{};
+    } else {
+      o[u] = w[r * upr + j];
+    }
+  }
+}
+
+template <typename U> static void launch_embedding(gp_tensor *out, const gp_tensor *weight, const gp_tensor *idx, int64_t n,
+                                                   int64_t v, int64_t upr) {
+  int64_t total = n * upr;
+  unsigned g = gp_grid(total, 256);
+  if (idx->dtype == GP_I32)
+    k_embedding<U, int32_t><<<g, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(weight),
+                                                               (const int32_t *)gp_ptr(idx), n, v, upr);
+  else
+    k_embedding<U, int64_t><<<g, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(weight),
+                                                               (const int64_t *)gp_ptr(idx), n, v, upr);
+}
+
+extern "C" int gp_cuda_embedding(gp_tensor *out, const gp_tensor *weight, const gp_tensor *idx, int64_t n, int64_t v,
+                                 int64_t d) {
+  if (n == 0 || d == 0) return GP_OK;
+  GP_TRY(gp_bad_clear("embedding"));
+  int64_t rb = d * gp_elsize(out->dtype);
+  uintptr_t al = (uintptr_t)gp_ptr(out) | (uintptr_t)gp_ptr(weight) | (uintptr_t)rb;
+  if (al % 16 == 0) launch_embedding<uint4>(out, weight, idx, n, v, rb / 16);
+  else if (al % 8 == 0) launch_embedding<uint2>(out, weight, idx, n, v, rb / 8);
+  else if (al % 4 == 0) launch_embedding<uint32_t>(out, weight, idx, n, v, rb / 4);
+  else if (al % 2 == 0) launch_embedding<uint16_t>(out, weight, idx, n, v, rb / 2);
+  else launch_embedding<uint8_t>(out, weight, idx, n, v, rb);
+  return gp_bad_check("embedding", v, "weight's rows");
+}
+
+template <typename T, typename I>
+__global__ void k_embedding_bwd(float *acc, const T *g, const I *idx, int64_t n, int64_t v, int64_t d) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t e = tid; e < n * d; e += nth) {
+    int64_t i = e / d, j = e - i * d;
+    int64_t r = ldi(idx, i);
+    if (r < 0 || r >= v) gp_report_bad(r);
+    else atomicAdd(acc + r * d + j, ld(g[e]));
+  }
+}
+
+template <typename T> __global__ void k_round(T *o, const float *a, int64_t n) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = tid; i < n; i += nth) o[i] = st<T>(a[i]);
+}
+
+/* an f32 accumulator for out: out itself when it is f32, else a scratch */
+static int f32_acc(gp_tensor **scratch, float **acc, gp_tensor *out) {
+  *scratch = 0;
+  if (out->dtype == GP_F32) {
+    *acc = (float *)gp_ptr(out);
+    return GP_OK;
+  }
+  GP_TRY(gp_tensor_scratch(scratch, GP_F32, GP_CUDA, out->ndim, out->shape));
+  *acc = (float *)gp_ptr(*scratch);
+  return GP_OK;
+}
+
+static void f32_round(gp_tensor *out, const float *acc, int64_t n) {
+  if (out->dtype == GP_F32 || n == 0) return;
+  GP_FLOAT_SWITCH(out->dtype, T, k_round<T><<<gp_grid(n, 256), 256, 0, gp_cuda_stream()>>>((T *)gp_ptr(out), acc, n));
+}
+
+extern "C" int gp_cuda_embedding_backward(gp_tensor *dweight, const gp_tensor *dout, const gp_tensor *idx, int64_t n,
+                                          int64_t v, int64_t d) {
+  int64_t vd = v * d;
+  if (vd == 0) return GP_OK;
+  gp_tensor *scratch;
+  float *acc;
+  GP_TRY(f32_acc(&scratch, &acc, dweight));
+  int rc = gp_bad_clear("embedding_backward");
+  cudaError_t e = cudaMemsetAsync(acc, 0, (size_t)vd * sizeof(float), gp_cuda_stream());
+  if (rc == GP_OK && e != cudaSuccess) rc = gp_error("embedding_backward: %s", cudaGetErrorString(e));
+  if (rc == GP_OK) {
+    if (n * d > 0) {
+      unsigned g = gp_grid(n * d, 256);
+      GP_FLOAT_SWITCH(dout->dtype, T,
+                      if (idx->dtype == GP_I32) k_embedding_bwd<T, int32_t><<<g, 256, 0, gp_cuda_stream()>>>(
+                          acc, (const T *)gp_ptr(dout), (const int32_t *)gp_ptr(idx), n, v, d);
+                      else k_embedding_bwd<T, int64_t><<<g, 256, 0, gp_cuda_stream()>>>(
+                          acc, (const T *)gp_ptr(dout), (const int64_t *)gp_ptr(idx), n, v, d));
+    }
+    f32_round(dweight, acc, vd);
+    rc = gp_bad_check("embedding_backward", v, "dweight's rows");
+  }
+  gp_tensor_free(scratch);
+  return rc;
+}
+
+/* 3-d geometry: out/idx contiguous [A,K,C]; x strided [A,B,C] */
+struct g3 {
+  int64_t A, K, C, B, sa, sb, sc;
+};
+
+template <typename U, typename I>
+__global__ void k_gather(U *o, const U *x, const I *idx, g3 g, int mode) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  int64_t n = g.A * g.K * g.C;
+  for (int64_t e = tid; e < n; e += nth) {
+    int64_t c = e % g.C, ak = e / g.C, k = ak % g.K, a = ak / g.K;
+    int64_t b = ldi(idx, mode == 0 ? e : k);
+    if (b < 0 || b >= g.B) {
+      gp_report_bad(b);
+      o[e] = 0;
+    } else {
+      o[e] = x[a * g.sa + b * g.sb + c * g.sc];
+    }
+  }
+}
+
+template <typename U> static void launch_gather(int mode, gp_tensor *out, const gp_tensor *x, const gp_tensor *idx, g3 g) {
+  unsigned gr = gp_grid(g.A * g.K * g.C, 256);
+  if (idx->dtype == GP_I32)
+    k_gather<U, int32_t><<<gr, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(x),
+                                                             (const int32_t *)gp_ptr(idx), g, mode);
+  else
+    k_gather<U, int64_t><<<gr, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(x),
+                                                             (const int64_t *)gp_ptr(idx), g, mode);
+}
+
+extern "C" int gp_cuda_gather(int mode, gp_tensor *out, const gp_tensor *x, const gp_tensor *idx) {
+  const char *op = mode == 0 ? "gather" : "index_select";
+  g3 g = {out->shape[0], out->shape[1], out->shape[2], x->shape[1], x->stride[0], x->stride[1], x->stride[2]};
+  if (g.A * g.K * g.C == 0) return GP_OK;
+  GP_TRY(gp_bad_clear(op));
+  switch (gp_elsize(out->dtype)) {
+    case 1: launch_gather<uint8_t>(mode, out, x, idx, g); break;
+    case 2: launch_gather<uint16_t>(mode, out, x, idx, g); break;
+    case 4: launch_gather<uint32_t>(mode, out, x, idx, g); break;
+    default: launch_gather<unsigned long long>(mode, out, x, idx, g); break;
+  }
+  return gp_bad_check(op, g.B, "x's dim 2 (the gathered dim)");
+}
+
+/* acc[a,b,c] = x[a,b,c] (x strided) */
+template <typename T> __global__ void k_init3(float *acc, const T *x, int64_t A, int64_t B, int64_t C, int64_t sa,
+                                              int64_t sb, int64_t sc) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t e = tid; e < A * B * C; e += nth) {
+    int64_t c = e % C, ab = e / C, b = ab % B, a = ab / B;
+    acc[e] = ld(x[a * sa + b * sb + c * sc]);
+  }
+}
+
+template <typename T, typename I>
+__global__ void k_scatter_add(float *acc, const T *src, const I *idx, g3 g) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  int64_t n = g.A * g.K * g.C;
+  for (int64_t e = tid; e < n; e += nth) {
+    int64_t c = e % g.C, ak = e / g.C, k = ak % g.K, a = ak / g.K;
+    int64_t b = ldi(idx, e);
+    if (b < 0 || b >= g.B) gp_report_bad(b);
+    else atomicAdd(acc + (a * g.B + b) * g.C + c, ld(src[a * g.sa + k * g.sb + c * g.sc]));
+  }
+}
+
+extern "C" int gp_cuda_scatter_add(gp_tensor *out, const gp_tensor *x, const gp_tensor *idx, const gp_tensor *src) {
+  int64_t A = out->shape[0], B = out->shape[1], C = out->shape[2], K = idx->shape[1];
+  if (A * B * C == 0) return GP_OK;
+  gp_tensor *scratch;
+  float *acc;
+  GP_TRY(f32_acc(&scratch, &acc, out));
+  int rc = gp_bad_clear("scatter_add");
+  if (rc == GP_OK) {
+    GP_FLOAT_SWITCH(x->dtype, T,
+                    k_init3<T><<<gp_grid(A * B * C, 256), 256, 0, gp_cuda_stream()>>>(
+                        acc, (const T *)gp_ptr(x), A, B, C, x->stride[0], x->stride[1], x->stride[2]));
+    g3 g = {A, K, C, B, src->stride[0], src->stride[1], src->stride[2]};
+    if (A * K * C > 0) {
+      unsigned gr = gp_grid(A * K * C, 256);
+      GP_FLOAT_SWITCH(src->dtype, T,
+                      if (idx->dtype == GP_I32) k_scatter_add<T, int32_t><<<gr, 256, 0, gp_cuda_stream()>>>(
+                          acc, (const T *)gp_ptr(src), (const int32_t *)gp_ptr(idx), g);
+                      else k_scatter_add<T, int64_t><<<gr, 256, 0, gp_cuda_stream()>>>(
+                          acc, (const T *)gp_ptr(src), (const int64_t *)gp_ptr(idx), g));
+    }
+    f32_round(out, acc, A * B * C);
+    rc = gp_bad_check("scatter_add", B, "out's dim 2 (the scattered dim)");
+  }
+  gp_tensor_free(scratch);
+  return rc;
+}

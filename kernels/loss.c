@@ -1,0 +1,87 @@
+/* loss.c: dispatch and CPU reference of the fused cross-entropy and its
+ * reduction. Targets are checked before anything is written. */
+#include <math.h>
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
+                          int64_t ignore, double scale);
+int gp_cuda_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets, int64_t ignore,
+                        int average);
+#ifdef __cplusplus
+}
+#endif
+
+static int ce(const char *op, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
+              double ignore_index, double scale) {
+  if (ignore_index != floor(ignore_index) || fabs(ignore_index) > 9e15)
+    return gp_error("%s: ignore_index must be an integer, got %g", op, ignore_index);
+  int64_t ign = (int64_t)ignore_index, n = logits->shape[0], v = logits->shape[1];
+  GP_CUDA_DISPATCH(loss, gp_cuda_cross_entropy(loss, dlogits, logits, targets, ign, scale));
+  const void *pt = gp_ptr(targets);
+  for (int64_t i = 0; i < n; i++) {
+    int64_t t = gp_load_i64(pt, targets->dtype, i);
+    if (t != ign && (t < 0 || t >= v))
+      return gp_error("%s: target %lld of row %lld is out of range for %lld classes (logits %s; ignore_index %lld)", op,
+                      (long long)t, (long long)i, (long long)v, GP_SHAPE(logits), (long long)ign);
+  }
+  const void *px = gp_ptr(logits);
+  float *pl = gp_ptr(loss);
+  void *pg = dlogits ? gp_ptr(dlogits) : 0;
+  int dt = logits->dtype;
+  for (int64_t i = 0; i < n; i++) {
+    int64_t t = gp_load_i64(pt, targets->dtype, i), r = i * v;
+    if (t == ign) {
+      pl[i] = 0;
+      if (pg)
+        for (int64_t j = 0; j < v; j++) gp_store(pg, dlogits->dtype, r + j, 0);
+      continue;
+    }
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < v; j++) {
+      double x = gp_load(px, dt, r + j);
+      if (x > m) m = x;
+    }
+    for (int64_t j = 0; j < v; j++) s += exp(gp_load(px, dt, r + j) - m);
+    double lse = m + log(s);
+    pl[i] = (float)(lse - gp_load(px, dt, r + t));
+    if (pg)
+      for (int64_t j = 0; j < v; j++)
+        gp_store(pg, dlogits->dtype, r + j, (exp(gp_load(px, dt, r + j) - lse) - (j == t ? 1.0 : 0.0)) * scale);
+  }
+  return GP_OK;
+}
+
+int gp_k_cross_entropy(gp_tensor *loss, const gp_tensor *logits, const gp_tensor *targets, double ignore_index) {
+  GP_CHECK(cross_entropy, loss, logits, targets);
+  return ce("cross_entropy", loss, 0, logits, targets, ignore_index, 1.0);
+}
+
+int gp_k_cross_entropy_fwd_bwd(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
+                               double ignore_index, double scale) {
+  GP_CHECK(cross_entropy_fwd_bwd, loss, dlogits, logits, targets);
+  return ce("cross_entropy_fwd_bwd", loss, dlogits, logits, targets, ignore_index, scale);
+}
+
+int gp_k_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets,
+                     double ignore_index, double average) {
+  GP_CHECK(loss_reduce, out, count, loss, targets);
+  if (ignore_index != floor(ignore_index) || fabs(ignore_index) > 9e15)
+    return gp_error("loss_reduce: ignore_index must be an integer, got %g", ignore_index);
+  int64_t ign = (int64_t)ignore_index, n = loss->shape[0];
+  GP_CUDA_DISPATCH(out, gp_cuda_loss_reduce(out, count, loss, targets, ign, average != 0));
+  const float *pl = gp_ptr(loss);
+  const void *pt = gp_ptr(targets);
+  double s = 0, c = 0;
+  for (int64_t i = 0; i < n; i++)
+    if (gp_load_i64(pt, targets->dtype, i) != ign) {
+      s += pl[i];
+      c += 1;
+    }
+  ((float *)gp_ptr(out))[0] = (float)(average != 0 ? s / c : s);
+  ((float *)gp_ptr(count))[0] = (float)c;
+  return GP_OK;
+}

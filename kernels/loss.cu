@@ -1,0 +1,178 @@
+/* loss.cu: fused cross-entropy, one block per row. Pass 1 reads the row once
+ * for its max and sum of exponentials (online softmax, f32), pass 2 reads it
+ * again and writes dlogits. Rows load in 16-byte vectors when the row length
+ * and pointers allow. A target outside [0, V) that is not ignore_index gives
+ * a NaN loss and NaN gradient row (no host sync to report it; the CPU
+ * reference raises an error). */
+#include "../src/cuda_internal.h"
+
+#include <math.h>
+
+template <typename T, typename F> __device__ __forceinline__ void row_read(const T *p, int64_t v, bool vec, F f) {
+  constexpr int W = 16 / sizeof(T);
+  if (vec) {
+    const uint4 *q = reinterpret_cast<const uint4 *>(p);
+    for (int64_t j = threadIdx.x; j < v / W; j += blockDim.x) {
+      uint4 u = q[j];
+      const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+      for (int l = 0; l < W; l++) f(j * W + l, ld(e[l]));
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) f(j, ld(p[j]));
+  }
+}
+
+/* o[j] = g(j, x[j]) over a row */
+template <typename T, typename G>
+__device__ __forceinline__ void row_map(T *o, const T *p, int64_t v, bool vec, G g) {
+  constexpr int W = 16 / sizeof(T);
+  if (vec) {
+    const uint4 *q = reinterpret_cast<const uint4 *>(p);
+    uint4 *w = reinterpret_cast<uint4 *>(o);
+    for (int64_t j = threadIdx.x; j < v / W; j += blockDim.x) {
+      uint4 u = q[j], r;
+      const T *e = reinterpret_cast<const T *>(&u);
+      T *d = reinterpret_cast<T *>(&r);
+#pragma unroll
+      for (int l = 0; l < W; l++) d[l] = st<T>(g(j * W + l, ld(e[l])));
+      w[j] = r;
+    }
+  } else {
+    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) o[j] = st<T>(g(j, ld(p[j])));
+  }
+}
+
+__device__ __forceinline__ void ms_combine(float &m, float &s, float m2, float s2) {
+  float M = fmaxf(m, m2);
+  if (M == -INFINITY) {
+    s += s2;
+    return;
+  }
+  s = s * expf(m - M) + s2 * expf(m2 - M);
+  m = M;
+}
+
+/* (m, s) of the whole block, returned to every thread */
+__device__ __forceinline__ void block_ms(float &m, float &s) {
+  __shared__ float sm[32], ss[32];
+  for (int o = 16; o > 0; o >>= 1) ms_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+  int w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  if ((threadIdx.x & 31) == 0) {
+    sm[w] = m;
+    ss[w] = s;
+  }
+  __syncthreads();
+  if (w == 0) {
+    m = threadIdx.x < nw ? sm[threadIdx.x] : -INFINITY;
+    s = threadIdx.x < nw ? ss[threadIdx.x] : 0.f;
+    for (int o = 16; o > 0; o >>= 1)
+      ms_combine(m, s, __shfl_xor_sync(0xffffffffu, m, o), __shfl_xor_sync(0xffffffffu, s, o));
+    if (threadIdx.x == 0) {
+      sm[0] = m;
+      ss[0] = s;
+    }
+  }
+  __syncthreads();
+  m = sm[0];
+  s = ss[0];
+}
+
+template <typename T, typename I>
+__global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const I *targets, int64_t v, int64_t ign,
+                                float scale, bool vec) {
+  int64_t row = blockIdx.x;
+  const T *x = logits + row * v;
+  T *g = dlogits ? dlogits + row * v : nullptr;
+  int64_t t = (int64_t)targets[row];
+  if (t == ign) {
+    if (threadIdx.x == 0) loss[row] = 0.f;
+    if (g) row_map(g, x, v, vec, [](int64_t, float) { return 0.f; });
+    return;
+  }
+  if (t < 0 || t >= v) {
+    float nan = __int_as_float(0x7fc00000);
+    if (threadIdx.x == 0) loss[row] = nan;
+    if (g) row_map(g, x, v, vec, [nan](int64_t, float) { return nan; });
+    return;
+  }
+  float m = -INFINITY, s = 0.f;
+  row_read(x, v, vec, [&](int64_t, float a) {
+    if (a > m) {
+      s = s * expf(m - a) + 1.f;
+      m = a;
+    } else if (a != -INFINITY || m != -INFINITY) {
+      s += expf(a - m);
+    }
+  });
+  block_ms(m, s);
+  float lse = m + logf(s);
+  if (threadIdx.x == 0) loss[row] = lse - ld(x[t]);
+  if (g) row_map(g, x, v, vec, [=](int64_t j, float a) { return (expf(a - lse) - (j == t ? 1.f : 0.f)) * scale; });
+}
+
+extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits,
+                                     const gp_tensor *targets, int64_t ignore, double scale) {
+  int64_t n = logits->shape[0], v = logits->shape[1];
+  if (n == 0) return GP_OK;
+  if (n > 2147483647) return gp_error("cross_entropy: %lld rows is more than one launch handles", (long long)n);
+  int es = gp_elsize(logits->dtype);
+  uintptr_t al = (uintptr_t)gp_ptr(logits) | (dlogits ? (uintptr_t)gp_ptr(dlogits) : 0);
+  bool vec = (v * es) % 16 == 0 && al % 16 == 0;
+  int bs = v >= 16384 ? 1024 : v >= 2048 ? 512 : v >= 256 ? 256 : 64;
+  GP_FLOAT_SWITCH(logits->dtype, T,
+                  if (targets->dtype == GP_I32) k_cross_entropy<T, int32_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
+                      (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
+                      (const int32_t *)gp_ptr(targets), v, ignore, (float)scale, vec);
+                  else k_cross_entropy<T, int64_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
+                      (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
+                      (const int64_t *)gp_ptr(targets), v, ignore, (float)scale, vec));
+  return gp_cuda_check_launch(dlogits ? "cross_entropy_fwd_bwd" : "cross_entropy");
+}
+
+/* one block: out = sum (or mean) of loss over non-ignored rows, in a fixed order */
+template <typename I>
+__global__ void k_loss_reduce(float *out, float *count, const float *loss, const I *targets, int64_t n, int64_t ign,
+                              bool average) {
+  __shared__ float ssum[32], scnt[32];
+  float s = 0.f, c = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+    if ((int64_t)targets[i] != ign) {
+      s += loss[i];
+      c += 1.f;
+    }
+  for (int o = 16; o > 0; o >>= 1) {
+    s += __shfl_xor_sync(0xffffffffu, s, o);
+    c += __shfl_xor_sync(0xffffffffu, c, o);
+  }
+  int w = threadIdx.x >> 5;
+  if ((threadIdx.x & 31) == 0) {
+    ssum[w] = s;
+    scnt[w] = c;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    s = 0.f;
+    c = 0.f;
+    for (int k = 0; k < (int)(blockDim.x >> 5); k++) {
+      s += ssum[k];
+      c += scnt[k];
+    }
+    out[0] = average ? s / c : s;
+    count[0] = c;
+  }
+}
+
+extern "C" int gp_cuda_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets,
+                                   int64_t ignore, int average) {
+  int64_t n = loss->shape[0];
+  if (targets->dtype == GP_I32)
+    k_loss_reduce<int32_t><<<1, 1024, 0, gp_cuda_stream()>>>((float *)gp_ptr(out), (float *)gp_ptr(count),
+                                                             (const float *)gp_ptr(loss),
+                                                             (const int32_t *)gp_ptr(targets), n, ignore, average != 0);
+  else
+    k_loss_reduce<int64_t><<<1, 1024, 0, gp_cuda_stream()>>>((float *)gp_ptr(out), (float *)gp_ptr(count),
+                                                             (const float *)gp_ptr(loss),
+                                                             (const int64_t *)gp_ptr(targets), n, ignore, average != 0);
+  return gp_cuda_check_launch("loss_reduce");
+}

@@ -1,0 +1,79 @@
+-- The gpush command line: scripts and their arguments, -e, -, -i, --device,
+-- --version, --help, and a script error's traceback and exit status.
+local T = require 'lib'
+
+local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+local tmp = os.tmpname()
+
+-- run a shell command; returns its output and exit status
+local function sh(cmd)
+  local f = io.popen(cmd .. ' 2>&1; echo "<rc=$?>"')
+  local out = f:read('*a')
+  f:close()
+  local rc = tonumber(out:match('<rc=(%d+)>%s*$'))
+  return out:gsub('<rc=%d+>%s*$', ''), rc
+end
+
+local function write(path, text)
+  local f = assert(io.open(path, 'w'))
+  f:write(text)
+  f:close()
+end
+
+T.test('a script gets its arguments in arg', function()
+  write(tmp, 'print(arg[0], arg[1], arg[2], #arg, ...)\n')
+  local out, rc = sh(exe .. ' ' .. tmp .. ' a b')
+  T.eq(rc, 0)
+  T.eq(out, tmp .. '\ta\tb\t2\ta\tb\n')
+end)
+
+T.test('-e, stdin and -', function()
+  local out, rc = sh(exe .. " -e 'print(1 + 1)' -e 'print(gp.zeros{2}:numel())'")
+  T.eq(rc, 0)
+  T.eq(out, '2\n2\n')
+  out, rc = sh("echo 'print(gp.arange(3):totable()[3])' | " .. exe .. ' -')
+  T.eq(out, '2\n'); T.eq(rc, 0)
+  out, rc = sh("echo 'print(42)' | " .. exe)
+  T.eq(out, '42\n'); T.eq(rc, 0)
+end)
+
+T.test('-i runs the script, then reads the prompt', function()
+  write(tmp, 'x = 41\n')
+  local out, rc = sh("echo 'print(x + 1)' | " .. exe .. ' -i ' .. tmp)
+  T.eq(rc, 0)
+  T.ok(out:find('42', 1, true), out)
+end)
+
+T.test('a script error prints a traceback and exits 1', function()
+  write(tmp, 'local function f() return gp.zeros{2,3} + gp.zeros{4} end\nf()\n')
+  local out, rc = sh(exe .. ' ' .. tmp)
+  T.eq(rc, 1)
+  T.ok(out:find('add: shapes (2,3) and (4) do not broadcast', 1, true), out)
+  T.ok(out:find('stack traceback', 1, true), out)
+  T.ok(out:find(':1:', 1, true), 'the error points at the script line: ' .. out)
+  out, rc = sh(exe .. ' /nonexistent/script.lua')
+  T.eq(rc, 1)
+  T.ok(out:find('cannot open', 1, true), out)
+  out, rc = sh(exe .. " -e 'error(\"boom\")'")
+  T.eq(rc, 1)
+  T.ok(out:find('boom', 1, true))
+end)
+
+T.test('--device, --version, --help and bad options', function()
+  local out, rc = sh(exe .. " --device cpu -e 'print(gp.device(), gp.zeros{1}.device)'")
+  T.eq(rc, 0); T.eq(out, 'cpu\tcpu\n')
+  out, rc = sh(exe .. ' --version')
+  T.eq(rc, 0)
+  T.ok(out:find('^gpush %d'), out)
+  T.ok(out:find('CUDA', 1, true) or out:find('without CUDA', 1, true), out)
+  out, rc = sh(exe .. ' --help')
+  T.eq(rc, 0); T.ok(out:find('usage', 1, true))
+  out, rc = sh(exe .. ' --device tpu -e 1')
+  T.eq(rc, 2); T.ok(out:find('cpu or cuda', 1, true))
+  out, rc = sh(exe .. ' --bogus')
+  T.eq(rc, 2); T.ok(out:find('unknown option', 1, true))
+  if not gp.cuda_available() then
+    out, rc = sh(exe .. " --device cuda -e 'print(1)'")
+    T.eq(rc, 1); T.ok(out:find('cuda', 1, true), out)
+  end
+end)

@@ -1,0 +1,154 @@
+-- index ops: embedding (+ backward), gather, index_select, scatter_add:
+-- known values, Lua oracles, finite-difference gradients in f64, bad input.
+local T = require 'lib'
+local gp = require 'gpush'
+
+local flat = T.flat
+local function dot(a, b)
+  local x, y, s = flat(a), flat(b), 0
+  for i = 1, #x do s = s + x[i] * y[i] end
+  return s
+end
+local cpu64 = {dtype = 'f64', device = 'cpu'}
+
+-- central differences of f (a number) at every element of x (f64, contiguous)
+local function fd_grad(f, x, h)
+  h = h or 1e-6
+  local ptr = require('ffi').cast('double*', x.c.data) + x.c.offset
+  local g = {}
+  for i = 0, x:numel() - 1 do
+    local v = ptr[i]
+    ptr[i] = v + h
+    local fp = f()
+    ptr[i] = v - h
+    local fm = f()
+    ptr[i] = v
+    g[i + 1] = (fp - fm) / (2 * h)
+  end
+  return g
+end
+
+T.test('embedding: rows by index, any idx shape, i32 and i64', function()
+  local w = gp.tensor({{1, 2}, {3, 4}, {5, 6}}, {device = 'cpu'})
+  for _, dt in ipairs {'i32', 'i64'} do
+    local e = gp.embedding(w, gp.tensor({{2, 0, 1}, {1, 1, 0}}, {dtype = dt, device = 'cpu'}))
+    T.same(e.shape, {2, 3, 2})
+    T.same(e:totable(), {{{5, 6}, {1, 2}, {3, 4}}, {{3, 4}, {3, 4}, {1, 2}}})
+  end
+  T.same(gp.embedding(w:to('bf16'), gp.tensor({1}, {dtype = 'i64', device = 'cpu'})):totable(), {{3, 4}})
+end)
+
+T.test('embedding: out-of-range index is an error naming the op, the index and the size', function()
+  local w = gp.randn({5, 3}, {device = 'cpu'})
+  T.raises(function() gp.embedding(w, gp.tensor({0, 7}, {dtype = 'i64', device = 'cpu'})) end, 'embedding', '7', 'size 5')
+  T.raises(function() gp.embedding(w, gp.tensor({-1}, {dtype = 'i32', device = 'cpu'})) end, 'embedding', '-1')
+  T.raises(function() gp.embedding(w, gp.tensor({0}, {device = 'cpu'})) end, 'embedding', 'i32 or i64')
+  local out = gp.empty({2, 4}, {device = 'cpu'})
+  T.raises(function() gp.k.embedding(out, w, gp.tensor({0, 1}, {dtype = 'i64', device = 'cpu'})) end, 'embedding', '(2,4)')
+end)
+
+T.test('embedding_backward: finite differences in f64, repeated indices', function()
+  local V, D = 4, 3
+  local w = gp.randn({V, D}, cpu64)
+  local idx = gp.tensor({{0, 2, 2}, {3, 0, 2}}, {dtype = 'i64', device = 'cpu'})
+  local g = gp.randn({2, 3, D}, cpu64)
+  local dw = gp.embedding_backward(g, idx, V)
+  local num = fd_grad(function() return dot(gp.embedding(w, idx), g) end, w)
+  T.same(flat(dw), num, 1e-7)
+  T.same(flat(dw:narrow(1, 2, 1)), {0, 0, 0}) -- row 1 is never used
+end)
+
+-- Lua oracle of gather along d (1-based) for 3-d tables
+local function gather3(x, d, idx)
+  local out = {}
+  for i = 1, #idx do
+    out[i] = {}
+    for j = 1, #idx[i] do
+      out[i][j] = {}
+      for k = 1, #idx[i][j] do
+        local p = {i, j, k}
+        p[d] = idx[i][j][k] + 1
+        out[i][j][k] = x[p[1]][p[2]][p[3]]
+      end
+    end
+  end
+  return out
+end
+
+T.test('gather: torch.gather semantics along every dim, strided input', function()
+  local x = gp.randn({3, 4, 5}, {device = 'cpu'})
+  for d = 1, 3 do
+    local s = {3, 4, 5}
+    s[d] = 6
+    local idx = gp.randint(0, x:size(d), s, {device = 'cpu'})
+    T.same(x:gather(d, idx):totable(), gather3(x:totable(), d, idx:totable()))
+    T.same(x:gather(d - 4, idx):totable(), gather3(x:totable(), d, idx:totable()))
+  end
+  local xt = gp.randn({5, 4}, {device = 'cpu'}):t()
+  local idx = gp.tensor({{4, 0, 1, 4, 2}, {0, 0, 3, 1, 2}, {1, 1, 1, 1, 1}, {2, 3, 4, 0, 1}}, {dtype = 'i32', device = 'cpu'})
+  local want = xt:contiguous():gather(2, idx):totable()
+  T.same(xt:gather(2, idx):totable(), want)
+end)
+
+T.test('index_select: slices along a dim', function()
+  local x = gp.tensor({{1, 2, 3}, {4, 5, 6}}, {device = 'cpu'})
+  local i = gp.tensor({2, 0, 2}, {dtype = 'i64', device = 'cpu'})
+  T.same(x:index_select(2, i):totable(), {{3, 1, 3}, {6, 4, 6}})
+  T.same(x:index_select(1, gp.tensor({1}, {dtype = 'i32', device = 'cpu'})):totable(), {{4, 5, 6}})
+  T.raises(function() x:index_select(1, gp.tensor({2}, {dtype = 'i64', device = 'cpu'})) end, 'index_select', '2', 'size 2')
+end)
+
+T.test("scatter_add: torch semantics and gather's adjoint by finite differences in f64", function()
+  local x = gp.tensor({{1, 1, 1}, {2, 2, 2}}, {device = 'cpu'})
+  local idx = gp.tensor({{2, 2}, {1, 0}}, {dtype = 'i64', device = 'cpu'})
+  local src = gp.tensor({{1, 2}, {3, 4}}, {device = 'cpu'})
+  T.same(x:scatter_add(2, idx, src):totable(), {{1, 1, 4}, {6, 5, 2}})
+  local y = x:clone()
+  y:scatter_add_(2, idx, src)
+  T.same(y:totable(), {{1, 1, 4}, {6, 5, 2}})
+  T.same(x:totable(), {{1, 1, 1}, {2, 2, 2}})
+  -- d/dx sum(gather(x, idx) * g) = zeros:scatter_add(idx, g)
+  for d = 1, 3 do
+    local xx = gp.randn({3, 4, 2}, cpu64)
+    local s = {3, 4, 2}
+    s[d] = 5
+    local ix = gp.randint(0, xx:size(d), s, {device = 'cpu'})
+    local g = gp.randn(s, cpu64)
+    local grad = gp.zeros({3, 4, 2}, cpu64):scatter_add(d, ix, g)
+    local num = fd_grad(function() return dot(xx:gather(d, ix), g) end, xx)
+    T.same(flat(grad), num, 1e-7)
+  end
+end)
+
+T.test('index ops: bad shapes, dtypes and ranges', function()
+  local x = gp.randn({3, 4}, {device = 'cpu'})
+  local i64 = {dtype = 'i64', device = 'cpu'}
+  T.raises(function() x:gather(2, gp.tensor({{0}}, i64)) end, 'gather', '(1,1)', '(3,4)')
+  T.raises(function() x:gather(2, gp.full({3, 2}, 4, i64)) end, 'gather', 'index 4', 'size 4')
+  T.raises(function() x:gather(3, gp.zeros({3, 2}, i64)) end, 'gather', 'dim 3')
+  T.raises(function() x:scatter_add(1, gp.full({3, 4}, 3, i64), gp.ones {3, 4}) end, 'scatter_add', 'index 3', 'size 3')
+  T.raises(function() x:scatter_add(1, gp.zeros({3, 4}, i64), gp.ones({2, 4}, {device = 'cpu'})) end, 'scatter_add', '(2,4)')
+  T.raises(function() gp.randint(0, 5, {3, 4}, i64):scatter_add(1, gp.zeros({3, 4}, i64), gp.zeros({3, 4}, i64)) end,
+    'scatter_add', 'float')
+end)
+
+T.test('index ops (cuda): match the CPU; an out-of-range index is an error and the GPU keeps working', function()
+  T.cuda()
+  local w = gp.randn({50, 33}, {device = 'cpu'})
+  local idx = gp.randint(0, 50, {7, 9}, {device = 'cpu'})
+  T.same(gp.embedding(w:cuda(), idx:cuda()):totable(), gp.embedding(w, idx):totable())
+  local bad = gp.tensor({1, 50, 2}, {dtype = 'i64', device = 'cuda'})
+  T.raises(function() gp.embedding(w:cuda(), bad) end, 'embedding', '50', 'size 50')
+  T.raises(function() gp.embedding(w:cuda(), idx) end, 'embedding', 'cpu', 'cuda')
+  T.raises(function() gp.embedding_backward(gp.randn({3, 33}, {device = 'cuda'}), bad, 50) end, 'embedding_backward', '50')
+  local x = gp.randn({4, 6}, {device = 'cuda'})
+  T.raises(function() x:gather(2, gp.full({4, 2}, -3, {dtype = 'i32', device = 'cuda'})) end, 'gather', '-3', 'size 6')
+  T.raises(function() x:index_select(1, gp.tensor({9}, {dtype = 'i64', device = 'cuda'})) end, 'index_select', '9')
+  T.raises(function() x:scatter_add(2, gp.full({4, 6}, 6, {dtype = 'i64', device = 'cuda'}), x) end, 'scatter_add', '6')
+  -- still working
+  T.same(gp.embedding(w:cuda(), idx:cuda()):totable(), gp.embedding(w, idx):totable())
+  local g = gp.randn({7, 9, 33}, {device = 'cpu'})
+  T.ok(T.relnorm(gp.embedding_backward(g:cuda(), idx:cuda(), 50), gp.embedding_backward(g, idx, 50)) < 1e-5)
+  local gb = gp.embedding_backward(g:cuda():bf16(), idx:cuda(), 50):float()
+  T.ok(T.relnorm(gb, gp.embedding_backward(g:bf16(), idx, 50)) < 1e-2)
+end)

@@ -1,0 +1,125 @@
+-- cross-entropy: known values, ignore_index and reductions, dlogits against
+-- finite differences in f64, large and odd V, bad input.
+local T = require 'lib'
+local gp = require 'gpush'
+
+local cpu = {device = 'cpu'}
+local flat = T.flat
+
+-- per-row losses in double from host tables
+local function oracle(lg, tg, ign)
+  local out = {}
+  for n = 1, #lg do
+    local t = tg[n]
+    if t == ign then out[n] = 0 else
+      local row, m, s = lg[n], -math.huge, 0
+      for j = 1, #row do m = math.max(m, row[j]) end
+      for j = 1, #row do s = s + math.exp(row[j] - m) end
+      out[n] = m + math.log(s) - row[t + 1]
+    end
+  end
+  return out
+end
+
+T.test('cross_entropy: known values, 0-dim result, reductions, ignore_index', function()
+  local lg = gp.tensor({{1, 2, 3}, {1, 1, 1}, {0, 0, 5}}, cpu)
+  local tg = gp.tensor({2, 0, -100}, {dtype = 'i64', device = 'cpu'})
+  local l1, l2 = 3 + math.log(1 + math.exp(-1) + math.exp(-2)) - 3, math.log(3)
+  local m = gp.cross_entropy(lg, tg)
+  T.eq(m:dim(), 0)
+  T.eq(m.device, 'cpu')
+  T.near(m:item(), (l1 + l2) / 2, 1e-6)
+  T.near(gp.cross_entropy(lg, tg, {reduction = 'sum'}):item(), l1 + l2, 1e-6)
+  T.same(gp.cross_entropy(lg, tg, {reduction = 'none'}):totable(), {l1, l2, 0}, 1e-6)
+  T.same(gp.cross_entropy(lg, gp.tensor({2, 0, 1}, {dtype = 'i32', device = 'cpu'}), {ignore_index = 0, reduction = 'none'}):totable(),
+    {l1, 0, 5 + math.log(1 + 2 * math.exp(-5))}, 1e-6)
+  -- leading dims: logits (2, 2, 3), targets (2, 2)
+  local l4 = gp.randn({2, 2, 3}, cpu)
+  local t4 = gp.tensor({{0, 1}, {2, 1}}, {dtype = 'i64', device = 'cpu'})
+  local want = oracle(l4:reshape {4, 3}:totable(), {0, 1, 2, 1}, -100)
+  T.near(gp.cross_entropy(l4, t4):item(), (want[1] + want[2] + want[3] + want[4]) / 4, 1e-6)
+end)
+
+T.test('cross_entropy: dlogits match finite differences of the loss in f64', function()
+  local N, V = 4, 7
+  local lg = gp.randn({N, V}, {dtype = 'f64', device = 'cpu'})
+  local tg = gp.tensor({3, 1, 6, 0}, {dtype = 'i64', device = 'cpu'})
+  local ign = 1
+  local loss = gp.empty({N}, cpu)
+  local dl = gp.empty({N, V}, {dtype = 'f64', device = 'cpu'})
+  local scale = 0.37
+  gp.k.cross_entropy_fwd_bwd(loss, dl, lg, tg, ign, scale)
+  local x = lg:totable()
+  local tt = {3, 1, 6, 0}
+  T.same(loss:totable(), oracle(x, tt, ign), 1e-6)
+  local function f()
+    local s = 0
+    for _, v in ipairs(oracle(x, tt, ign)) do s = s + v end
+    return s * scale
+  end
+  local h = 1e-6
+  local g = flat(dl)
+  for n = 1, N do
+    for j = 1, V do
+      local v = x[n][j]
+      x[n][j] = v + h
+      local fp = f()
+      x[n][j] = v - h
+      local fm = f()
+      x[n][j] = v
+      T.near(g[(n - 1) * V + j], (fp - fm) / (2 * h), 1e-7)
+    end
+  end
+  -- ignored row: zero gradient; the mean's gradient through gp.cross_entropy
+  T.same(flat(dl:narrow(1, 2, 1)), {0, 0, 0, 0, 0, 0, 0})
+  local m, dm = gp.cross_entropy(lg, tg, {ignore_index = ign, grad = true})
+  local ref = flat(dl)
+  local got = flat(dm)
+  for i = 1, #ref do T.near(got[i], ref[i] / scale / 3, 1e-12) end
+  T.eq(m:dim(), 0)
+end)
+
+T.test('cross_entropy: V = 50305 (odd, large) and V = 1', function()
+  local V = 50305
+  local lg = gp.randn({2, V}, cpu)
+  local tg = gp.tensor({50304, 7}, {dtype = 'i64', device = 'cpu'})
+  local want = oracle(lg:totable(), {50304, 7}, -100)
+  T.same(gp.cross_entropy(lg, tg, {reduction = 'none'}):totable(), want, 1e-5)
+  local one = gp.cross_entropy(gp.randn({3, 1}, cpu), gp.zeros({3}, {dtype = 'i64', device = 'cpu'}), {reduction = 'sum'})
+  T.near(one:item(), 0, 1e-7)
+end)
+
+T.test('cross_entropy: bad input', function()
+  local lg = gp.randn({3, 5}, cpu)
+  local i64 = {dtype = 'i64', device = 'cpu'}
+  T.raises(function() gp.cross_entropy(lg, gp.tensor({0, 5, 1}, i64)) end, 'cross_entropy', 'target 5', '5 classes')
+  T.raises(function() gp.cross_entropy(lg, gp.tensor({0, -2, 1}, i64)) end, 'cross_entropy', 'target -2')
+  T.raises(function() gp.cross_entropy(lg, gp.tensor({0, 1}, i64)) end, 'cross_entropy', '(3,5)', '(2)')
+  T.raises(function() gp.cross_entropy(lg, gp.tensor({0, 1, 2}, cpu)) end, 'cross_entropy', 'targets', 'f32')
+  T.raises(function() gp.cross_entropy(lg, gp.tensor({0, 1, 2}, i64), {reduction = 'avg'}) end, 'cross_entropy', 'reduction')
+  T.raises(function() gp.cross_entropy(gp.randint(0, 3, {3, 5}, i64), gp.tensor({0, 1, 2}, i64)) end, 'cross_entropy', 'float')
+  -- all rows ignored: the mean is NaN (0 / 0), the sum 0
+  local all = gp.full({3}, -100, i64)
+  T.ok(gp.cross_entropy(lg, all):item() ~= gp.cross_entropy(lg, all):item())
+  T.eq(gp.cross_entropy(lg, all, {reduction = 'sum'}):item(), 0)
+end)
+
+T.test('cross_entropy (cuda): matches the CPU for every dtype; a bad target gives NaN, nothing else', function()
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16', 'f16'} do
+    for _, V in ipairs {1, 7, 64, 50304, 50305} do
+      local lg = gp.randn({5, V}, cpu):to(dt)
+      local tg = gp.randint(0, V, {5}, {device = 'cpu'})
+      tg = gp.cat({tg:narrow(1, 1, 4), gp.full({1}, -100, {dtype = 'i64', device = 'cpu'})})
+      local l, d = gp.cross_entropy(lg, tg, {grad = true, reduction = 'sum'})
+      local lc, dc = gp.cross_entropy(lg:cuda(), tg:cuda(), {grad = true, reduction = 'sum'})
+      local tol = dt == 'f32' and 1e-5 or 1e-2
+      T.ok(T.relnorm(lc, l) < tol, dt .. ' loss V=' .. V)
+      T.ok(T.relnorm(dc, d) < tol, dt .. ' dlogits V=' .. V)
+    end
+  end
+  local loss = gp.cross_entropy(gp.randn({2, 5}, {device = 'cuda'}), gp.tensor({1, 9}, {dtype = 'i64', device = 'cuda'}), {reduction = 'none'})
+  local v = loss:totable()
+  T.ok(v[1] == v[1] and v[2] ~= v[2], 'row 2 NaN')
+  T.near(gp.cross_entropy(gp.zeros({2, 4}, {device = 'cuda'}), gp.tensor({1, 3}, {dtype = 'i64', device = 'cuda'})):item(), math.log(4), 1e-6)
+end)

@@ -1,0 +1,246 @@
+-- The tools around the kernels: docs for every public function, the profiler,
+-- streams and events, run-time compiled kernels (NVRTC), REPL helpers.
+local T = require 'lib'
+local test = T.test
+local function list_eq(a, b) T.eq(table.concat(a or {'<nil>'}, ' '), table.concat(b, ' ')) end
+
+---------------------------------------------------------------------------
+-- docs
+
+test('every public gp function and kernel has a doc', function()
+  local missing = {}
+  local skip = {Tensor = true, C = true, ffi = true, _docs = true}
+  local function walk(t, path, seen)
+    if seen[t] then return end
+    seen[t] = true
+    for k, v in pairs(t) do
+      if type(k) == 'string' and not k:match('^_') and not skip[k] then
+        local name = path .. '.' .. k
+        if type(v) == 'function' then
+          if not gp._docs[v] then missing[#missing + 1] = name end
+        elseif type(v) == 'table' and getmetatable(v) == nil and k ~= 'stats' then
+          walk(v, name, seen)
+        end
+      end
+    end
+  end
+  walk(gp, 'gp', {})
+  table.sort(missing)
+  T.ok(#missing == 0, 'undocumented: ' .. table.concat(missing, ', '))
+end)
+
+test('help and gp.kernels cover every kernel', function()
+  local ks = gp.kernels()
+  local n = 0
+  for _ in pairs(gp.k) do n = n + 1 end
+  T.eq(#ks, n)
+  for _, k in ipairs(ks) do
+    T.ok(k.doc ~= '' and k.usage:find('gp.k.' .. k.name, 1, true), k.name)
+    T.ok(gp._docs[gp.k[k.name]].kernel, k.name)
+  end
+  T.ok(tostring(ks):find('gp.k.add', 1, true))
+end)
+
+---------------------------------------------------------------------------
+-- profiler
+
+local function workload(n, dev)
+  local x = gp.randn({n}, {device = dev})
+  return function()
+    local y = (x * 2 + 1):exp()
+    return y:neg()
+  end
+end
+
+test('profile lists every kernel launched (cpu, host timing)', function()
+  local p = gp.profile(workload(1000, 'cpu'), {iters = 2, device = 'cpu'})
+  local names = {}
+  for _, k in ipairs(p.kernels) do names[k.name] = k end
+  for _, k in ipairs {'mul_s', 'add_s', 'exp', 'neg'} do
+    T.ok(names[k], 'profile misses ' .. k)
+    T.eq(names[k].calls, 2, k)
+    T.ok(names[k].total_us >= 0 and names[k].gbps == nil or names[k].gbps > 0)
+  end
+  T.eq(p.calls, 8)
+  T.ok(p.total_ms > 0 and p.kernel_ms <= p.total_ms * 1.05)
+  T.ok(tostring(p):find('exp', 1, true))
+  -- profiling is off afterwards: the original kernels are back
+  T.eq(gp.k.exp, gp._docs[gp.k.exp] and gp.k.exp)
+  T.ok(gp._docs[gp.k.exp].kernel)
+  -- an error inside leaves the kernels restored
+  T.raises(function() gp.profile(function() error('inside') end) end, 'inside')
+  T.ok(gp._docs[gp.k.add].kernel)
+end)
+
+test('profile total agrees with gp.time within 10% (cuda)', function()
+  T.cuda()
+  local fn = workload(16777216, 'cuda')
+  local best
+  for _ = 1, 3 do -- the first tries absorb one-off noise
+    local p = gp.profile(fn, {iters = 10, warmup = 3, device = 'cuda'})
+    local t = gp.time(fn, {iters = 10, warmup = 3, device = 'cuda'})
+    local rel = math.abs(p.per_iter_ms - t) / t
+    best = math.min(best or rel, rel)
+    local names = {}
+    for _, k in ipairs(p.kernels) do names[k.name] = k end
+    for _, k in ipairs {'mul_s', 'add_s', 'exp', 'neg'} do
+      T.ok(names[k] and names[k].calls == 10, 'profile misses ' .. k)
+      T.ok(names[k].regs and names[k].regs > 0, 'registers of ' .. k)
+      T.ok(names[k].occupancy and names[k].occupancy > 0 and names[k].occupancy <= 1, 'occupancy of ' .. k)
+      T.ok(names[k].gbps and names[k].gbps > 10, 'GB/s of ' .. k)
+    end
+    if best < 0.1 then break end
+  end
+  T.ok(best < 0.1, string.format('profile and gp.time differ by %.1f%%', 100 * best))
+end)
+
+---------------------------------------------------------------------------
+-- streams
+
+test('streams on the cpu run in order', function()
+  local s = gp.stream()
+  local y = gp.with_stream(s, function() return gp.ones({3}, {device = 'cpu'}) * 3 end)
+  T.same(y:totable(), {3, 3, 3})
+  local e = s:record()
+  gp.default_stream():wait(e)
+  e:synchronize()
+  T.ok(e:query())
+  s:synchronize()
+  T.ok(s:query())
+  T.raises(function() gp.with_stream(s, function() error('boom') end) end, 'boom')
+  T.eq(gp.current_stream(), gp.default_stream())
+  T.raises(function() gp.with_stream(42, print) end, 'with_stream')
+end)
+
+test('streams on the gpu: work on two streams, ordered by events', function()
+  T.cuda()
+  local s1, s2 = gp.stream(), gp.stream()
+  local x = gp.randn({1048576}, {device = 'cuda'})
+  local a = gp.with_stream(s1, function()
+    T.eq(gp.current_stream(), s1)
+    return (x * 2):exp()
+  end)
+  local ev = s1:record()
+  s2:wait(ev)
+  local b = gp.with_stream(s2, function() return a + 1 end)
+  T.eq(gp.current_stream(), gp.default_stream())
+  gp.default_stream():wait(s2:record())
+  local ref = (x:cpu() * 2):exp() + 1
+  T.ok(T.relnorm(b:cpu(), ref) < 1e-5)
+  -- memory freed while streams run waits for a device-wide sync before reuse
+  gp.with_stream(s1, function() for _ = 1, 4 do local t = gp.empty{1024} end collectgarbage() end)
+  gp.sync()
+  T.eq(gp.memory().pending_blocks, 0)
+  s1:synchronize(); s2:synchronize()
+end)
+
+---------------------------------------------------------------------------
+-- rtc
+
+local SCALE = [[
+extern "C" __global__ void scale(float *y, const float *x, float a, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) y[i] = a * x[i];
+}]]
+
+test('rtc: a clear error without a GPU', function()
+  if gp.cuda_available() then T.skip('a GPU is usable') end
+  T.raises(function() gp.rtc.kernel(SCALE, 'scale') end, 'rtc.kernel', 'GPU')
+  T.raises(function() gp.rtc.map('y = x * 2.f') end, 'rtc.map')
+end)
+
+test('rtc: argument types from the parameter list; free names of a map', function()
+  local rtc = require 'gpush.rtc'
+  list_eq(rtc.parse_args(SCALE, 'scale'), {'ptr', 'ptr', 'float', 'int'})
+  list_eq(rtc.parse_args('__global__ void k(const float* __restrict__ a, long long n, unsigned m) {}', 'k'),
+    {'ptr', 'i64', 'u32'})
+  T.eq(rtc.parse_args('__global__ void k(float *a) {}', 'other'), nil)
+  list_eq(rtc.free_names('x > 0.f ? x * expf(-b) : 1e-3f + c.w'), {'x', 'b', 'c'})
+end)
+
+test('rtc: compile cache in memory and on disk; compile errors show the log', function()
+  if not gp.cuda_available() and gp.C.gp_cuda_compiled() ~= 1 then T.skip('built without CUDA') end
+  local rtc = require 'gpush.rtc'
+  local dir = os.tmpname()
+  os.remove(dir)
+  local old = rtc.cache_dir
+  rtc.cache_dir = function() return dir end
+  local ok, err = pcall(function()
+    local src = SCALE .. '\n// ' .. tostring(os.time()) .. tostring(math.random(1e9))
+    local arch = gp.cuda_available() and gp.rtc.arch() or 'sm_90'
+    local s0 = {}
+    for k, v in pairs(gp.rtc.stats) do s0[k] = v end
+    local e, from = gp.rtc.compile(src, 'scale', {arch = arch})
+    T.eq(from, 'compiled')
+    T.ok(#e.code > 100 and e.lowered == 'scale')
+    local _, from2 = gp.rtc.compile(src, 'scale', {arch = arch})
+    T.eq(from2, 'memory')
+    gp.rtc.clear_memory_cache()
+    local e3, from3 = gp.rtc.compile(src, 'scale', {arch = arch})
+    T.eq(from3, 'disk')
+    T.eq(e3.code, e.code)
+    T.eq(gp.rtc.stats.compiles - s0.compiles, 1)
+    T.eq(gp.rtc.stats.memory_hits - s0.memory_hits, 1)
+    T.eq(gp.rtc.stats.disk_hits - s0.disk_hits, 1)
+    local msg = T.raises(function()
+      gp.rtc.compile('extern "C" __global__ void bad(float *y) { y[0] = undefined_name }', 'bad', {arch = arch})
+    end, 'rtc', 'bad', 'undefined_name')
+    T.ok(msg:find('error', 1, true), msg)
+  end)
+  rtc.cache_dir = old
+  os.execute("rm -rf '" .. dir .. "'")
+  if not ok then error(err, 0) end
+end)
+
+test('rtc: a kernel compiled at run time matches the CPU (cuda)', function()
+  T.cuda()
+  local k = gp.rtc.kernel(SCALE, 'scale')
+  local n = 1000003
+  local x = gp.randn({n}, {device = 'cuda'})
+  local y = gp.empty({n}, {device = 'cuda'})
+  k(y, x, 2.5, n, {grid = math.ceil(n / 256), block = 256})
+  T.ok(T.relnorm(y:cpu(), x:cpu() * 2.5) < 1e-6)
+  local k2, from = gp.rtc.kernel(SCALE, 'scale')
+  T.eq(k2, k)
+  T.eq(from, 'memory')
+  T.raises(function() k(y, x, 2.5, {grid = 1}) end, 'scale', '3 arguments given')
+  T.raises(function() k(y, x:cpu(), 2.5, n, {grid = 1}) end, 'argument 2 is on cpu')
+  local relu = gp.rtc.map('y = x > 0.f ? x : 0.f')
+  list_eq(relu.inputs, {'x'})
+  T.ok(T.relnorm(relu(x):cpu(), x:cpu():relu()) == 0)
+  local fma = gp.rtc.map('y = a * b + c')
+  local a, b, c = gp.randn{7, 5}, gp.randn{7, 5}, gp.randn{7, 5}
+  T.ok(T.relnorm(fma(a, b, c):cpu(), (a:cpu() * b:cpu() + c:cpu())) < 1e-6)
+  T.ok(T.relnorm(fma{a = a, b = b, c = c}:cpu(), (a:cpu() * b:cpu() + c:cpu())) < 1e-6)
+  T.raises(function() gp.rtc.kernel('extern "C" __global__ void k(float *y) { y[0] = ; }', 'k') end, 'rtc', 'error')
+  -- a launch error is an error, not a crash
+  T.raises(function() k(y, x, 1, n, {grid = 1, block = 4096}) end, 'rtc')
+end)
+
+---------------------------------------------------------------------------
+-- REPL helpers (the terminal itself is tested by tests/repl/test_repl.sh)
+
+test('repl: completion of globals, gp fields and tensor methods', function()
+  local repl = require 'gpush.repl'
+  local c = repl.complete('gp.ze')
+  T.ok(#c >= 1 and c[1] == 'gp.zeros', table.concat(c, ' '))
+  rawset(_G, 'repl_t_', gp.ones{2})
+  local m = repl.complete('repl_t_:tr')
+  T.ok(#m >= 1 and m[1] == 'repl_t_:transpose', table.concat(m, ' '))
+  T.ok(#repl.complete('repl_t_.sha') == 1)
+  rawset(_G, 'repl_t_', nil)
+  local g = repl.complete('whi')
+  T.ok(g[1] == 'while')
+  list_eq(repl.complete('gp.k.add_'), {'gp.k.add_s'})
+  T.eq(#repl.complete('nosuchthing.x'), 0)
+end)
+
+test('repl: incomplete chunks ask for more; values print', function()
+  local repl = require 'gpush.repl'
+  local f, err = repl.compile('function f()')
+  T.eq(f, nil)
+  T.eq(err, 'more')
+  T.ok(repl.compile('1 + 1'))
+  T.eq(select(2, repl.compile('1 +* 2')) ~= 'more', true)
+  T.eq(repl.format({1, 2, a = 'x'}), '{1, 2, a = "x"}')
+end)
