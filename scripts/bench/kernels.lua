@@ -1,6 +1,7 @@
 -- The kernel benchmark: gpush scripts/bench/kernels.lua [filter] [--iters N]
 --
--- Per kernel and dtype: the shape, the median time from CUDA events
+-- Per kernel and dtype: the shape (of the largest tensor argument; m x n x k
+-- for products), the median time from CUDA events
 -- (gp.time), GB/s (every tensor argument read or written once) or TFLOP/s,
 -- and the fraction of a ceiling measured in the same run: the copy
 -- bandwidth of a large contiguous gp.k.copy (bytes read + written), or the
@@ -34,6 +35,8 @@ local L2 = 50e6                     -- bytes of L2 on an H100 (and H200)
 local NMEM = CUDA and 64 * 2 ^ 20 or 2 ^ 16   -- elements for memory-bound kernels
 local G = CUDA and 4096 or 128      -- GEMM size
 local MAX_SET_BYTES = 6e9           -- rotation never holds more than this
+local function S(gpu, cpu) return CUDA and gpu or cpu end
+local function bytes_of(t) return t:numel() * t:element_size() end
 
 -- scalars the kernels get unless the line or the spec's default says otherwise
 local SCALARS = {lo = 0, hi = 100, mean = 0, std = 1, value = 1, s = 1.5, eps = 1e-5}
@@ -45,6 +48,7 @@ local SCALARS = {lo = 0, hi = 100, mean = 0, std = 1, value = 1, s = 1.5, eps = 
 --   dts: dtype per tensor argument (casts); transpose: argument names made as transposed views
 --   scalars: {name = value}; tf32: TF32 on; label: the row's name
 --   metric: 'bw' (GB/s against the copy bandwidth) or 'flops' (the matmul family's default)
+--   bytes: function(args, sum of all tensor bytes) -> the bytes the kernel really moves
 local BENCH = {
   {'copy', {'f32', 'bf16'}},
   {'copy', {'f32'}, dts = {'bf16', 'f32'}, label = 'copy f32->bf16'},
@@ -67,6 +71,26 @@ local BENCH = {
    label = 'matmul m=1'},
   {'matmul_bias', {'bf16'}, star = {}, syms = {M = G, N = G, K = G}},
   {'matmul_bias_gelu_tanh', {'bf16'}, star = {}, syms = {M = G, N = G, K = G}},
+  -- p, m, v (f32) are read and written
+  {'adamw', {'f32', 'bf16'}, star = {NMEM}, bytes = function(a, b) return b + 12 * a[1]:numel() end},
+  {'sgd', {'f32', 'bf16'}, star = {NMEM}, bytes = function(a, b) return b + 8 * a[1]:numel() end},
+  {'sumsq', {'f32', 'bf16'}},
+  {'clip_coef', {'f32'}, label = 'clip_coef (launch)'},
+  -- gathers read only the selected rows: out twice (read and written) and the indices
+  {'embedding', {'bf16', 'f32'}, star = {S(16384, 64)}, syms = {D = S(4096, 64), V = S(50304, 1000)},
+   bytes = function(a) return 2 * bytes_of(a[1]) + bytes_of(a[3]) end},
+  {'embedding_backward', {'f32'}, star = {S(16384, 64)}, syms = {D = S(1024, 64), V = S(50304, 1000)}},
+  {'gather', {'bf16', 'f32'}, syms = {A = S(64, 4), B = S(4096, 64), K = S(2048, 32), C = S(512, 16)},
+   bytes = function(a) return 2 * bytes_of(a[1]) + bytes_of(a[3]) end},
+  {'index_select', {'bf16', 'f32'}, syms = {A = S(64, 4), B = S(4096, 64), K = S(2048, 32), C = S(512, 16)},
+   bytes = function(a) return 2 * bytes_of(a[1]) + bytes_of(a[3]) end},
+  {'scatter_add', {'f32'}, syms = {A = S(64, 4), B = S(4096, 64), K = S(2048, 32), C = S(512, 16)}},
+  {'cross_entropy', {'bf16', 'f32'}, syms = {N = S(2048, 16), V = S(50304, 1000)}},
+  {'cross_entropy_fwd_bwd', {'bf16', 'f32'}, syms = {N = S(2048, 16), V = S(50304, 1000)}},
+  {'loss_reduce', {'f32'}, syms = {N = NMEM}},
+  {'topk', {'f32', 'bf16'}, star = {S(65536, 64)}, syms = {N = 1024, K = 64}},
+  {'sort', {'f32', 'bf16'}, star = {S(65536, 64)}, syms = {N = 1024}},
+  {'multinomial', {'f32'}, syms = {N = S(4096, 16), V = S(50304, 1000)}},
 }
 
 local shape_str = require('gpush.tensor').shape_str
@@ -123,7 +147,7 @@ local function build(k, e, dt)
       local alloc = {unpack(s)}
       if tr then alloc[#alloc], alloc[#alloc - 1] = alloc[#alloc - 1], alloc[#alloc] end
       local t = gp.empty(alloc, {dtype = arg_dtype(a, dt, e, ti), device = DEV})
-      fill(t)
+      if a.lt then gp.k.randint(t, 0, (e.syms and e.syms[a.lt]) or shape[#shape]) else fill(t) end
       if tr then t = t:transpose(-1, -2) end
       args[i] = t
       bytes = bytes + t:numel() * t:element_size()
@@ -245,6 +269,7 @@ for _, e in ipairs(BENCH) do
           fn(unpack(sets[i], 1, n))
         end)
         gp.set_tf32(prev_tf32)
+        if e.bytes then bytes = e.bytes(args, bytes) end
         local metric = e.metric or (k.family == 'matmul' and 'flops' or 'bw')
         local gbs = bytes / (ms * 1e-3) / 1e9
         local shape
@@ -253,7 +278,11 @@ for _, e in ipairs(BENCH) do
           shape = table.concat(o.shape, 'x', 1, #o.shape - 1) .. 'x' .. a:size(-1) .. 'x' .. o:size(-1)
           shape = shape .. (e.transpose and ' (' .. table.concat(e.transpose, ',') .. '^T)' or '')
         else
-          shape = shape_str(args[1].shape) .. (e.transpose and ' (' .. table.concat(e.transpose, ',') .. '^T)' or '')
+          local big = args[1] -- the largest tensor argument
+          for j = 1, n do
+            if gp.is_tensor(args[j]) and args[j]:numel() > big:numel() then big = args[j] end
+          end
+          shape = shape_str(big.shape) .. (e.transpose and ' (' .. table.concat(e.transpose, ',') .. '^T)' or '')
         end
         local tf, frac, of = '', 0, ''
         if metric == 'flops' then
