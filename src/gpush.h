@@ -182,6 +182,16 @@ int gp_multi_sgd(gp_tlist *l, const gp_tensor *gscale, double lr, double momentu
 /* out f32[1] = sum of squares of every tensor of group 0 */
 int gp_multi_sumsq(gp_tensor *out, gp_tlist *l);
 
+/* ---- matrix products (kernels/matmul.c) ---- */
+/* Options: "tf32" (1: f32 GEMMs may use TF32 tensor cores; default 0) and
+ * "gemv" (how a product with m == 1 or n == 1 runs: 0 GEMM, the default, 1
+ * cuBLAS gemv). A value < 0 only reads; *old (may be NULL) gets the previous. */
+int gp_matmul_option(const char *name, int value, int *old);
+/* cuBLAS called directly, without gpush's dispatch: the median ms of `iters`
+ * calls of out = a @ b (cublasGemmEx or cublasGemmStridedBatchedEx), each
+ * timed with CUDA events. Contiguous 2-D or 3-D tensors on the GPU. */
+int gp_bench_cublas_gemm(double *ms, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, int iters);
+
 /* ---- kernel registry ---- */
 typedef struct gp_kernel_info {
   const char *name;

@@ -63,6 +63,24 @@ KCASES.rows = {
   {name = '1000003', shape = {1000003}, syms = {D = 1000003}, big = true, tol = {f32 = 1e-4}},
 }
 KCASES.add_rms_norm, KCASES.bias_gelu = KCASES.rows, KCASES.rows
+-- per kernel (by name or family): size cases, and scalars that differ from SCALARS.
+-- A case's syms give symbols their own sizes; its shape gives only the * dims
+-- (all but its last); variant fixes the layout (2: transposed views).
+local MM_CASES = {
+  {name = '1', shape = {1}, syms = {M = 1, K = 1, N = 1}},
+  {name = '7', shape = {1}, sym = 7, variant = 2},
+  {name = '33x65x17', shape = {1}, syms = {M = 33, K = 65, N = 17}, variant = 0},
+  {name = '33x65x17 transposed', shape = {1}, syms = {M = 33, K = 65, N = 17}, variant = 2},
+  {name = 'batch 3 33x65x17', shape = {3, 1}, syms = {M = 33, K = 65, N = 17}, variant = 0},
+  {name = 'batch 3 transposed', shape = {3, 1}, syms = {M = 17, K = 33, N = 65}, variant = 2},
+  {name = 'batch 2x3 7x9x5', shape = {2, 3, 1}, syms = {M = 7, K = 9, N = 5}},
+  {name = 'm=1 (gemv)', shape = {1}, syms = {M = 1, K = 300, N = 257}},
+  {name = 'n=1 (gemv) transposed', shape = {1}, syms = {M = 129, K = 64, N = 1}, variant = 2},
+  {name = '256x384x320', shape = {1}, syms = {M = 256, K = 384, N = 320}, big = true, variant = 0},
+}
+KCASES.matmul = MM_CASES
+-- per kernel (by name or family): scalars that differ from SCALARS
+local SCALARS_FOR = {matmul = {alpha = 1.25, beta = 0}} -- beta = 0: out is written, not read
 
 local function rand_fill(dst, positive)
   local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
@@ -114,9 +132,10 @@ local function make_args(k, case, dts, variant)
   local args, syms = {}, {}
   local over = SYMS[k.name] and SYMS[k.name](case) or {}
   local first_shape
+  local kscalars = SCALARS_FOR[k.name] or SCALARS_FOR[k.family] or {}
   for i, a in ipairs(k.args) do
     if a.scalar then
-      args[i] = SCALARS[a.name] or a.default or 0.75
+      args[i] = kscalars[a.name] or SCALARS[a.name] or a.default or 0.75
     else
       local dt = dts[i]
       local shape
@@ -210,7 +229,7 @@ for _, k in ipairs(kernels.list) do
       for ci, case in ipairs(cases) do
         -- large sizes: the first two dtype sets only
         if not (case.big and si > 2) then
-          local variant = (si + ci) % 3
+          local variant = case.variant or (si + ci) % 3
           local args = make_args(k, case, dts, variant)
           local seed = 99 + si * 7 + ci
           local dev = gp.cuda_available() and 'cuda' or 'cpu'

@@ -1,0 +1,176 @@
+-- Matrix products: a:matmul(b), gp.matmul(a, b, opts), gp.linear(x, w, b),
+-- gp.set_tf32(on). The kernels (kernels/matmul.def) take [*,M,K] x [*,K,N];
+-- this layer maps the supported shapes onto them with views only (a 2-D
+-- operand is broadcast over the batch by a stride-0 expand; transposes are
+-- views that cuBLAS reads with its transpose flag).
+local ffi = require 'ffi'
+local core = require 'gpush.core'
+local C, raise = core.C, core.raise
+
+return function(gp, tensor)
+  local Tensor, empty, is_tensor, shape_str = tensor.Tensor, tensor.empty, tensor.is_tensor, tensor.shape_str
+  local doc = gp.doc
+  local FLOAT = {f32 = true, bf16 = true, f16 = true, f64 = true}
+  local old = ffi.new('int[1]')
+
+  -- set a matmul option (value >= 0) and return its previous value; value -1 only reads
+  local function option(name, value)
+    core.call(C.gp_matmul_option, name, value, old)
+    return old[0]
+  end
+  gp.matmul_option = option
+  doc(option, "gp.matmul_option('tf32'|'gemv', value)",
+    'set a matmul option (value -1 only reads) and return the previous value: tf32 (1: f32 GEMMs may use TF32), gemv (1: m == 1 or n == 1 through cuBLAS gemv instead of GEMM)')
+
+  function gp.set_tf32(on) option('tf32', on and 1 or 0) end
+  doc(gp.set_tf32, 'gp.set_tf32(true|false)', 'let f32 matrix products use TF32 tensor cores (off by default; ~1e-3 relative error)')
+  function gp.tf32() return option('tf32', -1) == 1 end
+  doc(gp.tf32, 'gp.tf32()', 'true when f32 matrix products may use TF32')
+
+  local function check_pair(op, a, b)
+    if not is_tensor(a) then raise(string.format('%s: a must be a tensor, got %s', op, type(a))) end
+    if not is_tensor(b) then raise(string.format('%s: b must be a tensor, got %s', op, type(b))) end
+    if a.device ~= b.device then
+      raise(string.format('%s: a is on %s but b is on %s (move one with :to())', op, a.device, b.device))
+    end
+    if a.dtype ~= b.dtype then
+      raise(string.format('%s: a is %s but b is %s (convert one with :to())', op, a.dtype, b.dtype))
+    end
+    if not FLOAT[a.dtype] then
+      raise(string.format('%s: a and b are %s; a float dtype (f32, bf16, f16, f64) is needed', op, a.dtype))
+    end
+  end
+
+  -- kernel operands A [*,M,K], B [*,K,N], the kernel's out shape, the result
+  -- shape, and a function mapping a result-shaped out onto the kernel's shape
+  local function operands(op, a, b, out_given)
+    local sa, sb = a.shape, b.shape
+    local na, nb = #sa, #sb
+    local function mismatch()
+      raise(string.format('%s: a is %s but b is %s', op, shape_str(sa), shape_str(sb)))
+    end
+    local same = function(t) return t end
+    if na == 1 and nb == 2 then
+      if sa[1] ~= sb[1] then mismatch() end
+      return a:unsqueeze(1), b, {1, sb[2]}, {sb[2]}, function(t) return t:unsqueeze(1) end
+    elseif na == 2 and nb == 1 then
+      if sa[2] ~= sb[1] then mismatch() end
+      return a, b:unsqueeze(2), {sa[1], 1}, {sa[1]}, function(t) return t:unsqueeze(2) end
+    elseif na == 2 and nb == 2 then
+      if sa[2] ~= sb[1] then mismatch() end
+      return a, b, {sa[1], sb[2]}, {sa[1], sb[2]}, same
+    elseif na == 3 and nb == 3 then
+      if sa[3] ~= sb[2] then mismatch() end
+      local n = sa[1]
+      if sa[1] ~= sb[1] then
+        if sa[1] == 1 then n = sb[1]; a = a:expand {n, sa[2], sa[3]}
+        elseif sb[1] == 1 then b = b:expand {n, sb[2], sb[3]}
+        else raise(string.format('%s: a is %s but b is %s (batch sizes differ)', op, shape_str(sa), shape_str(sb))) end
+      end
+      return a, b, {n, sa[2], sb[3]}, {n, sa[2], sb[3]}, same
+    elseif na == 3 and nb == 2 then
+      if sa[3] ~= sb[1] then mismatch() end
+      local r = {sa[1], sa[2], sb[2]}
+      -- one GEMM over every row when a (and out) can be viewed as rows
+      if a:is_contiguous() and (out_given == nil or out_given:is_contiguous()) then
+        return a:view {sa[1] * sa[2], sa[3]}, b, {sa[1] * sa[2], sb[2]}, r,
+          function(t) return t:view {sa[1] * sa[2], sb[2]} end
+      end
+      return a, b:unsqueeze(1):expand {sa[1], sb[1], sb[2]}, r, r, same
+    elseif na == 2 and nb == 3 then
+      if sa[2] ~= sb[2] then mismatch() end
+      local r = {sb[1], sa[1], sb[3]}
+      return a:unsqueeze(1):expand {sb[1], sa[1], sa[2]}, b, r, r, same
+    end
+    raise(string.format('%s: a is %s and b is %s; supported: 1-d x 2-d, 2-d x 1-d, 2-d x 2-d, 3-d x 3-d, 3-d x 2-d, 2-d x 3-d',
+      op, shape_str(sa), shape_str(sb)))
+  end
+
+  local function run(kout, A, B, bias, alpha, beta, act)
+    if act then gp.k.matmul_bias_gelu_tanh(kout, A, B, bias)
+    elseif bias then gp.k.matmul_bias(kout, A, B, bias, alpha, beta)
+    else gp.k.matmul(kout, A, B, alpha, beta) end
+  end
+
+  local function mm(op, a, b, o)
+    o = o or {}
+    if type(o) ~= 'table' then raise(op .. ': options must be a table like {out=, bias=, alpha=, beta=}') end
+    check_pair(op, a, b)
+    if o.trans_a then
+      if a:dim() < 2 then raise(string.format('%s: trans_a needs a with 2 or more dims, got %s', op, shape_str(a.shape))) end
+      a = a:transpose(-1, -2)
+    end
+    if o.trans_b then
+      if b:dim() < 2 then raise(string.format('%s: trans_b needs b with 2 or more dims, got %s', op, shape_str(b.shape))) end
+      b = b:transpose(-1, -2)
+    end
+    local out = o.out
+    if out ~= nil and not is_tensor(out) then raise(op .. ': out must be a tensor') end
+    local A, B, kshape, rshape, map = operands(op, a, b, out)
+    local alpha, beta = o.alpha or 1, o.beta or 0
+    if type(alpha) ~= 'number' or type(beta) ~= 'number' then raise(op .. ': alpha and beta must be numbers') end
+    local act = o.act
+    if act ~= nil and act ~= 'gelu_tanh' then raise(string.format("%s: act must be 'gelu_tanh', got %s", op, tostring(act))) end
+    if act and (alpha ~= 1 or beta ~= 0) then raise(op .. ': act does not combine with alpha or beta') end
+    local N = kshape[#kshape]
+    local bias = o.bias
+    if bias ~= nil then
+      if not is_tensor(bias) then raise(op .. ': bias must be a tensor') end
+      if bias.device ~= a.device then raise(string.format('%s: bias is on %s but a is on %s', op, bias.device, a.device)) end
+      if bias.dtype ~= a.dtype then raise(string.format('%s: bias is %s but a is %s', op, bias.dtype, a.dtype)) end
+      if bias:dim() ~= 1 or bias:size(1) ~= N then
+        raise(string.format('%s: bias is %s but the product is %s (bias must be (%d))', op, shape_str(bias.shape),
+          shape_str(rshape), N))
+      end
+      bias = bias:contiguous()
+    elseif act then
+      bias = gp.zeros({N}, {dtype = a.dtype, device = a.device})
+    end
+    local kout, result
+    if out ~= nil then
+      if shape_str(out.shape) ~= shape_str(rshape) then
+        raise(string.format('%s: out is %s but the product is %s', op, shape_str(out.shape), shape_str(rshape)))
+      end
+      if out.device ~= a.device then raise(string.format('%s: out is on %s but a is on %s', op, out.device, a.device)) end
+      if out.dtype ~= a.dtype then raise(string.format('%s: out is %s but a is %s', op, out.dtype, a.dtype)) end
+      kout, result = map(out), out
+    else
+      if beta ~= 0 then raise(op .. ': beta needs out= (the tensor to accumulate into)') end
+      kout = empty(kshape, a.dtype, a.device, op)
+      result = kout:view(rshape)
+    end
+    if o.tf32 == nil then
+      run(kout, A, B, bias, alpha, beta, act)
+    else -- this call only: restore the switch even when the kernel fails
+      local prev = option('tf32', o.tf32 and 1 or 0)
+      local ok, err = pcall(run, kout, A, B, bias, alpha, beta, act)
+      option('tf32', prev)
+      if not ok then error(err, 0) end
+    end
+    return result
+  end
+
+  function gp.matmul(a, b, opts) return mm('matmul', a, b, opts) end
+  doc(gp.matmul, 'gp.matmul(a, b, {out=, bias=, alpha=1, beta=0, trans_a=, trans_b=, act=, tf32=})',
+    "out = alpha * a @ b + beta * out + bias (act='gelu_tanh' applies GELU after the bias); 1-d x 2-d, 2-d x 1-d, 2-d x 2-d, 3-d x 3-d (batch 1 broadcasts), 3-d x 2-d, 2-d x 3-d; transposed views need no copy; beta needs out=")
+
+  function Tensor:matmul(b) return mm('matmul', self, b) end
+  doc(Tensor.matmul, 'a:matmul(b)', 'the matrix product a @ b (see gp.matmul)')
+
+  function gp.linear(x, w, b)
+    if not is_tensor(x) then raise('linear: x must be a tensor') end
+    if not is_tensor(w) then raise('linear: w must be a tensor') end
+    if w:dim() ~= 2 then raise(string.format('linear: w must be 2-d (out, in), got %s', shape_str(w.shape))) end
+    local sx = x.shape
+    if #sx < 1 or sx[#sx] ~= w:size(2) then
+      raise(string.format('linear: x is %s but w is %s (the last dim of x must be w:size(2))', shape_str(sx),
+        shape_str(w.shape)))
+    end
+    local rows, oshape = 1, {}
+    for i = 1, #sx - 1 do rows = rows * sx[i]; oshape[i] = sx[i] end
+    oshape[#sx] = w:size(1)
+    local y = mm('linear', #sx == 2 and x or x:reshape {rows, sx[#sx]}, w:t(), {bias = b})
+    return y:view(oshape)
+  end
+  doc(gp.linear, 'gp.linear(x, w, b)', 'x @ w^T + b with w (out, in) like torch; x (..., in); b (out) or nil')
+end
