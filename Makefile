@@ -105,9 +105,10 @@ test: deps
 # Run the tests of an existing build (no rebuild): Criterion, the Lua suite,
 # then the prompt through a terminal (tmux; skipped with a message without it).
 check:
-	$(Q)$(BUILD)/test_c --jobs 1
-	$(Q)$(BUILD)/gpush tests/lua/run.lua
-	$(Q)tests/repl/test_repl.sh $(BUILD)/gpush
+	$(Q)rc=0; $(BUILD)/test_c --jobs 1 || rc=1; \
+	$(BUILD)/gpush tests/lua/run.lua || rc=1; \
+	tests/repl/test_repl.sh $(BUILD)/gpush || rc=1; \
+	exit $$rc
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush

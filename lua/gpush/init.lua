@@ -211,9 +211,9 @@ end
 doc(gp.arange, 'gp.arange(n) / gp.arange(start, stop, step)', 'evenly spaced values in [start, stop) (i64 for integer arguments)')
 
 local function like(name, f)
-  gp[name .. '_like'] = function(t, ...)
+  gp[name .. '_like'] = function(t)
     if not is_tensor(t) then raise(name .. '_like: needs a tensor') end
-    return f(t.shape, ..., {dtype = t.dtype, device = t.device})
+    return f(t.shape, {dtype = t.dtype, device = t.device})
   end
 end
 like('zeros', function(s, o) return gp.zeros(s, o) end)

@@ -126,7 +126,7 @@ T.test('index ops: bad shapes, dtypes and ranges', function()
   T.raises(function() x:gather(2, gp.tensor({{0}}, i64)) end, 'gather', '(1,1)', '(3,4)')
   T.raises(function() x:gather(2, gp.full({3, 2}, 4, i64)) end, 'gather', 'index 4', 'size 4')
   T.raises(function() x:gather(3, gp.zeros({3, 2}, i64)) end, 'gather', 'dim 3')
-  T.raises(function() x:scatter_add(1, gp.full({3, 4}, 3, i64), gp.ones {3, 4}) end, 'scatter_add', 'index 3', 'size 3')
+  T.raises(function() x:scatter_add(1, gp.full({3, 4}, 3, i64), gp.ones({3, 4}, {device = 'cpu'})) end, 'scatter_add', 'index 3', 'size 3')
   T.raises(function() x:scatter_add(1, gp.zeros({3, 4}, i64), gp.ones({2, 4}, {device = 'cpu'})) end, 'scatter_add', '(2,4)')
   T.raises(function() gp.randint(0, 5, {3, 4}, i64):scatter_add(1, gp.zeros({3, 4}, i64), gp.zeros({3, 4}, i64)) end,
     'scatter_add', 'float')

@@ -63,6 +63,14 @@ KCASES.rows = {
   {name = '1000003', shape = {1000003}, syms = {D = 1000003}, big = true, tol = {f32 = 1e-4}},
 }
 KCASES.add_rms_norm, KCASES.bias_gelu = KCASES.rows, KCASES.rows
+-- optimizer updates: no 1-element case, where m' = b1 m + (1 - b1) g can cancel
+-- and make f32 against double meaningless; f32 updates carry ~1e-6 relative error
+KCASES.optim = {
+  {name = '7', shape = {7}, sym = 7},
+  {name = '3x5x7', shape = {3, 5, 7}, sym = 5},
+  {name = '1000003', shape = {1000003}, sym = 1000, big = true},
+}
+KTOL.optim = {f32 = 1e-4}
 -- per kernel (by name or family): size cases, and scalars that differ from SCALARS.
 -- A case's syms give symbols their own sizes; its shape gives only the * dims
 -- (all but its last); variant fixes the layout (2: transposed views).
@@ -250,7 +258,8 @@ for _, k in ipairs(kernels.list) do
             local g1 = run_on(k, args, 'cuda', 77, seed)
             local g2 = run_on(k, args, 'cuda', 11, seed)
             for j = 1, #o1 do
-              if T.relnorm(g1[j], g2[j]) ~= 0 then
+              -- (kernels that add with atomics may differ in the last bits between runs)
+              if T.relnorm(g1[j], g2[j]) > 1e-6 then
                 error(string.format('%s case %s: cuda output not fully written', k.name, case.name))
               end
               local odt = o1[j].dtype
