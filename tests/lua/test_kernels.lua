@@ -184,7 +184,9 @@ local function run_on(k, args, device, poison_value, seed)
   for i, a in ipairs(k.args) do
     local x = args[i]
     if not a.scalar then
-      local y = x:is_contiguous() and x:to(device) or noncontig(x.shape, x.dtype, device):copy_(x)
+      -- always a new tensor: runs must not share outputs or in-out state
+      local y = x:is_contiguous() and (x.device == device and x:clone() or x:to(device))
+        or noncontig(x.shape, x.dtype, device):copy_(x)
       if a.out and not a.inout then poison(y, poison_value) end
       dargs[i] = y
     else
