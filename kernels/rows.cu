@@ -115,8 +115,11 @@ template <typename T, bool RMS> struct NormOp {
   int64_t D;
   float eps;
   template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
-    float v[NV * V];
+    float v[NV * V], wv[NV * V], bv[NV * V];
     row_load<T, V, NV>(x + row * D, D, lane, tpr, v, 0.f);
+    /* the weights are loaded before the reductions so that their latency hides behind them */
+    row_load<T, V, NV, false>(w, D, lane, tpr, wv, 0.f);
+    if (!RMS) row_load<T, V, NV, false>(b, D, lane, tpr, bv, 0.f);
     float mu = 0.f;
     if (!RMS) {
       float s = 0.f;
@@ -133,14 +136,10 @@ template <typename T, bool RMS> struct NormOp {
         if (RMS || row_in<V>(k, e, lane, tpr, D)) q += d * d;
       }
     const float rs = rsqrtf(group_sum(q, tpr, sh) / (float)D + eps);
-    float wv[NV * V];
-    row_load<T, V, NV, false>(w, D, lane, tpr, wv, 0.f);
     if (RMS) {
 #pragma unroll
       for (int i = 0; i < NV * V; i++) v[i] = v[i] * rs * wv[i];
     } else {
-      float bv[NV * V];
-      row_load<T, V, NV, false>(b, D, lane, tpr, bv, 0.f);
 #pragma unroll
       for (int i = 0; i < NV * V; i++) v[i] = (v[i] - mu) * rs * wv[i] + bv[i];
     }
