@@ -114,12 +114,21 @@ template <typename T, bool RMS> struct NormOp {
   float *mean, *rstd;
   int64_t D;
   float eps;
-  template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
-    float v[NV * V], wv[NV * V], bv[NV * V];
-    row_load<T, V, NV>(x + row * D, D, lane, tpr, v, 0.f);
-    /* the weights are loaded before the reductions so that their latency hides behind them */
+  template <int V, int NV> __device__ __forceinline__ void load_w(int lane, int tpr, float (&wv)[NV * V], float (&bv)[NV * V]) const {
     row_load<T, V, NV, false>(w, D, lane, tpr, wv, 0.f);
     if (!RMS) row_load<T, V, NV, false>(b, D, lane, tpr, bv, 0.f);
+  }
+  template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
+    float wv[NV * V], bv[NV * V];
+    load_w<V, NV>(lane, tpr, wv, bv);
+    run_w<V, NV>(row, lane, tpr, sh, wv, bv);
+  }
+  /* one row with the weights already in registers */
+  template <int V, int NV>
+  __device__ __forceinline__ void run_w(int64_t row, int lane, int tpr, float *sh, const float (&wv)[NV * V],
+                                        const float (&bv)[NV * V]) const {
+    float v[NV * V];
+    row_load<T, V, NV>(x + row * D, D, lane, tpr, v, 0.f);
     float mu = 0.f;
     if (!RMS) {
       float s = 0.f;
@@ -175,6 +184,40 @@ template <typename T, bool RMS> struct NormOp {
   }
 };
 
+/* Long rows (a block per row): a persistent grid whose blocks load the weights
+ * once and keep them in registers over many rows, so that w and b are not
+ * re-read from L2 for every row (at D = 8192 in f32 they would add half again
+ * the row's own traffic). */
+template <typename T, bool RMS, int V, int NV>
+__global__ void __launch_bounds__(512) k_norm_persist(NormOp<T, RMS> op, int64_t rows) {
+  __shared__ float sh[64];
+  float wv[NV * V], bv[NV * V];
+  op.template load_w<V, NV>(threadIdx.x, blockDim.x, wv, bv);
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) op.template run_w<V, NV>(row, threadIdx.x, blockDim.x, sh, wv, bv);
+}
+
+template <typename T, bool RMS> static int norm_launch(const char *name, const NormOp<T, RMS> &op, int64_t R, bool al) {
+  constexpr int VV = 16 / sizeof(T);
+  const int64_t D = op.D, nvec = D / VV;
+  if (!(al && D % VV == 0 && nvec > 32 * 4 && nvec <= 512 * 8)) return rows_launch<T>(name, op, R, D, al);
+  const int tpr = nvec <= 128 * 4 ? 128 : nvec <= 256 * 4 ? 256 : 512;
+  const int nv = pow2_at_least((nvec + tpr - 1) / tpr);
+  auto go = [&](auto kern) {
+    int per_sm = 1;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, tpr, 0);
+    int64_t blocks = (int64_t)gp_cuda_sm_count() * (per_sm > 0 ? per_sm : 1);
+    if (blocks > R) blocks = R;
+    kern<<<(unsigned)blocks, tpr, 0, gp_cuda_stream()>>>(op, R);
+  };
+  switch (nv) {
+    case 1: go(k_norm_persist<T, RMS, VV, 1>); break;
+    case 2: go(k_norm_persist<T, RMS, VV, 2>); break;
+    case 4: go(k_norm_persist<T, RMS, VV, 4>); break;
+    default: go(k_norm_persist<T, RMS, VV, 8>); break;
+  }
+  return gp_cuda_check_launch(name);
+}
+
 extern "C" int gp_cuda_layer_norm(gp_tensor *out, gp_tensor *mean, gp_tensor *rstd, const gp_tensor *x, const gp_tensor *w,
                                   const gp_tensor *b, double eps) {
   int64_t R = gp_rows_of(x), D = gp_cols_of(x);
@@ -183,7 +226,7 @@ extern "C" int gp_cuda_layer_norm(gp_tensor *out, gp_tensor *mean, gp_tensor *rs
   GP_FLOAT_SWITCH(x->dtype, T, {
     NormOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(b), (T *)gp_ptr(out),
                         (float *)gp_ptr(mean), (float *)gp_ptr(rstd), D, (float)eps};
-    rc = rows_launch<T>("layer_norm", op, R, D, al);
+    rc = norm_launch<T, false>("layer_norm", op, R, al);
   });
   return rc;
 }
@@ -195,7 +238,7 @@ extern "C" int gp_cuda_rms_norm(gp_tensor *out, gp_tensor *rstd, const gp_tensor
   GP_FLOAT_SWITCH(x->dtype, T, {
     NormOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), nullptr, (T *)gp_ptr(out), nullptr,
                        (float *)gp_ptr(rstd), D, (float)eps};
-    rc = rows_launch<T>("rms_norm", op, R, D, al);
+    rc = norm_launch<T, true>("rms_norm", op, R, al);
   });
   return rc;
 }
