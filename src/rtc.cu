@@ -115,6 +115,9 @@ extern "C" int gp_rtc_launch(void *kernel, const unsigned *grid, const unsigned 
   if (!kernel) return gp_error("rtc: launch of a null kernel");
   dim3 g(grid[0], grid[1], grid[2]), b(block[0], block[1], block[2]);
   if (!g.x || !g.y || !g.z || !b.x || !b.y || !b.z) return GP_OK; /* an empty launch */
+  if ((uint64_t)b.x * b.y * b.z > 1024 || b.z > 64 || g.y > 65535 || g.z > 65535)
+    return gp_error("rtc: block %u,%u,%u (at most 1024 threads, z <= 64) or grid %u,%u,%u (y, z <= 65535) is too large",
+                    b.x, b.y, b.z, g.x, g.y, g.z);
   GP_NOTE_LAUNCH(kernel, (int)(b.x * b.y * b.z), (int)shared);
   if (shared >= 48 * 1024) {
     cudaError_t e = cudaFuncSetAttribute((const void *)kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)shared);
