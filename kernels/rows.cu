@@ -129,32 +129,22 @@ template <typename T, bool RMS> struct NormOp {
                                         const float (&bv)[NV * V]) const {
     float v[NV * V];
     row_load<T, V, NV>(x + row * D, D, lane, tpr, v, 0.f);
-    float mu = 0.f, rs;
+    float mu = 0.f;
     if (!RMS) {
-      /* this thread's count, mean and M2, then one group reduction (Welford/Chan) */
-      float n = 0.f, s = 0.f;
+      float s = 0.f;
 #pragma unroll
-      for (int k = 0; k < NV; k++)
-#pragma unroll
-        for (int e = 0; e < V; e++)
-          if (row_in<V>(k, e, lane, tpr, D)) n += 1.f, s += v[k * V + e];
-      float m = n > 0.f ? s / n : 0.f, M = 0.f;
-#pragma unroll
-      for (int k = 0; k < NV; k++)
-#pragma unroll
-        for (int e = 0; e < V; e++) {
-          const float d = v[k * V + e] - m;
-          if (row_in<V>(k, e, lane, tpr, D)) M += d * d;
-        }
-      group_welford(n, m, M, tpr, sh);
-      mu = m;
-      rs = rsqrtf(M / (float)D + eps);
-    } else {
-      float q = 0.f;
-#pragma unroll
-      for (int i = 0; i < NV * V; i++) q += v[i] * v[i];
-      rs = rsqrtf(group_sum(q, tpr, sh) / (float)D + eps);
+      for (int i = 0; i < NV * V; i++) s += v[i];
+      mu = group_sum(s, tpr, sh) / (float)D;
     }
+    float q = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        float d = v[k * V + e] - mu;
+        if (RMS || row_in<V>(k, e, lane, tpr, D)) q += d * d;
+      }
+    const float rs = rsqrtf(group_sum(q, tpr, sh) / (float)D + eps);
     if (RMS) {
 #pragma unroll
       for (int i = 0; i < NV * V; i++) v[i] = v[i] * rs * wv[i];
@@ -200,7 +190,7 @@ template <typename T, bool RMS> struct NormOp {
  * the row's own traffic). */
 template <typename T, bool RMS, int V, int NV>
 __global__ void __launch_bounds__(512) k_norm_persist(NormOp<T, RMS> op, int64_t rows) {
-  __shared__ float sh[96];
+  __shared__ float sh[64];
   float wv[NV * V], bv[NV * V];
   op.template load_w<V, NV>(threadIdx.x, blockDim.x, wv, bv);
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) op.template run_w<V, NV>(row, threadIdx.x, blockDim.x, sh, wv, bv);
@@ -210,9 +200,11 @@ template <typename T, bool RMS> static int norm_launch(const char *name, const N
   constexpr int VV = 16 / sizeof(T);
   const int64_t D = op.D, nvec = D / VV;
   if (!(al && D % VV == 0 && nvec > 32 * 4 && nvec <= 512 * 8)) return rows_launch<T>(name, op, R, D, al);
-  /* (measured on an H100: spreading bf16 rows over more threads, ~16 elements
-   * each, was slower than these widths; fewer threads per row mean fewer barriers) */
-  const int tpr = nvec <= 128 * 4 ? 128 : nvec <= 256 * 4 ? 256 : 512;
+  /* about 16 elements of the row per thread whatever the dtype: x, w and b then
+   * fit in registers with room for several blocks (rows in flight) per SM */
+  const int nv_want = VV >= 16 ? 1 : 16 / VV;
+  int tpr = pow2_at_least((nvec + nv_want - 1) / nv_want);
+  tpr = tpr < 128 ? 128 : tpr > 512 ? 512 : tpr;
   const int nv = pow2_at_least((nvec + tpr - 1) / tpr);
   auto go = [&](auto kern) {
     int per_sm = 1;

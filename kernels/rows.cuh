@@ -112,43 +112,13 @@ __device__ __forceinline__ float2 group_sum2(float2 v, int tpr, float *sh) {
   return v;
 }
 
-/* mean and M2 (sum of squared deviations) of the group's values in one
- * reduction: each thread brings its count n, mean m and M2; pairs combine by
- * Chan's formula, which stays accurate when |mean| >> std. */
-__device__ __forceinline__ void welford_combine(float &n, float &m, float &M, float nb, float mb, float Mb) {
-  const float nn = n + nb;
-  if (nn == 0.f) return;
-  const float d = mb - m, f = nb / nn;
-  m += d * f;
-  M += Mb + d * d * n * f;
-  n = nn;
-}
-__device__ __forceinline__ void group_welford(float &n, float &m, float &M, int tpr, float *sh) {
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1)
-    welford_combine(n, m, M, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, m, o),
-                    __shfl_xor_sync(0xffffffffu, M, o));
-  if (tpr <= 32) return;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  if (lane == 0) sh[warp] = n, sh[32 + warp] = m, sh[64 + warp] = M;
-  __syncthreads();
-  n = lane < nw ? sh[lane] : 0.f;
-  m = lane < nw ? sh[32 + lane] : 0.f;
-  M = lane < nw ? sh[64 + lane] : 0.f;
-#pragma unroll
-  for (int o = 16; o >= 1; o >>= 1)
-    welford_combine(n, m, M, __shfl_xor_sync(0xffffffffu, n, o), __shfl_xor_sync(0xffffffffu, m, o),
-                    __shfl_xor_sync(0xffffffffu, M, o));
-  __syncthreads();
-}
-
 /* block-wide sum / max for the fallback (blockDim threads) */
 __device__ __forceinline__ float block_sum(float v, float *sh) { return group_reduce<false>(v, blockDim.x, sh); }
 __device__ __forceinline__ float block_max(float v, float *sh) { return group_reduce<true>(v, blockDim.x, sh); }
 
 template <typename Op, int V, int NV>
 __global__ void __launch_bounds__(512) k_row(Op op, int64_t rows, int tpr) {
-  __shared__ float sh[96];
+  __shared__ float sh[64];
   const int rpb = blockDim.x / tpr, lane = threadIdx.x % tpr, g = threadIdx.x / tpr;
   for (int64_t r0 = (int64_t)blockIdx.x * rpb; r0 < rows; r0 += (int64_t)gridDim.x * rpb) {
     const int64_t row = r0 + g;
