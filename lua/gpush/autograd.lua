@@ -70,7 +70,11 @@ local function wrap(tbl, name, rule, docs, opts)
     local node = {name = name, rule = rule, args = args, outs = outs, saved = saved}
     for i = 1, math.min(outs.n, nout or outs.n) do
       local o = outs[i]
-      if is_tensor(o) and o:is_floating_point() then rawset(o, '_node', node) end
+      -- an op that returns its argument itself (t:contiguous() of a contiguous
+      -- t, t:to() of its own dtype) adds nothing: the tensor keeps its node
+      local same = false
+      for k = 1, args.n do if rawequal(args[k], o) then same = true end end
+      if is_tensor(o) and o:is_floating_point() and not same then rawset(o, '_node', node) end
     end
     return unpack(outs, 1, outs.n)
   end

@@ -228,3 +228,12 @@ T.test('autograd rules on the GPU match the CPU', function()
     T.ok(r < 1e-3, 'gradient ' .. i .. ': relative norm ' .. r)
   end
 end)
+
+T.test('ops that return their argument itself keep the graph (contiguous, to, item)', function()
+  local x = gp.randn({3}, CPU64):requires_grad()
+  local y = (x * 2):sum()
+  T.ok(rawequal(y:contiguous(), y) and rawequal(y:to('f64'), y))
+  y:item()
+  y:backward()
+  T.same(x.grad:totable(), {2, 2, 2})
+end)
