@@ -87,8 +87,15 @@ end
 -- outs[i] (nil when no gradient reached it); opts: see wrap above
 A.method_rules, A.method_opts = {}, {}
 A.function_rules, A.function_opts = {}, {}
-function A.def_method(name, rule, opts) A.method_rules[name] = rule; A.method_opts[name] = opts end
-function A.def_function(name, rule, opts) A.function_rules[name] = rule; A.function_opts[name] = opts end
+-- after install (gpush loaded), a new rule wraps Tensor[name] / gp[name] at once
+function A.def_method(name, rule, opts)
+  A.method_rules[name] = rule; A.method_opts[name] = opts
+  if A.gp then wrap(Tensor, name, rule, A.gp._docs, opts) end
+end
+function A.def_function(name, rule, opts)
+  A.function_rules[name] = rule; A.function_opts[name] = opts
+  if A.gp then wrap(A.gp, name, rule, A.gp._docs, opts) end
+end
 
 -- sum g down to `shape` (undo broadcasting)
 local function unbroadcast(g, shape)
@@ -317,6 +324,7 @@ require('gpush.grad_rules')(A)
 function A.install(gp)
   for name, rule in pairs(A.method_rules) do wrap(Tensor, name, rule, gp._docs, A.method_opts[name]) end
   for name, rule in pairs(A.function_rules) do wrap(gp, name, rule, gp._docs, A.function_opts[name]) end
+  A.gp = gp
   for _, name in ipairs(INPLACE) do
     local f = Tensor[name]
     if f then

@@ -19,11 +19,7 @@ return function(A)
   ---------------------------------------------------------------------------
   -- reductions: x:op(d, {keepdim=}) or x:op{keepdim=}
 
-  local function red_args(a)
-    local d, o = a[2], a[3]
-    if type(d) == 'table' and not is_tensor(d) then return nil, d end
-    return d, o or {}
-  end
+  local function red_args(a) return tensor.reduce_opts(a[2], a[3]) end
 
   -- a reduced gradient g back to a (broadcast) view of x's shape
   local function unreduce(g, x, d, keepdim)

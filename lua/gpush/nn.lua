@@ -140,31 +140,23 @@ local function walk(m, prefix, visit)
 end
 nn.walk = walk
 
--- {name, tensor} of every parameter (each tensor once)
-function Module:named_parameters()
+-- {name, tensor} of every parameter or buffer (each tensor once), and the tensors alone
+local function named(m, want)
   local r, seen = {}, {}
-  walk(self, '', function(kind, name, v)
-    if kind == 'param' and not seen[v] then seen[v] = true; r[#r + 1] = {name, v} end
+  walk(m, '', function(kind, name, v)
+    if kind == want and not seen[v] then seen[v] = true; r[#r + 1] = {name, v} end
   end)
   return r
 end
-function Module:parameters()
+local function values(list)
   local r = {}
-  for i, nt in ipairs(self:named_parameters()) do r[i] = nt[2] end
+  for i, nt in ipairs(list) do r[i] = nt[2] end
   return r
 end
-function Module:named_buffers()
-  local r, seen = {}, {}
-  walk(self, '', function(kind, name, v)
-    if kind == 'buffer' and not seen[v] then seen[v] = true; r[#r + 1] = {name, v} end
-  end)
-  return r
-end
-function Module:buffers()
-  local r = {}
-  for i, nt in ipairs(self:named_buffers()) do r[i] = nt[2] end
-  return r
-end
+function Module:named_parameters() return named(self, 'param') end
+function Module:parameters() return values(named(self, 'param')) end
+function Module:named_buffers() return named(self, 'buffer') end
+function Module:buffers() return values(named(self, 'buffer')) end
 
 -- direct submodules: {name, module} ('k', or 'k.i' for the elements of a list field) and the modules alone
 function Module:named_children()
@@ -179,11 +171,7 @@ function Module:named_children()
   end
   return r
 end
-function Module:children()
-  local r = {}
-  for i, nt in ipairs(self:named_children()) do r[i] = nt[2] end
-  return r
-end
+function Module:children() return values(self:named_children()) end
 -- every module below and including self (each once), depth first
 function Module:modules()
   local r, seen = {self}, {[self] = true}
@@ -657,6 +645,28 @@ function nn.bind(g)
   doc(Module.eval, 'm:eval()', 'set evaluation mode (Dropout is the identity)')
   doc(Module.zero_grad, 'm:zero_grad()', 'drop the .grad of every parameter')
   doc(Module.num_parameters, 'm:num_parameters()', 'the number of parameter elements (tied tensors counted once)')
+  doc(nn.bind, 'nn.bind(gp)', 'connect gp.nn to gpush (init.lua does it)')
+  doc(nn.clear_mask_cache, 'nn.clear_mask_cache()', 'forget the cached causal masks')
+  doc(nn.is_module, 'nn.is_module(x)', 'true when x is a module instance')
+  doc(nn.walk, "nn.walk(m, '', function(kind, name, value, owner, key) end)",
+    "visit every submodule ('module'), parameter ('param') and buffer ('buffer') below m, depth first, in field order")
+  doc(nn.init.normal_, 'nn.init.normal_(t, mean=0, std=1)', 'fill t from N(mean, std^2) (seeded generator); returns t')
+  doc(nn.init.uniform_, 'nn.init.uniform_(t, lo=0, hi=1)', 'fill t from U[lo, hi) (seeded generator); returns t')
+  doc(nn.init.zeros_, 'nn.init.zeros_(t)', 'fill t with 0; returns t')
+  doc(nn.init.ones_, 'nn.init.ones_(t)', 'fill t with 1; returns t')
+  doc(nn.Linear, 'nn.Linear(in, out, {bias=true, device=, dtype=})', 'y = x @ w^T + b, w (out, in) ~ U(-1/sqrt(in), 1/sqrt(in))')
+  doc(nn.Embedding, 'nn.Embedding(n, d, {device=, dtype=})', 'rows of weight (n, d) picked by 0-based ids; weight ~ N(0, 1)')
+  doc(nn.LayerNorm, 'nn.LayerNorm(d, {eps=1e-5, bias=true})', 'gp.layer_norm over the last dim with weight 1 and bias 0 at init')
+  doc(nn.RMSNorm, 'nn.RMSNorm(d, {eps=1e-5})', 'gp.rms_norm over the last dim with weight 1 at init')
+  doc(nn.Dropout, 'nn.Dropout(p=0.5)', 'gp.dropout in training mode, the identity in eval mode')
+  doc(nn.MLP, 'nn.MLP(d, hidden=4d, {dropout=0})', 'Linear(d, hidden), GELU (tanh form), Linear(hidden, d)')
+  doc(nn.SwiGLUMLP, 'nn.SwiGLUMLP(d, hidden=4d)', 'proj(silu(gate(x)) * up(x)) without biases')
+  doc(nn.CausalSelfAttention, 'nn.CausalSelfAttention{n_embd=, n_head=, dropout=0, bias=true}',
+    'multi-head causal self-attention on (B, T, n_embd) through nn.attention')
+  doc(nn.TransformerBlock, "nn.TransformerBlock{n_embd=, n_head=, mlp='gelu'|'swiglu', norm='layer'|'rms', dropout=0, mlp_hidden=4 n_embd}",
+    'pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))')
+  doc(nn.GPT, "nn.GPT{vocab_size=, block_size=, n_embd=, n_layer=, n_head=, dropout=0, mlp='gelu', norm='layer', tie_weights=true}",
+    'a GPT with GPT-2 init: model(idx) -> logits (B, T, V); model(idx, targets) -> logits, mean cross-entropy')
   return nn
 end
 

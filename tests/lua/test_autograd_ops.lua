@@ -237,3 +237,30 @@ T.test('ops that return their argument itself keep the graph (contiguous, to, it
   y:backward()
   T.same(x.grad:totable(), {2, 2, 2})
 end)
+
+T.test('a rule defined after loading wraps the function at once (README example)', function()
+  local A = require 'gpush.autograd'
+  local calls = 0
+  function gp.twice_test(x) return x * 2 end
+  A.def_function('twice_test', function(g) calls = calls + 1; return g[1] * 2 end)
+  check(function(x) return gp.twice_test(x) end, {rn {3}})
+  T.eq(calls, 1)
+  gp.twice_test = nil
+end)
+
+T.test('README custom module example runs', function()
+  local nn = gp.nn
+  local Residual = nn.Module:extend('Residual')
+  function Residual:init(d, hidden)
+    self.norm = nn.RMSNorm(d)
+    self.up = nn.Linear(d, hidden)
+    self.down = nn.Linear(hidden, d)
+    self.gain = nn.Parameter(gp.ones {1})
+  end
+  function Residual:forward(x) return x + self.down(self.up(self.norm(x)):relu()) * self.gain end
+  local m = Residual(8, 16)
+  local y = m(gp.randn {2, 8})
+  y:sum():backward()
+  T.eq(#m:parameters(), 6)
+  for _, p in ipairs(m:parameters()) do T.ok(p.grad ~= nil) end
+end)
