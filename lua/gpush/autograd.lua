@@ -22,8 +22,8 @@ local function any_needs(n, ...)
   for i = 1, n do
     local a = select(i, ...)
     if needs(a) then return true end
-    if type(a) == 'table' and not is_tensor(a) then
-      for _, x in ipairs(a) do if needs(x) then return true end end
+    if type(a) == 'table' and not is_tensor(a) then -- a list of tensors or an options table ({bias = b})
+      for _, x in pairs(a) do if needs(x) then return true end end
     end
   end
   return false
@@ -44,20 +44,37 @@ end
 function A.no_grad(f, ...) return with_mode(false, f, ...) end
 function A.enable_grad(f, ...) return with_mode(true, f, ...) end
 
--- wrap tbl[name] so that calls on tensors needing grad are recorded
-local function wrap(tbl, name, rule, docs, opname)
+-- wrap tbl[name] so that calls on tensors needing grad are recorded.
+-- opts (from def_method/def_function) may give:
+--   check(...)        called with the arguments before a recorded call (raise
+--                     for argument combinations the rule cannot differentiate)
+--   forward(f, ...)   runs the op in place of f(...) (grad mode off) and
+--                     returns saved, outputs...; saved reaches the rule as its
+--                     4th argument (e.g. a gradient the forward kernel made)
+--   nout              only outputs 1..nout get the node (the others, such as
+--                     saved statistics, are returned detached)
+local function wrap(tbl, name, rule, docs, opts)
   local f = tbl[name]
   if not f then return end
+  opts = opts or {}
+  local check, fwd, nout = opts.check, opts.forward, opts.nout
   local g = function(...)
     if not A.enabled or not any_needs(select('#', ...), ...) then return f(...) end
+    if check then check(...) end
     local args = {n = select('#', ...), ...}
     local outs = {n = 0}
+    local saved
     local function pack(...) outs.n = select('#', ...); for i = 1, outs.n do outs[i] = select(i, ...) end end
-    pack(with_mode(false, f, ...))
-    local node = {name = opname or name, rule = rule, args = args, outs = outs}
-    for i = 1, outs.n do
+    local function pack_saved(s, ...) saved = s; pack(...) end
+    if fwd then pack_saved(with_mode(false, fwd, f, ...)) else pack(with_mode(false, f, ...)) end
+    local node = {name = name, rule = rule, args = args, outs = outs, saved = saved}
+    for i = 1, math.min(outs.n, nout or outs.n) do
       local o = outs[i]
-      if is_tensor(o) and o:is_floating_point() then rawset(o, '_node', node) end
+      -- an op that returns its argument itself (t:contiguous() of a contiguous
+      -- t, t:to() of its own dtype) adds nothing: the tensor keeps its node
+      local same = false
+      for k = 1, args.n do if rawequal(args[k], o) then same = true end end
+      if is_tensor(o) and o:is_floating_point() and not same then rawset(o, '_node', node) end
     end
     return unpack(outs, 1, outs.n)
   end
@@ -66,11 +83,19 @@ local function wrap(tbl, name, rule, docs, opname)
 end
 
 -- rules for methods (Tensor[name]) and gp functions (gp[name]); each is
--- rule(g, args, outs) -> grads per argument, g[i] the gradient of outs[i]
-A.method_rules = {}
-A.function_rules = {}
-function A.def_method(name, rule) A.method_rules[name] = rule end
-function A.def_function(name, rule) A.function_rules[name] = rule end
+-- rule(g, args, outs, saved) -> grads per argument, g[i] the gradient of
+-- outs[i] (nil when no gradient reached it); opts: see wrap above
+A.method_rules, A.method_opts = {}, {}
+A.function_rules, A.function_opts = {}, {}
+-- after install (gpush loaded), a new rule wraps Tensor[name] / gp[name] at once
+function A.def_method(name, rule, opts)
+  A.method_rules[name] = rule; A.method_opts[name] = opts
+  if A.gp then wrap(Tensor, name, rule, A.gp._docs, opts) end
+end
+function A.def_function(name, rule, opts)
+  A.function_rules[name] = rule; A.function_opts[name] = opts
+  if A.gp then wrap(A.gp, name, rule, A.gp._docs, opts) end
+end
 
 -- sum g down to `shape` (undo broadcasting)
 local function unbroadcast(g, shape)
@@ -93,7 +118,7 @@ A.unbroadcast = unbroadcast
 local function accumulate(grads, a, g)
   if g == nil then return end
   if type(a) == 'table' and not is_tensor(a) then
-    for j, x in ipairs(a) do accumulate(grads, x, g[j]) end
+    for j, x in pairs(a) do if g[j] ~= nil then accumulate(grads, x, g[j]) end end
     return
   end
   if not needs(a) then return end
@@ -127,7 +152,7 @@ function A.backward(root, grad, opts)
     for i = 1, node.args.n do
       local a = node.args[i]
       if is_tensor(a) then visit(a)
-      elseif type(a) == 'table' then for _, x in ipairs(a) do if is_tensor(x) then visit(x) end end end
+      elseif type(a) == 'table' then for _, x in pairs(a) do if is_tensor(x) then visit(x) end end end
     end
     order[#order + 1] = node
   end
@@ -144,7 +169,7 @@ function A.backward(root, grad, opts)
         if is_tensor(o) then gouts[k] = grads[o]; grads[o] = nil; any = any or gouts[k] ~= nil end
       end
       if any then
-        local gins = {node.rule(gouts, node.args, node.outs)}
+        local gins = {node.rule(gouts, node.args, node.outs, node.saved)}
         for k = 1, node.args.n do accumulate(grads, node.args[k], gins[k]) end
       end
     end
@@ -152,7 +177,7 @@ function A.backward(root, grad, opts)
   if not opts.retain_graph then
     for _, node in ipairs(order) do
       for k = 1, node.outs.n do if is_tensor(node.outs[k]) then rawset(node.outs[k], '_node', nil) end end
-      node.args, node.outs = {n = 0}, {n = 0}
+      node.args, node.outs, node.saved = {n = 0}, {n = 0}, nil
     end
   end
 end
@@ -290,12 +315,16 @@ F('where', function(g, a)
   return nil, gp.where(m, g[1], 0), gp.where(m, 0, g[1])
 end)
 
+-- rules of the op families (reductions, rows, fused, matmul, index, loss, dropout)
+require('gpush.grad_rules')(A)
+
 ---------------------------------------------------------------------------
 -- install: wrap every method and function that has a rule
 
 function A.install(gp)
-  for name, rule in pairs(A.method_rules) do wrap(Tensor, name, rule, gp._docs) end
-  for name, rule in pairs(A.function_rules) do wrap(gp, name, rule, gp._docs) end
+  for name, rule in pairs(A.method_rules) do wrap(Tensor, name, rule, gp._docs, A.method_opts[name]) end
+  for name, rule in pairs(A.function_rules) do wrap(gp, name, rule, gp._docs, A.function_opts[name]) end
+  A.gp = gp
   for _, name in ipairs(INPLACE) do
     local f = Tensor[name]
     if f then

@@ -330,6 +330,10 @@ gp.gradcheck = doc(autograd.gradcheck, 'gp.gradcheck(fn, {x, y, ...}, {eps=1e-6,
   'compare the gradients of fn at f64 CPU inputs with central differences; raises on a mismatch')
 
 ---------------------------------------------------------------------------
+-- nn: modules (after autograd, which they rely on)
+gp.nn = require('gpush.nn').bind(gp)
+
+---------------------------------------------------------------------------
 -- help
 
 function gp.kernels()

@@ -19,6 +19,7 @@ return function(gp, tensor)
     if type(d) == 'table' and not tensor.is_tensor(d) then return nil, d end
     return d, opts or {}
   end
+  tensor.reduce_opts = split_opts -- for the autograd rules
 
   -- (A, B, C) and the result shape for reducing x over d
   local function geometry(x, d, keepdim, op)

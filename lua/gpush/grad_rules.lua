@@ -1,0 +1,328 @@
+-- Autograd rules of the op families: reductions (reduce.lua), per-row ops
+-- (rows.lua), fused ops (fused.lua), matrix products (matmul.lua), index ops
+-- (index.lua), cross-entropy (loss.lua) and dropout (random.lua).
+-- Each rule(g, args, outs, saved) returns one gradient per argument (see
+-- autograd.lua); the rules run under no_grad and use the backward kernels
+-- where there are some (softmax_backward, layer_norm_backward, ...).
+local core = require 'gpush.core'
+local tensor = require 'gpush.tensor'
+local is_tensor, empty, raise = tensor.is_tensor, tensor.empty, core.raise
+local K = tensor.K
+local FLOAT = {f32 = true, bf16 = true, f16 = true, f64 = true}
+
+return function(A)
+  local M, F = A.def_method, A.def_function
+  local function gpmod() return require 'gpush' end
+  local function floatc(x) return (FLOAT[x.dtype] and x or tensor.to_dtype(x, 'f32')):contiguous() end
+  local function like(t, x) return tensor.to_dtype(t, x.dtype):contiguous() end
+
+  ---------------------------------------------------------------------------
+  -- reductions: x:op(d, {keepdim=}) or x:op{keepdim=}
+
+  local function red_args(a) return tensor.reduce_opts(a[2], a[3]) end
+
+  -- a reduced gradient g back to a (broadcast) view of x's shape
+  local function unreduce(g, x, d, keepdim)
+    local s = x.shape
+    if d == nil then
+      local ones = {}
+      for i = 1, #s do ones[i] = 1 end
+      return g:reshape(ones):expand(s)
+    end
+    if not keepdim then g = g:unsqueeze(d) end
+    return g:expand(s)
+  end
+  local function count(x, d) return d == nil and x:numel() or x:size(d) end
+
+  M('sum', function(g, a)
+    local d, o = red_args(a)
+    return unreduce(g[1], a[1], d, o.keepdim)
+  end)
+  M('mean', function(g, a)
+    local d, o = red_args(a)
+    return unreduce(g[1] / count(a[1], d), a[1], d, o.keepdim)
+  end)
+
+  -- max/min: the gradient goes to the (first) arg-extremum
+  local function extremum(arg)
+    return function(g, a, o)
+      local x = a[1]
+      local d, opts = red_args(a)
+      local z = gpmod().zeros_like(x)
+      if d == nil then
+        local idx = x[arg](x)
+        return z:view {x:numel()}:scatter_add(1, idx:reshape {1}, g[1]:reshape {1}):view(x.shape)
+      end
+      local idx, gv = o[2], g[1]
+      if not opts.keepdim then idx, gv = idx:unsqueeze(d), gv:unsqueeze(d) end
+      return z:scatter_add(d, idx, gv)
+    end
+  end
+  M('max', extremum('argmax'))
+  M('min', extremum('argmin'))
+
+  M('var', function(g, a)
+    local x = a[1]
+    local d, o = red_args(a)
+    local corr = o.correction
+    if corr == nil then corr = o.unbiased == false and 0 or 1 end
+    local mu = d == nil and x:mean() or x:mean(d, {keepdim = true})
+    return unreduce(g[1], x, d, o.keepdim) * (x - mu) * (2 / (count(x, d) - corr))
+  end)
+  -- t:std is t:var(...):sqrt(), differentiated through both
+
+  M('norm', function(g, a, out)
+    local x, p, d, o = a[1], a[2], a[3], a[4]
+    if type(p) == 'table' then p, d, o = nil, nil, p end
+    if type(d) == 'table' and not is_tensor(d) then d, o = nil, d end
+    o = o or {}
+    p = p or 2
+    if p == 'inf' then p = math.huge end
+    local gp = gpmod()
+    if p == 0 then return gp.zeros_like(x) end
+    local gb = unreduce(g[1], x, d, o.keepdim)
+    local nb = unreduce(out[1], x, d, o.keepdim)
+    local sign = gp.where(x:ge(0), 1, -1)
+    local dx
+    if p == math.huge then -- shared evenly between the elements at the max
+      local m = x:abs():eq(nb):to(x.dtype)
+      local cnt = d == nil and m:sum() or m:sum(d, {keepdim = true})
+      dx = gb * sign * m / cnt
+    elseif p == 1 then
+      dx = gb * sign
+    else
+      dx = gb * sign * x:abs() ^ (p - 1) / nb ^ (p - 1)
+    end
+    return gp.where(nb:eq(0), 0, dx)
+  end)
+
+  -- cumsum's adjoint: the reversed running sum (flip, cumsum, flip)
+  M('cumsum', function(g, a)
+    local x, d = a[1], a[2]
+    local gp = gpmod()
+    local gg, dd = g[1], d or 1
+    local n = gg:size(dd)
+    if n == 0 then return gp.zeros_like(x) end
+    local rev = gp.arange(n - 1, -1, -1, {device = gg.device})
+    local r = gg:index_select(dd, rev):cumsum(dd):index_select(dd, rev)
+    return r:reshape(x.shape)
+  end)
+
+  ---------------------------------------------------------------------------
+  -- softmax and log_softmax through their backward kernels
+
+  local function rows_backward(kname)
+    return function(g, a, o)
+      local x, y, dy = a[1], o[1], g[1]
+      local n = x:dim()
+      local d0 = tensor.dim0(x, a[2] or -1, kname) + 1
+      if d0 ~= n then y, dy = y:transpose(d0, n), dy:transpose(d0, n) end
+      y = y:contiguous()
+      dy = like(dy, y)
+      local dx = empty(y.shape, y.dtype, y.device, kname)
+      K[kname](dx, y, dy)
+      if d0 ~= n then dx = dx:transpose(d0, n) end
+      return dx
+    end
+  end
+  M('softmax', rows_backward('softmax_backward'))
+  M('log_softmax', rows_backward('log_softmax_backward'))
+
+  ---------------------------------------------------------------------------
+  -- norms: the forward returns out and its saved statistics; only out is
+  -- differentiable (the statistics come back detached) and the rule reads the
+  -- statistics from the node
+
+  local function norm_w(w, x, D)
+    if w then return like(w, x) end
+    return gpmod().ones({D}, {dtype = x.dtype, device = x.device})
+  end
+
+  F('layer_norm', function(g, a, o)
+    local x, w, b = floatc(a[1]), a[2], a[3]
+    local D = x:size(-1)
+    local dx = empty(x.shape, x.dtype, x.device, 'layer_norm')
+    local dw = empty({D}, x.dtype, x.device, 'layer_norm')
+    local db = empty({D}, x.dtype, x.device, 'layer_norm')
+    K.layer_norm_backward(dx, dw, db, x, norm_w(w, x, D), o[2], o[3], like(g[1], x))
+    return dx, w and dw or nil, b and db or nil
+  end, {nout = 1})
+
+  F('rms_norm', function(g, a, o)
+    local x, w = floatc(a[1]), a[2]
+    local D = x:size(-1)
+    local dx = empty(x.shape, x.dtype, x.device, 'rms_norm')
+    local dw = empty({D}, x.dtype, x.device, 'rms_norm')
+    K.rms_norm_backward(dx, dw, x, norm_w(w, x, D), o[2], like(g[1], x))
+    return dx, w and dw or nil
+  end, {nout = 1})
+
+  -- add_rms_norm: h = x + res (returned as res_out), out = rms_norm(h) * w
+  F('add_rms_norm', function(g, a, o)
+    local w = a[3]
+    local h = o[2]
+    local dh, dw = g[2], nil
+    if g[1] then
+      local D = h:size(-1)
+      local dx = empty(h.shape, h.dtype, h.device, 'add_rms_norm')
+      dw = empty({D}, h.dtype, h.device, 'add_rms_norm')
+      K.rms_norm_backward(dx, dw, h, norm_w(w, h, D), o[3], like(g[1], h))
+      dh = dh and dx + dh or dx
+    end
+    return dh, dh, w and dw or nil
+  end, {nout = 2})
+
+  F('swiglu', function(g, a)
+    local gate = floatc(a[1])
+    local up = like(a[2], gate)
+    local dgate = empty(gate.shape, gate.dtype, gate.device, 'swiglu')
+    local dup = empty(gate.shape, gate.dtype, gate.device, 'swiglu')
+    K.swiglu_backward(dgate, dup, gate, up, like(g[1], gate))
+    return dgate, dup
+  end)
+
+  -- bias_gelu: out = gelu(x + b); db sums the pre-activation gradient over rows
+  F('bias_gelu', function(g, a)
+    local x = floatc(a[1])
+    local D = x:size(-1)
+    local pre = x + like(a[2], x)
+    local dpre = empty(x.shape, x.dtype, x.device, 'bias_gelu')
+    K.gelu_bwd(dpre, pre, like(g[1], x))
+    return dpre, dpre:view {x:numel() / math.max(D, 1), D}:sum(1)
+  end)
+
+  ---------------------------------------------------------------------------
+  -- matrix products: y = alpha * A @ B (+ bias), with A, B of 1 to 3 dims
+  -- (a 2-d operand broadcast over the other's batch, or a batch of 1)
+
+  -- gradients of the effective operands A and B (as multiplied) from g
+  local function mm_grads(g, Aop, Bop, alpha, needA, needB)
+    if alpha ~= 1 then g = g * alpha end
+    local A2, B2, g2 = Aop, Bop, g
+    if Aop:dim() == 1 then A2 = Aop:unsqueeze(1); g2 = g2:unsqueeze(-2) end
+    if Bop:dim() == 1 then B2 = Bop:unsqueeze(2); g2 = g2:unsqueeze(-1) end
+    local dA, dB
+    if needA then
+      dA = g2:matmul(B2:transpose(-1, -2)) -- 2x2, 3x3 (broadcast), 3x2, 3x3 for 2-d A (summed by accumulate)
+      if Aop:dim() == 1 then dA = dA:reshape(Aop.shape) end
+    end
+    if needB then
+      if A2:dim() == 3 and B2:dim() == 2 then -- one GEMM over every row of the batch
+        local s = A2.shape
+        local rows = s[1] * s[2]
+        dB = A2:reshape {rows, s[3]}:t():matmul(g2:reshape {rows, g2:size(-1)})
+      else
+        dB = A2:transpose(-1, -2):matmul(g2)
+      end
+      if Bop:dim() == 1 then dB = dB:reshape(Bop.shape) end
+    end
+    return dA, dB
+  end
+
+  local function bias_grad(g)
+    local N = g:size(-1)
+    return g:reshape {g:numel() / math.max(N, 1), N}:sum(1)
+  end
+
+  M('matmul', function(g, a)
+    return mm_grads(g[1], a[1], a[2], 1, A.needs(a[1]), A.needs(a[2]))
+  end)
+
+  F('matmul', function(g, a, out)
+    local x, y, o = a[1], a[2], a[3] or {}
+    local gy = g[1]
+    if o.act then -- recompute the pre-activation (the forward kept only gelu's output)
+      local pre = gpmod().matmul(x, y, {bias = o.bias, trans_a = o.trans_a, trans_b = o.trans_b, tf32 = o.tf32})
+      local d = empty(pre.shape, pre.dtype, pre.device, 'matmul')
+      K.gelu_tanh_bwd(d, pre, like(gy, pre))
+      gy = d
+    end
+    local Aop = o.trans_a and x:transpose(-1, -2) or x
+    local Bop = o.trans_b and y:transpose(-1, -2) or y
+    local dA, dB = mm_grads(gy, Aop, Bop, o.alpha or 1, A.needs(x), A.needs(y))
+    if dA and o.trans_a then dA = dA:transpose(-1, -2) end
+    if dB and o.trans_b then dB = dB:transpose(-1, -2) end
+    local db
+    if o.bias and A.needs(o.bias) then db = bias_grad(gy) end
+    if db then return dA, dB, {bias = db} end
+    return dA, dB
+  end, {check = function(_, _, o)
+    if type(o) == 'table' and (o.out ~= nil or (o.beta or 0) ~= 0) then
+      raise('matmul: out= and beta are not differentiable (call it under gp.no_grad, or without out=)')
+    end
+  end})
+
+  -- gp.linear(x, w, b): x (..., in) @ w^T + b, w (out, in)
+  F('linear', function(g, a)
+    local x, w, b = a[1], a[2], a[3]
+    local O, I = w:size(1), w:size(2)
+    local rows = x:numel() / math.max(I, 1)
+    local g2 = g[1]:reshape {rows, O}
+    local dx, dw, db
+    if A.needs(x) then dx = g2:matmul(w):reshape(x.shape) end
+    if A.needs(w) then dw = g2:t():matmul(x:reshape {rows, I}) end
+    if b and A.needs(b) then db = g2:sum(1) end
+    return dx, dw, db
+  end)
+
+  ---------------------------------------------------------------------------
+  -- index ops
+
+  F('embedding', function(g, a)
+    local w = a[1]
+    return gpmod().embedding_backward(like(g[1], w), a[2], w:size(1))
+  end)
+
+  M('gather', function(g, a)
+    local x, d, idx = a[1], a[2], a[3]
+    return gpmod().zeros_like(x):scatter_add(d, idx, g[1])
+  end)
+
+  M('index_select', function(g, a)
+    local x, d, idx = a[1], a[2], a[3]
+    local d0 = tensor.dim0(x, d, 'index_select') + 1
+    local vs = {}
+    for i = 1, x:dim() do vs[i] = 1 end
+    vs[d0] = idx:numel()
+    local gi = g[1]
+    return gpmod().zeros_like(x):scatter_add(d, idx:reshape(vs):expand(gi.shape), gi)
+  end)
+
+  M('scatter_add', function(g, a)
+    local d, idx, src = a[2], a[3], a[4]
+    return g[1], nil, nil, is_tensor(src) and A.needs(src) and g[1]:gather(d, idx) or nil
+  end)
+
+  ---------------------------------------------------------------------------
+  -- cross_entropy: the fused kernel gives dlogits with the loss (saved by the
+  -- forward); backward only scales it by the incoming gradient
+
+  F('cross_entropy', function(g, a, o, dl)
+    local opts = type(a[3]) == 'table' and a[3] or {}
+    local gl = g[1]
+    if (opts.reduction or 'mean') == 'none' then gl = gl:unsqueeze(-1) end
+    return dl * tensor.to_dtype(gl, dl.dtype), nil, nil
+  end, {
+    nout = 1,
+    forward = function(f, logits, targets, opts)
+      if type(opts) ~= 'table' and opts ~= nil then return nil, f(logits, targets, opts) end -- f raises
+      opts = opts or {}
+      local o2 = {}
+      for k, v in pairs(opts) do o2[k] = v end
+      o2.grad = true
+      local loss, dl = f(logits, targets, o2)
+      if opts.grad then return dl, loss, dl end
+      return dl, loss
+    end,
+  })
+
+  ---------------------------------------------------------------------------
+  -- dropout: out = x * mask / (1 - p)
+
+  F('dropout', function(g, a, o)
+    local p = a[2] or 0.5
+    if p >= 1 then return gpmod().zeros_like(a[1]) end
+    return g[1] * o[2] * (1 / (1 - p))
+  end, {nout = 1})
+
+end

@@ -1,0 +1,272 @@
+-- gp.nn: the Module protocol, gradients of every module against central
+-- differences in f64 on the CPU, state dicts through gp.save/gp.load,
+-- train/eval, the GPT (shapes, causality, a few SGD steps), and GPU vs CPU.
+local T = require 'lib'
+local gp = require 'gpush'
+local nn = gp.nn
+
+local CPU = {device = 'cpu'}
+local CPU64 = {dtype = 'f64', device = 'cpu'}
+local function rn(shape) return gp.randn(shape, CPU64) end
+local shape_str = require('gpush.tensor').shape_str
+
+-- gradcheck of m(x...) with respect to the inputs and every parameter
+local function check_module(m, inputs, opts)
+  local ps = m:parameters()
+  local all = {}
+  for _, x in ipairs(inputs) do all[#all + 1] = x end
+  for _, p in ipairs(ps) do all[#all + 1] = p end
+  local n = #inputs
+  T.ok(gp.gradcheck(function(...) return m(unpack({...}, 1, n)) end, all, opts))
+end
+
+local function tiny_gpt(extra, dev)
+  local cfg = {vocab_size = 5, block_size = 6, n_embd = 4, n_layer = 1, n_head = 2, mlp_hidden = 8, device = dev or 'cpu'}
+  for k, v in pairs(extra or {}) do cfg[k] = v end
+  return nn.GPT(cfg)
+end
+
+T.test('Module protocol: fields in order, dotted names, lists, children, train/eval, zero_grad, num_parameters', function()
+  local Net = nn.Module:extend('Net')
+  function Net:init(d)
+    self.fc2 = nn.Linear(d, 3, {device = 'cpu'})
+    self.fc1 = nn.Linear(3, d, {bias = false, device = 'cpu'})
+    self.blocks = {nn.LayerNorm(d, {device = 'cpu'}), nn.Dropout(0.1)}
+    self.scale = nn.Parameter(gp.ones({1}, CPU))
+    self.note = {1, 2, 3}            -- a plain table: not a parameter
+    self.cache = gp.zeros({2}, CPU)  -- a plain tensor: not state
+  end
+  function Net:forward(x) return self.blocks[1](self.fc1(self.fc2(x))) * self.scale end
+  local m = Net(4)
+  local names = {}
+  for i, nt in ipairs(m:named_parameters()) do names[i] = nt[1] end
+  T.same(#names, 6)
+  T.eq(table.concat(names, ' '), 'fc2.weight fc2.bias fc1.weight blocks.1.weight blocks.1.bias scale')
+  T.eq(#m:parameters(), 6)
+  T.eq(m:num_parameters(), 4 * 3 + 3 + 3 * 4 + 4 + 4 + 1)
+  local kids = m:named_children()
+  T.eq(#kids, 4)
+  T.eq(kids[3][1], 'blocks.1')
+  T.eq(#m:children(), 4)
+  T.eq(#m:modules(), 5)
+  T.ok(m.training and m.blocks[2].training)
+  m:eval()
+  T.ok(not m.training and not m.blocks[2].training and not m.fc1.training)
+  m:train()
+  T.ok(m.blocks[2].training)
+  local y = m(gp.randn({2, 4}, CPU))
+  T.eq(shape_str(y.shape), '(2,4)')
+  y:sum():backward()
+  for _, p in ipairs(m:parameters()) do T.ok(p.grad ~= nil) end
+  m:zero_grad()
+  for _, p in ipairs(m:parameters()) do T.eq(p.grad, nil) end
+  T.ok(tostring(m):find('Net', 1, true) and tostring(m):find('Linear(4 -> 3)', 1, true))
+  T.raises(function() nn.Module:extend('X')():forward() end, 'X', 'forward')
+  -- subclass of a subclass calls the parent's init
+  local Scaled = nn.Linear:extend('Scaled')
+  function Scaled:init(i, o) nn.Linear.init(self, i, o, {device = 'cpu'}); self.k = 2 end
+  function Scaled:forward(x) return nn.Linear.forward(self, x) * self.k end
+  local s = Scaled(3, 2)
+  T.eq(#s:parameters(), 2)
+  T.eq(shape_str(s(gp.randn({5, 3}, CPU)).shape), '(5,2)')
+end)
+
+T.test('to(dtype) keeps tied weights tied and parameters leaves; requires_grad_ freezes', function()
+  local m = tiny_gpt()
+  T.ok(rawequal(m.lm_head.weight, m.wte.weight))
+  local n = m:num_parameters()
+  m:to('f64')
+  T.ok(rawequal(m.lm_head.weight, m.wte.weight))
+  T.eq(m.wte.weight.dtype, 'f64')
+  T.eq(m:num_parameters(), n)
+  for _, p in ipairs(m:parameters()) do T.ok(p:is_leaf() and p:needs_grad()) end
+  m:requires_grad_(false)
+  T.eq(#m:parameters(), #m:named_parameters())
+  for _, p in ipairs(m:parameters()) do T.ok(not p:needs_grad()) end
+  -- untied: one more parameter
+  T.eq(#tiny_gpt({tie_weights = false}):parameters(), #m:parameters() + 1)
+end)
+
+T.test('gradcheck Linear, Embedding, LayerNorm, RMSNorm, Dropout in f64', function()
+  check_module(nn.Linear(3, 4, {device = 'cpu'}):to('f64'), {rn {2, 3}})
+  check_module(nn.Linear(3, 4, {bias = false, device = 'cpu'}):to('f64'), {rn {2, 5, 3}})
+  local e = nn.Embedding(6, 3, {device = 'cpu'}):to('f64')
+  local idx = gp.tensor({{0, 5, 5}, {2, 0, 1}}, {dtype = 'i64', device = 'cpu'})
+  T.ok(gp.gradcheck(function(w) return e(idx) end, {e.weight}))
+  check_module(nn.LayerNorm(5, {device = 'cpu'}):to('f64'), {rn {3, 5}})
+  check_module(nn.RMSNorm(5, {eps = 1e-3, device = 'cpu'}):to('f64'), {rn {2, 2, 5}})
+  local d = nn.Dropout(0.4)
+  T.ok(gp.gradcheck(function(x) gp.manual_seed(11); return d(x) end, {rn {4, 5}}))
+  d:eval()
+  check_module(d, {rn {4, 5}})
+end)
+
+T.test('gradcheck MLP, SwiGLUMLP, attention, CausalSelfAttention in f64', function()
+  check_module(nn.MLP(4, 6, {device = 'cpu'}):to('f64'), {rn {2, 3, 4}})
+  check_module(nn.SwiGLUMLP(4, 6, {device = 'cpu'}):to('f64'), {rn {2, 3, 4}})
+  T.ok(gp.gradcheck(function(q, k, v) return nn.attention(q, k, v, {causal = true}) end, {rn {2, 2, 4, 3}, rn {2, 2, 4, 3}, rn {2, 2, 4, 5}}))
+  T.ok(gp.gradcheck(function(q, k, v) return nn.attention(q, k, v) end, {rn {3, 2, 3}, rn {3, 4, 3}, rn {3, 4, 2}}))
+  T.ok(gp.gradcheck(function(q, k, v) return nn.attention(q, k, v, {causal = true, scale = 0.7}) end, {rn {1, 2, 3}, rn {1, 4, 3}, rn {1, 4, 2}}))
+  check_module(nn.CausalSelfAttention {n_embd = 4, n_head = 2, device = 'cpu'}:to('f64'), {rn {2, 3, 4}})
+end)
+
+T.test('gradcheck TransformerBlock (gelu/layer, swiglu/rms) and GPT logits and loss in f64', function()
+  check_module(nn.TransformerBlock {n_embd = 4, n_head = 2, mlp_hidden = 6, device = 'cpu'}:to('f64'), {rn {1, 3, 4}})
+  check_module(nn.TransformerBlock {n_embd = 4, n_head = 1, mlp = 'swiglu', norm = 'rms', mlp_hidden = 6, device = 'cpu'}
+    :to('f64'), {rn {2, 2, 4}})
+  local m = tiny_gpt():to('f64')
+  local idx = gp.tensor({{0, 4, 2}, {3, 3, 1}}, {dtype = 'i64', device = 'cpu'})
+  T.ok(gp.gradcheck(function() return m(idx) end, m:parameters()))
+  -- the loss path: the same gradients as an f64 cross-entropy written out from the logits
+  local tg = gp.tensor({{4, 2, 1}, {3, 1, 0}}, {dtype = 'i64', device = 'cpu'})
+  m:zero_grad()
+  local _, loss = m(idx, tg)
+  loss:backward()
+  local g1 = {}
+  for i, p in ipairs(m:parameters()) do g1[i] = p.grad; p:zero_grad() end
+  local logits = m(idx)
+  local nll = -logits:log_softmax(-1):gather(3, tg:view {2, 3, 1}):mean()
+  T.near(nll:item(), loss:item(), 1e-6)
+  nll:backward()
+  for i, p in ipairs(m:parameters()) do T.ok(T.relnorm(g1[i], p.grad) < 1e-6, 'parameter ' .. i .. ': ' .. T.relnorm(g1[i], p.grad)) end
+end)
+
+T.test('nn.attention is causal, swappable, and its mask is cached per (T, S, device, dtype)', function()
+  local m1 = nn.causal_mask(4, 4, 'cpu', 'f32')
+  T.ok(rawequal(m1, nn.causal_mask(4, 4, 'cpu', 'f32')))
+  T.ok(not rawequal(m1, nn.causal_mask(4, 4, 'cpu', 'f64')))
+  local v = m1:totable()
+  T.eq(v[1][1], 0); T.eq(v[1][2], -math.huge); T.eq(v[4][4], 0); T.eq(v[4][1], 0)
+  T.eq(nn.causal_mask(2, 4, 'cpu', 'f32'):totable()[1][3], 0) -- the last query of 2 sees 4 keys, the first 3
+  local m = tiny_gpt():eval()
+  local a = gp.tensor({{1, 2, 3, 4}}, {dtype = 'i64', device = 'cpu'})
+  local b = gp.tensor({{1, 2, 3, 0}}, {dtype = 'i64', device = 'cpu'})
+  local la, lb = m(a), m(b)
+  T.ok(T.relnorm(la:narrow(2, 1, 3), lb:narrow(2, 1, 3)) < 1e-6) -- a later token changes no earlier logit
+  T.ok(T.relnorm(la:narrow(2, 4, 1), lb:narrow(2, 4, 1)) > 1e-3)
+  local orig, calls = nn.attention, 0
+  nn.attention = function(q, k, vv, o) calls = calls + 1; T.ok(o.causal); return orig(q, k, vv, o) end
+  local ok, err = pcall(m, a)
+  nn.attention = orig
+  T.ok(ok, tostring(err))
+  T.eq(calls, 1)
+end)
+
+T.test('state_dict round trip through gp.save and gp.load', function()
+  local path = os.tmpname() .. '.safetensors'
+  gp.manual_seed(1)
+  local m = tiny_gpt({n_layer = 2, mlp = 'swiglu', norm = 'rms'})
+  local sd = m:state_dict()
+  T.eq(sd['lm_head.weight'], nil) -- tied: saved once, as wte.weight
+  T.ok(sd['wte.weight'] and sd['h.2.mlp.gate.weight'])
+  gp.save(path, sd)
+  gp.manual_seed(2)
+  local m2 = tiny_gpt({n_layer = 2, mlp = 'swiglu', norm = 'rms'})
+  local idx = gp.tensor({{0, 1, 2, 3}}, {dtype = 'i64', device = 'cpu'})
+  T.ok(T.relnorm(m2(idx), m(idx)) > 1e-3)
+  local loaded = gp.load(path)
+  local r = m2:load_state_dict(loaded)
+  T.eq(#r.missing + #r.unexpected, 0)
+  T.ok(T.relnorm(m2(idx), m(idx)) == 0)
+  T.ok(rawequal(m2.lm_head.weight, m2.wte.weight))
+  os.remove(path)
+end)
+
+T.test('load_state_dict names missing and unexpected keys and shape mismatches; nothing is copied on error', function()
+  local m = nn.Linear(3, 2, {device = 'cpu'})
+  local w0 = m.weight:clone()
+  T.raises(function() m:load_state_dict({weight = gp.zeros({2, 3}, CPU)}) end, 'load_state_dict', 'missing keys: bias')
+  T.eq(T.relnorm(m.weight, w0), 0)
+  T.raises(function() m:load_state_dict({weight = gp.zeros({2, 3}, CPU), bias = gp.zeros({2}, CPU), extra = gp.zeros({1}, CPU)}) end,
+    'unexpected keys: extra')
+  T.raises(function() m:load_state_dict({weight = gp.zeros({3, 2}, CPU), bias = gp.zeros({2}, CPU)}) end,
+    'shape mismatch', 'weight is (3,2) in the state dict but (2,3) in the model')
+  T.raises(function() m:load_state_dict({weight = 3, bias = gp.zeros({2}, CPU)}) end, 'weight is a number')
+  T.raises(function() m:load_state_dict(5) end, 'load_state_dict', 'table')
+  -- not strict: loads what matches, reports the rest
+  local r = m:load_state_dict({weight = gp.ones({2, 3}, {dtype = 'f64', device = 'cpu'}), extra = gp.zeros({1}, CPU)}, {strict = false})
+  T.eq(#r.missing, 1); T.eq(r.missing[1], 'bias')
+  T.eq(#r.unexpected, 1); T.eq(r.unexpected[1], 'extra')
+  T.eq(m.weight.dtype, 'f32')
+  T.same(T.flat(m.weight), {1, 1, 1, 1, 1, 1})
+end)
+
+T.test('train/eval switch dropout; GPT with dropout is deterministic in eval mode', function()
+  local d = nn.Dropout(0.5)
+  local x = gp.ones({1000}, CPU)
+  local y = d(x)
+  local zeros = 0
+  for _, v in ipairs(T.flat(y)) do if v == 0 then zeros = zeros + 1 else T.eq(v, 2) end end
+  T.ok(zeros > 400 and zeros < 600, 'zeros: ' .. zeros)
+  d:eval()
+  T.ok(rawequal(d(x), x))
+  local m = tiny_gpt({dropout = 0.3})
+  local idx = gp.tensor({{0, 1, 2}}, {dtype = 'i64', device = 'cpu'})
+  T.ok(T.relnorm(m(idx), m(idx)) > 0)
+  m:eval()
+  T.eq(T.relnorm(m(idx), m(idx)), 0)
+end)
+
+T.test('GPT: shapes, loss near log(V) at init, init statistics, errors', function()
+  gp.manual_seed(5)
+  local m = nn.GPT {vocab_size = 11, block_size = 8, n_embd = 16, n_layer = 2, n_head = 4, device = 'cpu'}
+  local idx = gp.randint(0, 11, {3, 8}, CPU)
+  local logits, loss = m(idx, idx)
+  T.eq(shape_str(logits.shape), '(3,8,11)')
+  T.eq(loss:dim(), 0)
+  T.near(loss:item(), math.log(11), 0.1)
+  T.eq(shape_str(m(idx:narrow(2, 1, 5)).shape), '(3,5,11)')
+  T.near(m.h[1].attn.qkv.weight:std():item(), 0.02, 0.15)
+  T.near(m.h[2].mlp.proj.weight:std():item(), 0.02 / math.sqrt(4), 0.15)
+  T.eq(m.h[1].attn.qkv.bias:abs():max():item(), 0)
+  T.eq(m.ln_f.weight:min():item(), 1)
+  T.raises(function() m(gp.randint(0, 11, {1, 9}, CPU)) end, 'GPT', '9 tokens', 'block_size is 8')
+  T.raises(function() m(gp.randn({1, 4}, CPU)) end, 'GPT', 'idx')
+  T.raises(function() nn.GPT {vocab_size = 11, block_size = 8, n_embd = 10, n_layer = 1, n_head = 4} end, 'n_embd 10', 'n_head 4')
+  T.raises(function() nn.GPT {vocab_size = 11, block_size = 8, n_embd = 8, n_layer = 1, n_head = 4, mlp = 'relu'} end, 'mlp')
+  T.raises(function() nn.GPT {vocab_size = 11} end, 'GPT', 'block_size')
+end)
+
+T.test('a few SGD steps reduce the loss on a repeated sequence', function()
+  gp.manual_seed(3)
+  local m = nn.GPT {vocab_size = 6, block_size = 8, n_embd = 16, n_layer = 1, n_head = 2, device = 'cpu'}
+  local seq = {}
+  for i = 1, 9 do seq[i] = (i - 1) % 3 end
+  local idx = gp.tensor({{unpack(seq, 1, 8)}}, {dtype = 'i64', device = 'cpu'})
+  local tg = gp.tensor({{unpack(seq, 2, 9)}}, {dtype = 'i64', device = 'cpu'})
+  local first, last
+  for step = 1, 30 do
+    m:zero_grad()
+    local _, loss = m(idx, tg)
+    if step == 1 then first = loss:item() end
+    last = loss:item()
+    loss:backward()
+    gp.no_grad(function()
+      for _, p in ipairs(m:parameters()) do p:sub_(p.grad * 0.5) end
+    end)
+  end
+  T.ok(last < first * 0.5, string.format('loss %g -> %g', first, last))
+end)
+
+T.test('a tiny GPT on the GPU matches the CPU: logits, loss and every gradient', function()
+  T.cuda()
+  local cfg = {vocab_size = 13, block_size = 8, n_embd = 16, n_layer = 2, n_head = 4}
+  local mc = tiny_gpt(cfg, 'cpu')
+  local mg = tiny_gpt(cfg, 'cuda')
+  mg:load_state_dict(mc:state_dict())
+  local idx = gp.randint(0, 13, {2, 8}, CPU)
+  local tg = gp.randint(0, 13, {2, 8}, CPU)
+  local lc, lossc = mc(idx, tg)
+  local lg, lossg = mg(idx:cuda(), tg:cuda())
+  T.ok(T.relnorm(lg:cpu(), lc) < 1e-4, 'logits')
+  T.ok(T.relnorm(lossg:cpu(), lossc) < 1e-4, 'loss')
+  lossc:backward()
+  lossg:backward()
+  local pc, pg = mc:named_parameters(), mg:named_parameters()
+  T.eq(#pc, #pg)
+  for i, nt in ipairs(pc) do
+    T.eq(pg[i][1], nt[1])
+    local r = T.relnorm(pg[i][2].grad:cpu(), nt[2].grad)
+    T.ok(r < 1e-3, nt[1] .. ': gradient relative norm ' .. r)
+  end
+end)
