@@ -137,18 +137,13 @@ template <typename T, bool RMS> struct NormOp {
       mu = group_sum(s, tpr, sh) / (float)D;
     }
     float q = 0.f;
-    if (RMS || D == (int64_t)NV * V * tpr) { /* every slot holds an element: no tail test */
 #pragma unroll
-      for (int i = 0; i < NV * V; i++) q += (v[i] - mu) * (v[i] - mu);
-    } else {
+    for (int k = 0; k < NV; k++)
 #pragma unroll
-      for (int k = 0; k < NV; k++)
-#pragma unroll
-        for (int e = 0; e < V; e++) {
-          float d = v[k * V + e] - mu;
-          if (row_in<V>(k, e, lane, tpr, D)) q += d * d;
-        }
-    }
+      for (int e = 0; e < V; e++) {
+        float d = v[k * V + e] - mu;
+        if (RMS || row_in<V>(k, e, lane, tpr, D)) q += d * d;
+      }
     const float rs = rsqrtf(group_sum(q, tpr, sh) / (float)D + eps);
     if (RMS) {
 #pragma unroll
