@@ -330,6 +330,29 @@ gp.gradcheck = doc(autograd.gradcheck, 'gp.gradcheck(fn, {x, y, ...}, {eps=1e-6,
   'compare the gradients of fn at f64 CPU inputs with central differences; raises on a mismatch')
 
 ---------------------------------------------------------------------------
+-- training: optimizers, data, command-line flags, progress and logs
+gp.optim = require 'gpush.optim'
+doc(gp.optim.AdamW, 'gp.optim.AdamW(params, {lr=3e-4, betas={0.9,0.95}, eps=1e-8, weight_decay=0.1, master_weights=true})',
+  'AdamW over multi-tensor lists (one launch per group and grad dtype); weight decay only on params of dim >= 2; f32 master copies of bf16 params')
+doc(gp.optim.SGD, 'gp.optim.SGD(params, {lr=0.01, momentum=0, nesterov=false, weight_decay=0})', 'SGD with momentum over multi-tensor lists')
+doc(gp.optim.clip_grad_norm, 'gp.optim.clip_grad_norm(opt_or_params, max_norm)',
+  'the global grad norm as a 0-dim device tensor; the clip factor is computed on the device and scales the next opt:step() (no host sync)')
+doc(gp.optim.mixed_precision, "gp.optim.mixed_precision(model, {dtype='bf16'})", "the model's f32 parameters become bf16 in place (make the optimizer afterwards: it keeps f32 masters)")
+doc(gp.optim.schedule.cosine, 'gp.optim.schedule.cosine{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then cosine decay to min_lr')
+doc(gp.optim.schedule.linear, 'gp.optim.schedule.linear{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then linear decay to min_lr')
+doc(gp.optim.schedule.warmup, 'gp.optim.schedule.warmup{lr=, warmup=}', 'step -> lr: linear warmup, then constant')
+gp.data = require 'gpush.data'
+doc(gp.data.text, "gp.data.text{path=FILE | text=STRING, vocab='present'|'bytes', val_fraction=0.1}",
+  'a byte-level dataset: vocab_size, encode, decode, batch(split, B, T) -> x, y (i64 on the device), unigram_entropy')
+doc(gp.data.jsonl, 'gp.data.jsonl(path)', 'the values of a JSONL file as a list (a bad line is an error naming its line number)')
+doc(gp.data.jsonl_lines, 'gp.data.jsonl_lines(path)', 'iterator over lineno, value of a JSONL file')
+gp.args = require 'gpush.cli'
+doc(gp.args.parse, "gp.args.parse(arg, {{'iters', 1000, 'help'}, ...}, {usage=})", 'script flags: --name value, --name=value, --flag, --no-flag, --help')
+gp.train = require 'gpush.train'
+doc(gp.train.logger, 'gp.train.logger{steps=, every=10, tokens_per_step=, file=}',
+  'progress lines (\\r on a terminal) and a JSONL log; log:step(step, loss, lr) reads the loss only every `every` steps')
+
+---------------------------------------------------------------------------
 -- help
 
 function gp.kernels()
