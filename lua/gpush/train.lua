@@ -66,17 +66,27 @@ end
 -- is a multiple of `every` or the last step. Returns the record when it
 -- reported (its loss is the mean since the last report), else nil.
 function Logger:step(step, loss, lr, extra)
-  if loss ~= nil then
-    if tensor.is_tensor(loss) then
-      local l = gp().no_grad(function() return loss:detach():to('f32'):reshape {1} end)
-      if self.acc then self.acc:add_(l) else self.acc = l:clone() end
-    else
-      self.acc_num = (self.acc_num or 0) + loss
-    end
-    self.nacc = self.nacc + 1
-  end
+  if loss ~= nil then self:add(loss) end
   if step % self.every ~= 0 and step ~= self.steps then return nil end
   return self:report(step, lr, extra)
+end
+
+-- add a loss without ending a step (micro-steps of gradient accumulation);
+-- the report shows the mean of the losses added since the last one
+function Logger:add(loss)
+  if tensor.is_tensor(loss) then
+    local l = gp().no_grad(function() return loss:detach():to('f32'):reshape {1} end)
+    if self.acc then self.acc:add_(l) else self.acc = l:clone() end
+  else
+    self.acc_num = (self.acc_num or 0) + loss
+  end
+  self.nacc = self.nacc + 1
+end
+
+-- leave `seconds` (an evaluation, a checkpoint) out of tokens/s and the ETA
+function Logger:exclude(seconds)
+  self.t0 = self.t0 + seconds
+  self.t_last = self.t_last + seconds
 end
 
 -- read the accumulated loss (the one host sync) and print and log a record
