@@ -57,7 +57,11 @@ local function wrap(tbl, name, rule, docs, opname)
     local node = {name = opname or name, rule = rule, args = args, outs = outs}
     for i = 1, outs.n do
       local o = outs[i]
-      if is_tensor(o) and o:is_floating_point() then rawset(o, '_node', node) end
+      -- an op that returns an argument itself (x:contiguous(), x:float() on an
+      -- f32 x) adds no node: x keeps its own (or stays a leaf)
+      local same = false
+      for k = 1, args.n do if rawequal(args[k], o) then same = true end end
+      if is_tensor(o) and o:is_floating_point() and not same then rawset(o, '_node', node) end
     end
     return unpack(outs, 1, outs.n)
   end
