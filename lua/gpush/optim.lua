@@ -438,7 +438,7 @@ end
 function M.schedule.warmup(o)
   local lr, w = need(o, 'lr', 'schedule.warmup'), o.warmup or 0
   return function(step)
-    if step <= w then return lr * step / w end
+    if w > 0 and step <= w then return lr * step / w end
     return lr
   end
 end
@@ -450,7 +450,7 @@ function M.schedule.cosine(o)
   local w, lo = o.warmup or 0, o.min_lr or 0
   if w > n then raise(op .. ': warmup must be <= max_steps') end
   return function(step)
-    if step <= w then return lr * step / w end
+    if w > 0 and step <= w then return lr * step / w end
     if step >= n then return lo end
     local progress = (step - w) / (n - w)
     return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * progress))
@@ -463,7 +463,7 @@ function M.schedule.linear(o)
   local lr, n = need(o, 'lr', op), need(o, 'max_steps', op)
   local w, lo = o.warmup or 0, o.min_lr or 0
   return function(step)
-    if step <= w then return lr * step / w end
+    if w > 0 and step <= w then return lr * step / w end
     if step >= n then return lo end
     return lr + (lo - lr) * (step - w) / (n - w)
   end

@@ -17,8 +17,6 @@ return function(gp, cfg)
     local B, T = idx:size(1), idx:size(2)
     local logits = gp.zeros({B, T, V})
     if not targets then return logits end
-    -- (no :float() here: on an f32 tensor it returns the tensor itself, which autograd
-    -- then records as its own output and the gradient is lost; see the report)
     local d = w - 0.5
     local e = b - 0.5
     local loss = ((d * d):view {V * n}:narrow(1, 1, 1):view {} + (e * e):view {n}:narrow(1, 1, 1):view {})
