@@ -84,7 +84,11 @@ function M.parse(argv, spec, opts)
     if name then
       local neg = false
       local f = byname[name]
-      if not f and name:match('^no%-') then f = byname[name:sub(4)]; neg = f and f.type == 'flag' end
+      if not f and name:match('^no%-') then
+        f = byname[name:sub(4)]
+        if f and f.type ~= 'flag' then raise(string.format('args: --%s is not a flag (no --no-%s)', f.name, f.name)) end
+        neg = f ~= nil
+      end
       if not f then raise(string.format('args: unknown flag --%s (see --help)', name)) end
       if f.type == 'flag' then
         if val ~= nil then
@@ -95,7 +99,6 @@ function M.parse(argv, spec, opts)
           o[key_of(f.name)] = not neg
         end
       else
-        if neg then raise(string.format('args: --%s is not a flag', name)) end
         if val == nil then
           i = i + 1
           val = argv[i]
