@@ -6,9 +6,11 @@
 --   ds.unigram_entropy                                    -- the byte-frequency baseline, in nats
 --
 -- The text is encoded once (on the host, then moved to the device); a batch
--- is gp.randint offsets from the seeded generator plus an arange, and an
--- index_select from the token tensor, all on the device: the same seed gives
--- the same batches, and no per-batch host loop touches the tokens.
+-- is gp.randint offsets from the seeded generator and two gp.k.windows
+-- launches (x and the shifted y) over the token tensor, all on the device:
+-- the same seed gives the same batches, no per-batch host loop touches the
+-- tokens, and nothing waits for the GPU (index_select would read back its
+-- range flag; windows' starts are in range by construction).
 local ffi = require 'ffi'
 local core = require 'gpush.core'
 local tensor = require 'gpush.tensor'
@@ -78,7 +80,6 @@ function M.text(opts)
   }, Text)
   self.train = ids:narrow(1, 1, ntrain)
   self.val = nval > 0 and ids:narrow(1, ntrain + 1, nval) or nil
-  self._ar = {}
   return self
 end
 
@@ -117,12 +118,12 @@ function Text:batch(split, B, T)
   if type(B) ~= 'number' or type(T) ~= 'number' or B < 1 or T < 1 then raise('batch: needs positive B and T') end
   local n = src:numel()
   if n < T + 1 then raise(string.format("batch: the %s split has %d tokens; a block of %d needs at least %d", split, n, T, T + 1)) end
-  local ar = self._ar[T]
-  if not ar then ar = gp().arange(T, {device = self.device}):view {1, T}; self._ar[T] = ar end
-  local off = gp().randint(0, n - T, {B, 1}, {device = self.device})
-  local ix = (off + ar):view {B * T}
-  local x = src:index_select(1, ix):view {B, T}
-  local y = src:index_select(1, ix + 1):view {B, T}
+  local off = gp().randint(0, n - T, {B}, {device = self.device})
+  local x = tensor.empty({B, T}, src.dtype, src.device, op)
+  local y = tensor.empty({B, T}, src.dtype, src.device, op)
+  local k = gp().k
+  k.windows(x, src, off)                       -- x[b, t] = src[off[b] + t]
+  k.windows(y, src:narrow(1, 2, n - 1), off)   -- y[b, t] = src[off[b] + t + 1]
   return x, y
 end
 

@@ -77,6 +77,18 @@ T.test('batches: the same seed gives the same batch, another seed another', func
   T.ok(differ)
 end)
 
+T.test('gp.k.windows: values, wrap-around, a bad start named on the CPU', function()
+  local src = gp.arange(10)
+  local out = gp.empty({3, 4}, {dtype = 'i64'})
+  gp.k.windows(out, src, gp.tensor({0, 5, 8}, {dtype = 'i64'}))
+  T.same(out:totable(), {{0, 1, 2, 3}, {5, 6, 7, 8}, {8, 9, 0, 1}}, 0)
+  local o8 = gp.empty({1, 3}, {dtype = 'u8'})
+  gp.k.windows(o8, gp.tensor({7, 8, 9}, {dtype = 'u8'}), gp.tensor({2}, {dtype = 'i32'}))
+  T.same(o8:totable(), {{9, 7, 8}}, 0)
+  T.raises(function() gp.k.windows(out, src, gp.tensor({0, 10, 1}, {dtype = 'i64'})) end, 'windows', 'start[1] = 10', '[0, 10)')
+  T.raises(function() gp.k.windows(out, src, gp.tensor({0, -1, 1}, {dtype = 'i64'})) end, 'start[1] = -1')
+end)
+
 T.test('batches on CUDA', function()
   T.cuda()
   local ds = data.text {text = TEXT, device = 'cuda'}
@@ -84,6 +96,10 @@ T.test('batches on CUDA', function()
   T.eq(x.device, 'cuda')
   local xs, ys = x:cpu():totable(), y:cpu():totable()
   for b = 1, 3 do for t = 1, 8 do T.eq(ys[b][t], xs[b][t + 1]) end end
+  -- a start outside [0, N) wraps on the GPU (no flag is read back)
+  local out = gp.empty({2, 3}, {dtype = 'i64', device = 'cuda'})
+  gp.k.windows(out, gp.arange(10, {device = 'cuda'}), gp.tensor({12, -1}, {dtype = 'i64', device = 'cuda'}))
+  T.same(out:cpu():totable(), {{2, 3, 4}, {9, 0, 1}}, 0)
 end)
 
 T.test('JSONL: values, blank lines skipped, a bad line names its number', function()
