@@ -341,14 +341,31 @@ doc(gp.optim.mixed_precision, "gp.optim.mixed_precision(model, {dtype='bf16'})",
 doc(gp.optim.schedule.cosine, 'gp.optim.schedule.cosine{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then cosine decay to min_lr')
 doc(gp.optim.schedule.linear, 'gp.optim.schedule.linear{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then linear decay to min_lr')
 doc(gp.optim.schedule.warmup, 'gp.optim.schedule.warmup{lr=, warmup=}', 'step -> lr: linear warmup, then constant')
+do
+  local O = gp.optim.Optimizer
+  doc(O.step, 'opt:step()', 'one optimizer step: one multi-tensor launch per bucket (group, decay, grad dtype); uses the clip factor of clip_grad_norm')
+  doc(O.zero_grad, 'opt:zero_grad({set_to_none=false})', "zero the grads in place (views of the optimizer's flat buffers: one fill per dtype, the lists stay valid)")
+  doc(O.set_lr, 'opt:set_lr(lr)', "set every group's lr (times its lr_scale)")
+  doc(O.get_lr, 'opt:get_lr()', "the first group's lr")
+  doc(O.state_dict, 'opt:state_dict()', "tensors {'exp_avg.i', 'exp_avg_sq.i', 'momentum_buffer.i', 'master.i'} and metadata {optimizer, step, groups}: gp.save(path, opt:state_dict())")
+  doc(O.load_state_dict, 'opt:load_state_dict(tensors, meta)', 'restore a state_dict: opt:load_state_dict(gp.load(path))')
+end
 gp.data = require 'gpush.data'
+doc(gp.data.Text.batch, "ds:batch('train'|'val', B, T)", 'x, y: (B, T) i64 on the device from random starts (y = x shifted by one); no host sync')
+doc(gp.data.Text.encode, 'ds:encode(s)', 'a string -> a list of 0-based ids')
+doc(gp.data.Text.decode, 'ds:decode(ids)', 'a list or tensor of ids -> a string')
+doc(gp.data.read_file, 'gp.data.read_file(path)', 'the bytes of a file as a string')
+doc(gp.data.write_jsonl, 'gp.data.write_jsonl(path, list)', 'write a list of values, one JSON line each')
 doc(gp.data.text, "gp.data.text{path=FILE | text=STRING, vocab='present'|'bytes', val_fraction=0.1}",
   'a byte-level dataset: vocab_size, encode, decode, batch(split, B, T) -> x, y (i64 on the device), unigram_entropy')
 doc(gp.data.jsonl, 'gp.data.jsonl(path)', 'the values of a JSONL file as a list (a bad line is an error naming its line number)')
 doc(gp.data.jsonl_lines, 'gp.data.jsonl_lines(path)', 'iterator over lineno, value of a JSONL file')
 gp.args = require 'gpush.cli'
 doc(gp.args.parse, "gp.args.parse(arg, {{'iters', 1000, 'help'}, ...}, {usage=})", 'script flags: --name value, --name=value, --flag, --no-flag, --help')
+doc(gp.args.help, 'gp.args.help(spec, {usage=, description=})', 'the --help text of a flag spec')
 gp.train = require 'gpush.train'
+doc(gp.train.now, 'gp.train.now()', 'seconds on the host monotonic clock')
+doc(gp.train.isatty, 'gp.train.isatty(fd)', 'true when the file descriptor (1: stdout) is a terminal')
 doc(gp.train.logger, 'gp.train.logger{steps=, every=10, tokens_per_step=, file=}',
   'progress lines (\\r on a terminal) and a JSONL log; log:step(step, loss, lr) reads the loss only every `every` steps')
 

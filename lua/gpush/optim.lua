@@ -30,7 +30,6 @@ local function params_of(x, op)
   if type(x) ~= 'table' then raise(op .. ': needs a list of parameter tensors or a module') end
   return x
 end
-M.params_of = params_of
 
 local tlist_box = ffi.new('gp_tlist*[1]')
 

@@ -37,7 +37,6 @@ local function fmt_time(s)
   if s >= 60 then return string.format('%dm%02ds', math.floor(s / 60), s % 60) end
   return string.format('%ds', s)
 end
-M.fmt_time = fmt_time
 
 local Logger = {}
 Logger.__index = Logger
