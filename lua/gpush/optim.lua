@@ -442,31 +442,24 @@ function M.schedule.warmup(o)
   end
 end
 
--- warmup, then cosine decay from lr to min_lr at max_steps (min_lr after)
-function M.schedule.cosine(o)
-  local op = 'schedule.cosine'
-  local lr, n = need(o, 'lr', op), need(o, 'max_steps', op)
-  local w, lo = o.warmup or 0, o.min_lr or 0
-  if w > n then raise(op .. ': warmup must be <= max_steps') end
-  return function(step)
-    if w > 0 and step <= w then return lr * step / w end
-    if step >= n then return lo end
-    local progress = (step - w) / (n - w)
-    return lo + 0.5 * (lr - lo) * (1 + math.cos(math.pi * progress))
+-- warmup, then a decay from lr to min_lr at max_steps (min_lr after) whose
+-- shape f maps the progress in [0, 1] to the fraction of (lr - min_lr) left
+local function decaying(name, f)
+  return function(o)
+    local op = 'schedule.' .. name
+    local lr, n = need(o, 'lr', op), need(o, 'max_steps', op)
+    local w, lo = o.warmup or 0, o.min_lr or 0
+    if w > n then raise(op .. ': warmup must be <= max_steps') end
+    return function(step)
+      if w > 0 and step <= w then return lr * step / w end
+      if step >= n then return lo end
+      return lo + (lr - lo) * f((step - w) / (n - w))
+    end
   end
 end
 
--- warmup, then linear decay from lr to min_lr at max_steps
-function M.schedule.linear(o)
-  local op = 'schedule.linear'
-  local lr, n = need(o, 'lr', op), need(o, 'max_steps', op)
-  local w, lo = o.warmup or 0, o.min_lr or 0
-  return function(step)
-    if w > 0 and step <= w then return lr * step / w end
-    if step >= n then return lo end
-    return lr + (lo - lr) * (step - w) / (n - w)
-  end
-end
+M.schedule.cosine = decaying('cosine', function(x) return 0.5 * (1 + math.cos(math.pi * x)) end)
+M.schedule.linear = decaying('linear', function(x) return 1 - x end)
 
 ---------------------------------------------------------------------------
 -- mixed precision: the model's f32 parameters become bf16 in place (the same

@@ -9,13 +9,7 @@ local Tensor = gp.Tensor
 local root = GPUSH_ROOT or '.'
 local exe = root .. '/build/gpush'
 
-local function sh(cmd)
-  local f = io.popen(cmd .. ' 2>&1; echo "<rc=$?>"')
-  local out = f:read('*a')
-  f:close()
-  local rc = tonumber(out:match('<rc=(%d+)>%s*$'))
-  return out:gsub('<rc=%d+>%s*$', ''), rc
-end
+local sh = T.sh
 
 T.test('logger: the loss is read once per report, JSONL records, plain lines off a terminal', function()
   local path = os.tmpname()
