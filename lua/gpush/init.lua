@@ -333,6 +333,45 @@ gp.gradcheck = doc(autograd.gradcheck, 'gp.gradcheck(fn, {x, y, ...}, {eps=1e-6,
 -- nn: modules (after autograd, which they rely on)
 gp.nn = require('gpush.nn').bind(gp)
 
+-- training: optimizers, data, command-line flags, progress and logs
+gp.optim = require 'gpush.optim'
+doc(gp.optim.AdamW, 'gp.optim.AdamW(params, {lr=3e-4, betas={0.9,0.95}, eps=1e-8, weight_decay=0.1, master_weights=true})',
+  'AdamW over multi-tensor lists (one launch per group and grad dtype); weight decay only on params of dim >= 2; f32 master copies of bf16 params')
+doc(gp.optim.SGD, 'gp.optim.SGD(params, {lr=0.01, momentum=0, nesterov=false, weight_decay=0})', 'SGD with momentum over multi-tensor lists')
+doc(gp.optim.clip_grad_norm, 'gp.optim.clip_grad_norm(opt_or_params, max_norm)',
+  'the global grad norm as a 0-dim device tensor; the clip factor is computed on the device and scales the next opt:step() (no host sync)')
+doc(gp.optim.mixed_precision, "gp.optim.mixed_precision(model, {dtype='bf16'})", "the model's f32 parameters become bf16 in place (make the optimizer afterwards: it keeps f32 masters)")
+doc(gp.optim.schedule.cosine, 'gp.optim.schedule.cosine{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then cosine decay to min_lr')
+doc(gp.optim.schedule.linear, 'gp.optim.schedule.linear{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then linear decay to min_lr')
+doc(gp.optim.schedule.warmup, 'gp.optim.schedule.warmup{lr=, warmup=}', 'step -> lr: linear warmup, then constant')
+do
+  local O = gp.optim.Optimizer
+  doc(O.step, 'opt:step()', 'one optimizer step: one multi-tensor launch per bucket (group, decay, grad dtype); uses the clip factor of clip_grad_norm')
+  doc(O.zero_grad, 'opt:zero_grad({set_to_none=false})', "zero the grads in place (views of the optimizer's flat buffers: one fill per dtype, the lists stay valid)")
+  doc(O.set_lr, 'opt:set_lr(lr)', "set every group's lr (times its lr_scale)")
+  doc(O.get_lr, 'opt:get_lr()', "the first group's lr")
+  doc(O.state_dict, 'opt:state_dict()', "tensors {'exp_avg.i', 'exp_avg_sq.i', 'momentum_buffer.i', 'master.i'} and metadata {optimizer, step, groups}: gp.save(path, opt:state_dict())")
+  doc(O.load_state_dict, 'opt:load_state_dict(tensors, meta)', 'restore a state_dict: opt:load_state_dict(gp.load(path))')
+end
+gp.data = require 'gpush.data'
+doc(gp.data.Text.batch, "ds:batch('train'|'val', B, T)", 'x, y: (B, T) i64 on the device from random starts (y = x shifted by one); no host sync')
+doc(gp.data.Text.encode, 'ds:encode(s)', 'a string -> a list of 0-based ids')
+doc(gp.data.Text.decode, 'ds:decode(ids)', 'a list or tensor of ids -> a string')
+doc(gp.data.read_file, 'gp.data.read_file(path)', 'the bytes of a file as a string')
+doc(gp.data.write_jsonl, 'gp.data.write_jsonl(path, list)', 'write a list of values, one JSON line each')
+doc(gp.data.text, "gp.data.text{path=FILE | text=STRING, vocab='present'|'bytes', val_fraction=0.1}",
+  'a byte-level dataset: vocab_size, encode, decode, batch(split, B, T) -> x, y (i64 on the device), unigram_entropy')
+doc(gp.data.jsonl, 'gp.data.jsonl(path)', 'the values of a JSONL file as a list (a bad line is an error naming its line number)')
+doc(gp.data.jsonl_lines, 'gp.data.jsonl_lines(path)', 'iterator over lineno, value of a JSONL file')
+gp.args = require 'gpush.cli'
+doc(gp.args.parse, "gp.args.parse(arg, {{'iters', 1000, 'help'}, ...}, {usage=})", 'script flags: --name value, --name=value, --flag, --no-flag, --help')
+doc(gp.args.help, 'gp.args.help(spec, {usage=, description=})', 'the --help text of a flag spec')
+gp.train = require 'gpush.train'
+doc(gp.train.now, 'gp.train.now()', 'seconds on the host monotonic clock')
+doc(gp.train.isatty, 'gp.train.isatty(fd)', 'true when the file descriptor (1: stdout) is a terminal')
+doc(gp.train.logger, 'gp.train.logger{steps=, every=10, tokens_per_step=, file=}',
+  'progress lines (\\r on a terminal) and a JSONL log; log:step(step, loss, lr) reads the loss only every `every` steps')
+
 ---------------------------------------------------------------------------
 -- help
 

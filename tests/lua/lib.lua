@@ -44,6 +44,15 @@ function M.raises(fn, ...)
   return err
 end
 
+-- run a shell command; returns its output (stdout and stderr) and exit status
+function M.sh(cmd)
+  local f = io.popen(cmd .. ' 2>&1; echo "<rc=$?>"')
+  local out = f:read('*a')
+  f:close()
+  local rc = tonumber(out:match('<rc=(%d+)>%s*$'))
+  return out:gsub('<rc=%d+>%s*$', ''), rc
+end
+
 -- the elements of a tensor as a flat Lua list (row-major)
 function M.flat(t)
   local b, n = require('gpush.tensor').to_doubles(t)

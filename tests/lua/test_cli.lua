@@ -6,13 +6,7 @@ local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
 local tmp = os.tmpname()
 
 -- run a shell command; returns its output and exit status
-local function sh(cmd)
-  local f = io.popen(cmd .. ' 2>&1; echo "<rc=$?>"')
-  local out = f:read('*a')
-  f:close()
-  local rc = tonumber(out:match('<rc=(%d+)>%s*$'))
-  return out:gsub('<rc=%d+>%s*$', ''), rc
-end
+local sh = T.sh
 
 local function write(path, text)
   local f = assert(io.open(path, 'w'))

@@ -1,0 +1,174 @@
+-- gp.data: byte-level text datasets and JSONL files.
+--
+--   local ds = gp.data.text{path = 'input.txt'}          -- or {text = '...'}
+--   ds.vocab_size, ds:encode('hi'), ds:decode({7, 8})     -- ids are 0-based
+--   local x, y = ds:batch('train', 16, 64)                -- (16,64) i64 on the device
+--   ds.unigram_entropy                                    -- the byte-frequency baseline, in nats
+--
+-- The text is encoded once (on the host, then moved to the device); a batch
+-- is gp.randint offsets from the seeded generator and two gp.k.windows
+-- launches (x and the shifted y) over the token tensor, all on the device:
+-- the same seed gives the same batches, no per-batch host loop touches the
+-- tokens, and nothing waits for the GPU (index_select would read back its
+-- range flag; windows' starts are in range by construction).
+local ffi = require 'ffi'
+local core = require 'gpush.core'
+local tensor = require 'gpush.tensor'
+local raise = core.raise
+
+local M = {}
+local function gp() return require 'gpush' end
+
+function M.read_file(path)
+  if type(path) ~= 'string' then raise('read_file: the path must be a string') end
+  local f, err = io.open(path, 'rb')
+  if not f then raise('read_file: cannot open ' .. tostring(err)) end
+  local s = f:read('*a')
+  f:close()
+  return s
+end
+
+local Text = {}
+Text.__index = Text
+M.Text = Text
+
+-- opts: text= or path=; vocab = 'present' (the bytes that occur, default) or
+-- 'bytes' (all 256); val_fraction (0.1; the last part of the text); device
+function M.text(opts)
+  local op = 'data.text'
+  if type(opts) == 'string' then opts = {text = opts} end
+  if type(opts) ~= 'table' then raise(op .. ': usage gp.data.text{path = FILE} or gp.data.text{text = STRING}') end
+  local text = opts.text
+  if text == nil and opts.path then text = M.read_file(opts.path) end
+  if type(text) ~= 'string' then raise(op .. ': needs text = a string or path = a file') end
+  local n = #text
+  local vf = opts.val_fraction or 0.1
+  if type(vf) ~= 'number' or vf < 0 or vf >= 1 then raise(op .. ': val_fraction must be in [0, 1)') end
+  local vocab = opts.vocab or 'present'
+  local device = opts.device or tensor.state.device
+  local bytes = ffi.cast('const uint8_t *', text)
+  local counts = {}
+  for b = 0, 255 do counts[b] = 0 end
+  for i = 0, n - 1 do local b = bytes[i]; counts[b] = counts[b] + 1 end
+  local stoi, itos = {}, {}
+  if vocab == 'bytes' then
+    for b = 0, 255 do stoi[b] = b; itos[b] = b end
+  elseif vocab == 'present' then
+    local k = 0
+    for b = 0, 255 do if counts[b] > 0 then stoi[b] = k; itos[k] = b; k = k + 1 end end
+  else
+    raise(op .. ": vocab must be 'present' or 'bytes'")
+  end
+  local V = vocab == 'bytes' and 256 or 0
+  if V == 0 then for _ in pairs(itos) do V = V + 1 end end
+  -- entropy of the byte distribution (nats): the loss of a unigram model
+  local H = 0
+  for b = 0, 255 do
+    local c = counts[b]
+    if c > 0 then local p = c / n; H = H - p * math.log(p) end
+  end
+  -- ids as i64 on the host in one pass, then one transfer
+  local ids = tensor.empty({n}, 'i64', 'cpu', op)
+  local p = ffi.cast('int64_t *', ids.c.data) + ids.c.offset
+  for i = 0, n - 1 do p[i] = stoi[bytes[i]] end
+  ids = ids:to(device)
+  local nval = math.floor(n * vf)
+  local ntrain = n - nval
+  local self = setmetatable({
+    text_len = n, vocab = vocab, vocab_size = V, stoi = stoi, itos = itos, device = device,
+    unigram_entropy = H, data = ids, counts = counts,
+  }, Text)
+  self.train = ids:narrow(1, 1, ntrain)
+  self.val = nval > 0 and ids:narrow(1, ntrain + 1, nval) or nil
+  return self
+end
+
+-- string -> Lua list of 0-based ids (an unknown byte is an error)
+function Text:encode(s)
+  if type(s) ~= 'string' then raise('encode: needs a string') end
+  local out = {}
+  for i = 1, #s do
+    local id = self.stoi[s:byte(i)]
+    if not id then raise(string.format('encode: byte %d at position %d is not in the vocabulary', s:byte(i), i)) end
+    out[i] = id
+  end
+  return out
+end
+
+-- ids (a Lua list or a 1-d tensor) -> string
+function Text:decode(ids)
+  if tensor.is_tensor(ids) then ids = ids:cpu():contiguous():view {ids:numel()}:totable() end
+  if type(ids) ~= 'table' then raise('decode: needs a list or a tensor of ids') end
+  local chars = {}
+  for i, id in ipairs(ids) do
+    local b = self.itos[id]
+    if not b then raise(string.format('decode: id %s at position %d is out of range (vocabulary of %d)', tostring(id), i, self.vocab_size)) end
+    chars[i] = string.char(b)
+  end
+  return table.concat(chars)
+end
+
+-- x, y: (B, T) i64 on the device, y the next token of x, from random
+-- positions of split 'train' or 'val'
+function Text:batch(split, B, T)
+  local op = 'batch'
+  local src = split == 'val' and self.val or split == 'train' and self.train or nil
+  if split ~= 'train' and split ~= 'val' then raise("batch: the split must be 'train' or 'val'") end
+  if not src then raise('batch: this dataset has no validation split (val_fraction = 0)') end
+  if type(B) ~= 'number' or type(T) ~= 'number' or B < 1 or T < 1 then raise('batch: needs positive B and T') end
+  local n = src:numel()
+  if n < T + 1 then raise(string.format("batch: the %s split has %d tokens; a block of %d needs at least %d", split, n, T, T + 1)) end
+  local off = gp().randint(0, n - T, {B}, {device = self.device})
+  local x = tensor.empty({B, T}, src.dtype, src.device, op)
+  local y = tensor.empty({B, T}, src.dtype, src.device, op)
+  local k = gp().k
+  k.windows(x, src, off)                       -- x[b, t] = src[off[b] + t]
+  k.windows(y, src:narrow(1, 2, n - 1), off)   -- y[b, t] = src[off[b] + t + 1]
+  return x, y
+end
+
+---------------------------------------------------------------------------
+-- JSONL: one JSON value a line; blank lines are skipped; a bad line raises an
+-- error naming the file and the line number
+
+local function decode_line(f, path, lineno, line)
+  local ok, v = pcall(gp().json.decode, line)
+  if not ok then
+    f:close()
+    raise(string.format('jsonl: %s:%d: %s', path, lineno, (tostring(v):gsub('^.-:%d+: ', ''))))
+  end
+  return v
+end
+
+-- an iterator: for lineno, value in gp.data.jsonl_lines(path) do ... end
+function M.jsonl_lines(path)
+  if type(path) ~= 'string' then raise('jsonl: the path must be a string') end
+  local f, err = io.open(path, 'rb')
+  if not f then raise('jsonl: cannot open ' .. tostring(err)) end
+  local lineno = 0
+  return function()
+    while true do
+      local line = f:read('*l')
+      if not line then f:close(); return nil end
+      lineno = lineno + 1
+      if line:find('%S') then return lineno, decode_line(f, path, lineno, line) end
+    end
+  end
+end
+
+-- every value of a JSONL file, as a list
+function M.jsonl(path)
+  local out = {}
+  for _, v in M.jsonl_lines(path) do out[#out + 1] = v end
+  return out
+end
+
+-- write a list of values as JSONL
+function M.write_jsonl(path, list)
+  local f, err = io.open(path, 'wb')
+  if not f then raise('write_jsonl: cannot open ' .. tostring(err)) end
+  for _, v in ipairs(list) do f:write(gp().json.encode(v), '\n') end
+  f:close()
+end
+
+return M

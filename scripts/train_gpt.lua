@@ -1,0 +1,144 @@
+-- train_gpt.lua: a character-level GPT on a text file (or the built-in
+-- corpus, data/corpus.txt): AdamW with a cosine schedule, gradient clipping
+-- on the device, optional gradient accumulation and bf16 mixed precision.
+--
+--   gpush scripts/train_gpt.lua                       -- the defaults, on data/corpus.txt
+--   gpush scripts/train_gpt.lua --data input.txt --iters 5000 --bf16 --out gpt.safetensors
+--   gpush scripts/train_gpt.lua --help                -- every flag
+--
+-- The loss stays on the device; the host reads it every --log-every steps.
+-- At the end: train and validation loss, tokens/s, and the unigram baseline
+-- (the entropy of the byte distribution: what a model that ignores context
+-- would score).
+local gp = rawget(_G, 'gp') or require 'gpush'
+
+local script_dir = (arg and arg[0] or 'scripts/train_gpt.lua'):match('^(.*)/[^/]*$') or '.'
+
+local o = gp.args.parse(arg, {
+  {'data', '', 'a text file (default: the built-in corpus, data/corpus.txt)'},
+  {'n-embd', 128, 'embedding width'},
+  {'n-layer', 4, 'transformer blocks'},
+  {'n-head', 4, 'attention heads'},
+  {'block', 64, 'context length (tokens)'},
+  {'batch', 16, 'sequences per micro-batch'},
+  {'iters', 1000, 'optimizer steps'},
+  {'lr', 3e-4, 'peak learning rate'},
+  {'min-lr', -1, 'final learning rate of the cosine schedule (default lr/10)'},
+  {'warmup', -1, 'warmup steps (default min(100, iters/10))'},
+  {'weight-decay', 0.1, 'AdamW weight decay (on matrices only)'},
+  {'grad-clip', 1.0, 'clip the gradient norm to this (0: no clipping)'},
+  {'grad-accum', 1, 'micro-batches per step (the loss is scaled by 1/grad-accum)'},
+  {'dropout', 0, 'dropout probability'},
+  {'mlp', 'gelu', 'gelu or swiglu'},
+  {'norm', 'layer', 'layer or rms'},
+  {'vocab', 'present', 'present (the bytes of the text) or bytes (all 256)'},
+  {'val-fraction', 0.1, 'the last part of the text held out for validation'},
+  {'bf16', false, 'bf16 parameters for the forward and backward, f32 master weights in AdamW'},
+  {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
+  {'seed', 1337, 'random seed (model init, batches, dropout)'},
+  {'log-every', 10, 'read the loss and print a progress line every N steps'},
+  {'eval-every', 200, 'estimate train and validation loss every N steps (0: only at the end)'},
+  {'eval-iters', 20, 'batches per loss estimate'},
+  {'out', '', 'write a checkpoint here (gp.save; the config and step in the metadata)'},
+  {'log', '', 'write a JSONL record of every logged step here'},
+  {'model', '', 'a Lua file returning function(gp, config) -> model (default: gp.nn.GPT)'},
+  {'quiet', false, 'no progress lines'},
+}, {usage = 'gpush scripts/train_gpt.lua [flags]', description = 'Train a character-level GPT.'})
+
+if o.device ~= '' then gp.set_device(o.device) end
+gp.manual_seed(o.seed)
+
+local data_path = o.data ~= '' and o.data or (script_dir .. '/../data/corpus.txt')
+local ds = gp.data.text {path = data_path, vocab = o.vocab, val_fraction = o.val_fraction}
+local B, T, accum = o.batch, o.block, o.grad_accum
+if accum < 1 or accum ~= math.floor(accum) then error('--grad-accum must be a positive integer') end
+
+local config = {
+  vocab_size = ds.vocab_size, block_size = T, n_embd = o.n_embd, n_layer = o.n_layer, n_head = o.n_head,
+  dropout = o.dropout, mlp = o.mlp, norm = o.norm,
+}
+local model
+if o.model ~= '' then
+  model = assert(loadfile(o.model))()(gp, config)
+else
+  if not (gp.nn and gp.nn.GPT) then error('train_gpt: gp.nn.GPT is not available in this gpush') end
+  model = gp.nn.GPT(config)
+end
+if o.bf16 then gp.optim.mixed_precision(model) end
+
+local nparams = 0
+for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
+print(string.format('train_gpt: %s, %d bytes, vocab %d, %d parameters, device %s%s', data_path, ds.text_len,
+  ds.vocab_size, nparams, gp.device(), o.bf16 and ', bf16' or ''))
+print(string.format('  n_layer %d, n_head %d, n_embd %d, block %d, batch %d x %d accum, %d steps, lr %g',
+  o.n_layer, o.n_head, o.n_embd, T, B, accum, o.iters, o.lr))
+
+local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, 0.95}, weight_decay = o.weight_decay})
+local warmup = o.warmup >= 0 and o.warmup or math.min(100, math.floor(o.iters / 10))
+local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.min_lr >= 0 and o.min_lr or o.lr / 10, warmup = warmup,
+                                         max_steps = o.iters}
+local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * T * accum,
+                             file = o.log ~= '' and o.log or nil, print = not o.quiet}
+
+-- mean loss over eval_iters batches of a split, read once
+local function estimate(split)
+  local acc
+  for _ = 1, o.eval_iters do
+    local x, y = ds:batch(split, B, T)
+    local _, loss = model(x, y)
+    loss = loss:to('f32'):reshape {1}
+    acc = acc and acc + loss or loss
+  end
+  return acc:item() / o.eval_iters
+end
+
+local function evaluate()
+  local t0 = gp.train.now()
+  model:eval()
+  local tr, va = gp.no_grad(function() return estimate('train'), ds.val and estimate('val') or nil end)
+  model:train()
+  return tr, va, gp.train.now() - t0
+end
+
+model:train()
+local t_start = gp.train.now()
+local excluded = 0
+for step = 1, o.iters do
+  opt:zero_grad()
+  for _ = 1, accum do
+    local x, y = ds:batch('train', B, T)
+    local _, loss = model(x, y)
+    log:add(loss)
+    if accum > 1 then loss = loss / accum end
+    loss:backward()
+  end
+  if o.grad_clip > 0 then gp.optim.clip_grad_norm(opt, o.grad_clip) end
+  opt:set_lr(sched(step))
+  opt:step()
+  log:step(step, nil, opt:get_lr())
+  if o.eval_every > 0 and step % o.eval_every == 0 and step < o.iters then
+    local tr, va, dt = evaluate()
+    log:exclude(dt)
+    excluded = excluded + dt
+    log:print(string.format('step %d: train loss %.4f, val loss %s', step, tr, va and string.format('%.4f', va) or '-'))
+    log:write {step = step, train_loss = tr, val_loss = va}
+  end
+end
+gp.sync()
+local train_time = gp.train.now() - t_start - excluded
+local tokens_per_s = o.iters * B * T * accum / train_time
+
+local tr, va = evaluate()
+log:write {step = o.iters, train_loss = tr, val_loss = va, tokens_per_s = tokens_per_s,
+           unigram_entropy = ds.unigram_entropy, final = true}
+log:finish()
+print(string.format('final: train loss %.4f | val loss %s | unigram baseline %.4f nats | %.0f tokens/s | %.1f s',
+  tr, va and string.format('%.4f', va) or '-', ds.unigram_entropy, tokens_per_s, train_time))
+
+if o.out ~= '' then
+  local vocab = {}
+  for i = 0, ds.vocab_size - 1 do vocab[i + 1] = ds.itos[i] end
+  gp.save(o.out, model:state_dict(), {config = config, step = o.iters, vocab = vocab, train_loss = tr, val_loss = va,
+                                      seed = o.seed})
+  print('checkpoint: ' .. o.out)
+end

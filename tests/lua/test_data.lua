@@ -1,0 +1,125 @@
+-- gp.data: byte-level datasets (vocabularies, encode/decode, the unigram
+-- baseline), device batches from the seeded generator, JSONL reading.
+local T = require 'lib'
+local data = gp.data
+
+local TEXT = 'the cat sat on the mat. the dog sat on the log. ' .. string.rep('a quick brown fox jumps. ', 20)
+
+T.test('vocabularies, encode and decode', function()
+  local ds = data.text {text = 'abcab', val_fraction = 0}
+  T.eq(ds.vocab_size, 3)
+  T.same(ds:encode('cab'), {2, 0, 1})
+  T.eq(ds:decode({2, 0, 1}), 'cab')
+  T.eq(ds:decode(gp.tensor({0, 1, 2}, {dtype = 'i64'})), 'abc')
+  T.raises(function() ds:encode('abz') end, 'byte 122 at position 3')
+  T.raises(function() ds:decode({5}) end, 'id 5 at position 1')
+  local all = data.text {text = 'abcab', vocab = 'bytes'}
+  T.eq(all.vocab_size, 256)
+  T.same(all:encode('a'), {97})
+  T.eq(all:decode(all:encode(TEXT)), TEXT)
+  T.raises(function() data.text {text = 'x', vocab = 'words'} end, 'vocab')
+  T.raises(function() data.text {} end, 'needs text')
+  -- the unigram entropy in nats
+  local u = data.text {text = 'aab'}
+  T.near(u.unigram_entropy, -(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3)), 1e-12)
+  -- train/val split: the last val_fraction of the text
+  local d = data.text {text = string.rep('x', 100), val_fraction = 0.2}
+  T.eq(d.train:numel(), 80); T.eq(d.val:numel(), 20)
+end)
+
+T.test('a file on disk', function()
+  local path = os.tmpname()
+  local f = assert(io.open(path, 'wb')); f:write(TEXT); f:close()
+  local ds = data.text {path = path}
+  os.remove(path)
+  T.eq(ds.text_len, #TEXT)
+  T.eq(ds:decode(ds.data), TEXT)
+  T.raises(function() data.text {path = '/nonexistent/file.txt'} end, 'cannot open')
+end)
+
+T.test('batches: shapes, dtype, range, targets shifted by one, positions from the text', function()
+  local ds = data.text {text = TEXT, val_fraction = 0.25}
+  for _, split in ipairs {'train', 'val'} do
+    local x, y = ds:batch(split, 5, 7)
+    T.same(x.shape, {5, 7}); T.same(y.shape, {5, 7})
+    T.eq(x.dtype, 'i64'); T.eq(y.dtype, 'i64')
+    T.eq(x.device, gp.device())
+    local xs, ys = x:cpu():totable(), y:cpu():totable()
+    local src = ds:decode(split == 'train' and ds.train or ds.val)
+    for b = 1, 5 do
+      for t = 1, 7 do
+        T.ok(xs[b][t] >= 0 and xs[b][t] < ds.vocab_size, 'in range')
+        if t < 7 then T.eq(ys[b][t], xs[b][t + 1], 'y is x shifted') end
+      end
+      local sx = ds:decode(xs[b])
+      local i = src:find(sx, 1, true)
+      T.ok(i, 'a row is a piece of the split: ' .. sx)
+      T.ok(src:find(ds:decode(ys[b]), 1, true), 'so is its target row')
+    end
+  end
+  T.raises(function() ds:batch('test', 2, 2) end, "'train' or 'val'")
+  T.raises(function() ds:batch('val', 2, 1000) end, 'needs at least 1001')
+  local nv = data.text {text = TEXT, val_fraction = 0}
+  T.raises(function() nv:batch('val', 2, 2) end, 'no validation split')
+end)
+
+T.test('batches: the same seed gives the same batch, another seed another', function()
+  local ds = data.text {text = TEXT}
+  gp.manual_seed(5)
+  local a = ds:batch('train', 4, 8):cpu():totable()
+  gp.manual_seed(5)
+  local b = ds:batch('train', 4, 8):cpu():totable()
+  T.same(a, b, 0)
+  gp.manual_seed(6)
+  local c = ds:batch('train', 4, 8):cpu():totable()
+  local differ = false
+  for i = 1, 4 do for j = 1, 8 do if a[i][j] ~= c[i][j] then differ = true end end end
+  T.ok(differ)
+end)
+
+T.test('gp.k.windows: values, wrap-around, a bad start named on the CPU', function()
+  local src = gp.arange(10)
+  local out = gp.empty({3, 4}, {dtype = 'i64'})
+  gp.k.windows(out, src, gp.tensor({0, 5, 8}, {dtype = 'i64'}))
+  T.same(out:totable(), {{0, 1, 2, 3}, {5, 6, 7, 8}, {8, 9, 0, 1}}, 0)
+  local o8 = gp.empty({1, 3}, {dtype = 'u8'})
+  gp.k.windows(o8, gp.tensor({7, 8, 9}, {dtype = 'u8'}), gp.tensor({2}, {dtype = 'i32'}))
+  T.same(o8:totable(), {{9, 7, 8}}, 0)
+  T.raises(function() gp.k.windows(out, src, gp.tensor({0, 10, 1}, {dtype = 'i64'})) end, 'windows', 'start[1] = 10', '[0, 10)')
+  T.raises(function() gp.k.windows(out, src, gp.tensor({0, -1, 1}, {dtype = 'i64'})) end, 'start[1] = -1')
+end)
+
+T.test('batches on CUDA', function()
+  T.cuda()
+  local ds = data.text {text = TEXT, device = 'cuda'}
+  local x, y = ds:batch('train', 3, 9)
+  T.eq(x.device, 'cuda')
+  local xs, ys = x:cpu():totable(), y:cpu():totable()
+  for b = 1, 3 do for t = 1, 8 do T.eq(ys[b][t], xs[b][t + 1]) end end
+  -- a start outside [0, N) wraps on the GPU (no flag is read back)
+  local out = gp.empty({2, 3}, {dtype = 'i64', device = 'cuda'})
+  gp.k.windows(out, gp.arange(10, {device = 'cuda'}), gp.tensor({12, -1}, {dtype = 'i64', device = 'cuda'}))
+  T.same(out:cpu():totable(), {{2, 3, 4}, {9, 0, 1}}, 0)
+end)
+
+T.test('JSONL: values, blank lines skipped, a bad line names its number', function()
+  local path = os.tmpname()
+  local f = assert(io.open(path, 'wb'))
+  f:write('{"a": 1, "b": [1, 2]}\n\n"text"\n{"a": 2}\n')
+  f:close()
+  local l = data.jsonl(path)
+  T.eq(#l, 3)
+  T.eq(l[1].a, 1); T.eq(l[1].b[2], 2); T.eq(l[2], 'text'); T.eq(l[3].a, 2)
+  local lines = {}
+  for n, v in data.jsonl_lines(path) do lines[#lines + 1] = n end
+  T.same(lines, {1, 3, 4})
+  f = assert(io.open(path, 'wb'))
+  f:write('{"a": 1}\n{"a": 2}\n{"a": oops}\n{"a": 4}\n')
+  f:close()
+  T.raises(function() data.jsonl(path) end, 'jsonl: ' .. path .. ':3:')
+  data.write_jsonl(path, {{x = 1}, {x = 2}})
+  local back = data.jsonl(path)
+  T.eq(back[2].x, 2)
+  os.remove(path)
+  T.raises(function() data.jsonl('/nonexistent/x.jsonl') end, 'cannot open')
+end)

@@ -1,0 +1,109 @@
+-- Training UX and scripts/train_gpt.lua: the logger reads the loss only
+-- every `every` steps, prints \r lines on a terminal and plain lines
+-- otherwise, and writes JSONL; the script runs end to end on the CPU (with a
+-- stand-in model now; with gp.nn.GPT once it exists, where the validation
+-- loss must end well below the unigram baseline).
+local T = require 'lib'
+local Tensor = gp.Tensor
+
+local root = GPUSH_ROOT or '.'
+local exe = root .. '/build/gpush'
+
+local sh = T.sh
+
+T.test('logger: the loss is read once per report, JSONL records, plain lines off a terminal', function()
+  local path = os.tmpname()
+  local log = gp.train.logger {steps = 10, every = 5, tokens_per_step = 100, file = path, print = false}
+  local reads, item = 0, Tensor.item
+  Tensor.item = function(...) reads = reads + 1; return item(...) end
+  local ok, err = pcall(function()
+    for step = 1, 10 do
+      local loss = gp.full({}, step)   -- a device scalar, as a model returns it
+      local rec = log:step(step, loss, 0.1)
+      if step % 5 ~= 0 then T.eq(rec, nil) end
+      T.eq(reads, math.floor(step / 5), 'reads after step ' .. step)
+    end
+  end)
+  Tensor.item = item
+  if not ok then error(err, 0) end
+  log:write {step = 10, val_loss = 1.5}
+  log:finish()
+  local recs = gp.data.jsonl(path)
+  os.remove(path)
+  T.eq(#recs, 3)
+  T.eq(recs[1].step, 5); T.near(recs[1].loss, 3, 1e-6, 'mean of steps 1..5')
+  T.eq(recs[2].step, 10); T.near(recs[2].loss, 8, 1e-6, 'mean of steps 6..10')
+  T.near(recs[1].lr, 0.1, 1e-12)
+  T.ok(recs[1].tokens_per_s >= 0 and recs[1].time >= 0)
+  T.eq(recs[3].val_loss, 1.5)
+  -- micro-steps: add() several losses, one step
+  local l2 = gp.train.logger {steps = 1, every = 1, print = false}
+  l2:add(gp.full({}, 1)); l2:add(gp.full({}, 3))
+  T.near(l2:step(1, nil, 0).loss, 2, 1e-6)
+end)
+
+T.test('logger: \\r updates on a terminal, plain lines otherwise', function()
+  local code = "local l = gp.train.logger{steps=3, every=1, tokens_per_step=10, tty=%s}; " ..
+               "for s=1,3 do l:step(s, gp.full({}, s), 0.01) end; l:finish()"
+  local out, rc = sh(exe .. ' --device cpu -e "' .. code:format('true') .. '"')
+  T.eq(rc, 0, out)
+  T.ok(out:find('\r', 1, true), 'carriage returns on a terminal')
+  T.ok(out:find('step 3/3 | loss 3.0000', 1, true), out)
+  T.ok(out:find('ETA', 1, true) and out:find('tok/s', 1, true), out)
+  out, rc = sh(exe .. ' --device cpu -e "' .. code:format('false') .. '"')
+  T.eq(rc, 0, out)
+  T.ok(not out:find('\r', 1, true), 'no carriage return off a terminal')
+  local n = 0
+  for _ in out:gmatch('step %d/3[^\n]*\n') do n = n + 1 end
+  T.eq(n, 3, out)
+end)
+
+local function final_of(out)
+  local tr, va, uni, tps = out:match('final: train loss ([%d.]+) | val loss ([%d.]+) | unigram baseline ([%d.]+) nats | ([%d.]+) tokens/s')
+  return tonumber(tr), tonumber(va), tonumber(uni), tonumber(tps)
+end
+
+T.test('train_gpt runs end to end with a stand-in model: log, checkpoint, accumulation, bf16', function()
+  local ck, logf = os.tmpname(), os.tmpname()
+  local base = exe .. ' ' .. root .. '/scripts/train_gpt.lua --device cpu --model ' .. root ..
+               '/tests/lua/stub_gpt.lua --iters 20 --lr 0.05 --log-every 5 --eval-every 10 --eval-iters 2 --batch 4 --block 8'
+  local out, rc = sh(base .. ' --out ' .. ck .. ' --log ' .. logf .. ' --grad-accum 2')
+  T.eq(rc, 0, out)
+  local tr, va, uni, tps = final_of(out)
+  T.ok(tr and va and uni and tps, out)
+  T.ok(va < 0.1, 'the stand-in loss falls: ' .. out)
+  T.ok(uni > 2 and uni < 4, 'the byte entropy of the English corpus')
+  T.ok(out:find('step 10: train loss', 1, true), out)
+  local recs = gp.data.jsonl(logf)
+  local steps = {}
+  for _, r in ipairs(recs) do if r.loss then steps[#steps + 1] = r.step end end
+  T.same(steps, {5, 10, 15, 20})
+  T.ok(recs[#recs].final and recs[#recs].val_loss, 'a final record')
+  local sd, meta = gp.load(ck)
+  T.ok(sd.w and sd.b, 'the model tensors')
+  T.eq(meta.step, 20)
+  T.eq(meta.config.n_embd, 128)
+  T.eq(meta.config.block_size, 8)
+  T.eq(#meta.vocab, meta.config.vocab_size)
+  os.remove(ck); os.remove(logf)
+  out, rc = sh(base .. ' --bf16 --quiet')
+  T.eq(rc, 0, out)
+  tr, va = final_of(out)
+  T.ok(va and va < 0.1, out)
+  T.ok(out:find('bf16', 1, true))
+  out, rc = sh(base .. ' --no-such-flag')
+  T.eq(rc, 1); T.ok(out:find('unknown flag --no-such-flag', 1, true), out)
+  out, rc = sh(exe .. ' ' .. root .. '/scripts/train_gpt.lua --help')
+  T.eq(rc, 0); T.ok(out:find('--grad-accum N', 1, true) and out:find('--bf16', 1, true), out)
+end)
+
+T.test('train_gpt with gp.nn.GPT on the CPU: validation loss well below the unigram baseline', function()
+  if not (gp.nn and gp.nn.GPT) then T.skip('gp.nn.GPT is not in this gpush yet (the nn module)') end
+  local out, rc = sh(exe .. ' ' .. root .. '/scripts/train_gpt.lua --device cpu --iters 500 --n-embd 32 --n-layer 1' ..
+                     ' --n-head 2 --block 16 --batch 8 --lr 1e-2 --eval-every 0 --eval-iters 10 --quiet')
+  T.eq(rc, 0, out)
+  local tr, va, uni = final_of(out)
+  T.ok(va, out)
+  T.ok(va < 0.9 * uni, string.format('val loss %.3f vs unigram %.3f\n%s', va, uni, out))
+  T.ok(tr < 0.9 * uni, out)
+end)
