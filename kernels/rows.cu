@@ -200,11 +200,9 @@ template <typename T, bool RMS> static int norm_launch(const char *name, const N
   constexpr int VV = 16 / sizeof(T);
   const int64_t D = op.D, nvec = D / VV;
   if (!(al && D % VV == 0 && nvec > 32 * 4 && nvec <= 512 * 8)) return rows_launch<T>(name, op, R, D, al);
-  /* about 16 elements of the row per thread whatever the dtype: x, w and b then
-   * fit in registers with room for several blocks (rows in flight) per SM */
-  const int nv_want = VV >= 16 ? 1 : 16 / VV;
-  int tpr = pow2_at_least((nvec + nv_want - 1) / nv_want);
-  tpr = tpr < 128 ? 128 : tpr > 512 ? 512 : tpr;
+  /* (measured on an H100: spreading bf16 rows over more threads, ~16 elements
+   * each, was slower than these widths; fewer threads per row mean fewer barriers) */
+  const int tpr = nvec <= 128 * 4 ? 128 : nvec <= 256 * 4 ? 256 : 512;
   const int nv = pow2_at_least((nvec + tpr - 1) / tpr);
   auto go = [&](auto kern) {
     int per_sm = 1;

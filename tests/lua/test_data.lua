@@ -78,15 +78,16 @@ T.test('batches: the same seed gives the same batch, another seed another', func
 end)
 
 T.test('gp.k.windows: values, wrap-around, a bad start named on the CPU', function()
-  local src = gp.arange(10)
-  local out = gp.empty({3, 4}, {dtype = 'i64'})
-  gp.k.windows(out, src, gp.tensor({0, 5, 8}, {dtype = 'i64'}))
+  local cpu, i64 = {device = 'cpu'}, {dtype = 'i64', device = 'cpu'}
+  local src = gp.arange(10, cpu)
+  local out = gp.empty({3, 4}, i64)
+  gp.k.windows(out, src, gp.tensor({0, 5, 8}, i64))
   T.same(out:totable(), {{0, 1, 2, 3}, {5, 6, 7, 8}, {8, 9, 0, 1}}, 0)
-  local o8 = gp.empty({1, 3}, {dtype = 'u8'})
-  gp.k.windows(o8, gp.tensor({7, 8, 9}, {dtype = 'u8'}), gp.tensor({2}, {dtype = 'i32'}))
+  local o8 = gp.empty({1, 3}, {dtype = 'u8', device = 'cpu'})
+  gp.k.windows(o8, gp.tensor({7, 8, 9}, {dtype = 'u8', device = 'cpu'}), gp.tensor({2}, {dtype = 'i32', device = 'cpu'}))
   T.same(o8:totable(), {{9, 7, 8}}, 0)
-  T.raises(function() gp.k.windows(out, src, gp.tensor({0, 10, 1}, {dtype = 'i64'})) end, 'windows', 'start[1] = 10', '[0, 10)')
-  T.raises(function() gp.k.windows(out, src, gp.tensor({0, -1, 1}, {dtype = 'i64'})) end, 'start[1] = -1')
+  T.raises(function() gp.k.windows(out, src, gp.tensor({0, 10, 1}, i64)) end, 'windows', 'start[1] = 10', '[0, 10)')
+  T.raises(function() gp.k.windows(out, src, gp.tensor({0, -1, 1}, i64)) end, 'start[1] = -1')
 end)
 
 T.test('batches on CUDA', function()

@@ -125,7 +125,7 @@ T.test('the multi-tensor list is kept while the grad objects stay, re-made when 
   local n = 0
   for k, tl in pairs(l1) do T.ok(l2[k] == tl, 'the same list after zero_grad'); n = n + 1 end
   T.eq(n, 2, 'two buckets: decay and no decay')
-  W.grad = gp.ones {3, 3}  -- a new grad object
+  W.grad = gp.ones({3, 3}, {device = 'cpu'})  -- a new grad object
   opt:step()
   local l3 = lists()
   local changed = 0

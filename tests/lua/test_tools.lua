@@ -74,7 +74,7 @@ end)
 
 test('profile total agrees with gp.time within 10% (cuda)', function()
   T.cuda()
-  local fn = workload(16777216, 'cuda')
+  local fn = workload(67108864, 'cuda') -- large kernels: the per-kernel events cost little next to them
   local best
   for _ = 1, 3 do -- the first tries absorb one-off noise
     local p = gp.profile(fn, {iters = 10, warmup = 3, device = 'cuda'})

@@ -1,0 +1,20 @@
+-- profile_gpt.lua: one training step of a GPT-2-small-sized model (bf16, AdamW), per kernel.
+-- Run: gpush scripts/bench/profile_gpt.lua
+local cfg = {vocab_size = 51, block_size = 1024, n_embd = 768, n_layer = 12, n_head = 12, dropout = 0}
+local T0 = gp.train.now()
+local model = gp.nn.GPT(cfg)
+print('build', gp.train.now() - T0)
+gp.optim.mixed_precision(model)
+local opt = gp.optim.AdamW(model, {lr = 3e-4})
+local x = gp.randint(0, 51, {8, 1024})
+local y = gp.randint(0, 51, {8, 1024})
+local function step()
+  opt:zero_grad()
+  local _, loss = model(x, y)
+  loss:backward()
+  opt:step()
+end
+for i = 1, 2 do local t = gp.train.now(); step(); gp.sync(); print('step', i, gp.train.now() - t) end
+print('gp.time step ms', (gp.time(step, {warmup = 1, iters = 5})))
+local p = gp.profile(step, {iters = 2, warmup = 0})
+print(p)
