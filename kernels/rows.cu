@@ -129,12 +129,6 @@ template <typename T, bool RMS> struct NormOp {
                                         const float (&bv)[NV * V]) const {
     float v[NV * V];
     row_load<T, V, NV>(x + row * D, D, lane, tpr, v, 0.f);
-    run_v<V, NV>(row, lane, tpr, sh, v, wv, bv);
-  }
-  /* one row already loaded into v (which is overwritten) */
-  template <int V, int NV>
-  __device__ __forceinline__ void run_v(int64_t row, int lane, int tpr, float *sh, float (&v)[NV * V],
-                                        const float (&wv)[NV * V], const float (&bv)[NV * V]) const {
     float mu = 0.f;
     if (!RMS) {
       float s = 0.f;
@@ -197,20 +191,9 @@ template <typename T, bool RMS> struct NormOp {
 template <typename T, bool RMS, int V, int NV>
 __global__ void __launch_bounds__(512) k_norm_persist(NormOp<T, RMS> op, int64_t rows) {
   __shared__ float sh[64];
-  float wv[NV * V], bv[NV * V], cur[NV * V];
+  float wv[NV * V], bv[NV * V];
   op.template load_w<V, NV>(threadIdx.x, blockDim.x, wv, bv);
-  int64_t row = blockIdx.x;
-  if (row < rows) row_load<T, V, NV>(op.x + row * op.D, op.D, threadIdx.x, blockDim.x, cur, 0.f);
-  for (; row < rows; row += gridDim.x) {
-    /* the next row's loads are issued before this row's reductions, so that
-     * memory latency overlaps them (software pipelining over rows) */
-    float nxt[NV * V];
-    const int64_t next = row + gridDim.x;
-    if (next < rows) row_load<T, V, NV>(op.x + next * op.D, op.D, threadIdx.x, blockDim.x, nxt, 0.f);
-    op.template run_v<V, NV>(row, threadIdx.x, blockDim.x, sh, cur, wv, bv);
-#pragma unroll
-    for (int i = 0; i < NV * V; i++) cur[i] = nxt[i];
-  }
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) op.template run_w<V, NV>(row, threadIdx.x, blockDim.x, sh, wv, bv);
 }
 
 template <typename T, bool RMS> static int norm_launch(const char *name, const NormOp<T, RMS> &op, int64_t R, bool al) {
