@@ -38,12 +38,13 @@ __global__ void gp_ew_flat(To *o, const Ta *a, const Tb *b, int64_t n, F f) {
   }
 }
 
-template <int NIN, typename To, typename Ta, typename Tb, typename F>
+template <int NIN, bool I32, typename To, typename Ta, typename Tb, typename F>
 __global__ void gp_ew_strided(gp_loop L, To *o, const Ta *a, const Tb *b, F f) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = tid; i < L.numel; i += nth) {
     int64_t off[4];
-    gp_loop_offsets(&L, i, off);
+    if constexpr (I32) gp_loop_offsets32(&L, (uint32_t)i, off);
+    else gp_loop_offsets(&L, i, off);
     Ta x{};
     Tb y{};
     if constexpr (NIN >= 1) x = a[off[1]];
@@ -77,8 +78,13 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
     if (al) gp_ew_flat<NIN, V><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
     else gp_ew_flat<NIN, 1><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
   } else {
-    GP_NOTE_LAUNCH((gp_ew_strided<NIN, To, Ta, Tb, F>), 256, 0);
-    gp_ew_strided<NIN><<<gp_grid(L.numel, 256), 256, 0, s>>>(L, po, pa, pb, f);
+    if (L.numel < ((int64_t)1 << 31)) {
+      GP_NOTE_LAUNCH((gp_ew_strided<NIN, true, To, Ta, Tb, F>), 256, 0);
+      gp_ew_strided<NIN, true><<<gp_grid(L.numel, 256), 256, 0, s>>>(L, po, pa, pb, f);
+    } else {
+      GP_NOTE_LAUNCH((gp_ew_strided<NIN, false, To, Ta, Tb, F>), 256, 0);
+      gp_ew_strided<NIN, false><<<gp_grid(L.numel, 256), 256, 0, s>>>(L, po, pa, pb, f);
+    }
   }
   return gp_cuda_check_launch(name);
 }
