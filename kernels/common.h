@@ -25,22 +25,6 @@ GP_HD void gp_loop_offsets(const gp_loop *L, int64_t i, int64_t *off) {
   }
 }
 
-/* The same with 32-bit index arithmetic (i and every size below 2^31): the
- * divisions by the sizes are what a strided elementwise kernel spends its
- * time on, and 64-bit division is several times slower on the GPU. */
-GP_HD void gp_loop_offsets32(const gp_loop *L, uint32_t i, int64_t *off) {
-  if (L->ndim == 1) {
-    for (int k = 0; k < L->nops; k++) off[k] = (int64_t)i * L->stride[k][0];
-    return;
-  }
-  for (int k = 0; k < L->nops; k++) off[k] = 0;
-  for (int d = L->ndim - 1; d >= 0; d--) {
-    uint32_t n = (uint32_t)L->shape[d], q = i / n, r = i - q * n;
-    for (int k = 0; k < L->nops; k++) off[k] += (int64_t)r * L->stride[k][d];
-    i = q;
-  }
-}
-
 /* Philox4x32-10 (Salmon et al., SC'11). */
 typedef struct { uint32_t v[4]; } gp_u32x4;
 

@@ -38,13 +38,27 @@ __global__ void gp_ew_flat(To *o, const Ta *a, const Tb *b, int64_t n, F f) {
   }
 }
 
-template <int NIN, bool I32, typename To, typename Ta, typename Tb, typename F>
+/* NDIM > 0: the loop has exactly NDIM dims and 32-bit indices; the unrolled
+ * loops read the sizes and strides straight from the kernel parameters (a
+ * run-time index into them would copy the whole loop to local memory in
+ * every thread). NDIM == 0: any number of dims, 64-bit indices. */
+template <int NIN, int NDIM, typename To, typename Ta, typename Tb, typename F>
 __global__ void gp_ew_strided(gp_loop L, To *o, const Ta *a, const Tb *b, F f) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = tid; i < L.numel; i += nth) {
-    int64_t off[4];
-    if constexpr (I32) gp_loop_offsets32(&L, (uint32_t)i, off);
-    else gp_loop_offsets(&L, i, off);
+    int64_t off[4] = {0, 0, 0, 0};
+    if constexpr (NDIM > 0) {
+      uint32_t j = (uint32_t)i;
+#pragma unroll
+      for (int d = NDIM - 1; d >= 0; d--) {
+        const uint32_t n = (uint32_t)L.shape[d], q = j / n, r = j - q * n;
+#pragma unroll
+        for (int k = 0; k <= NIN; k++) off[k] += (int64_t)r * L.stride[k][d];
+        j = q;
+      }
+    } else {
+      gp_loop_offsets(&L, i, off);
+    }
     Ta x{};
     Tb y{};
     if constexpr (NIN >= 1) x = a[off[1]];
@@ -78,13 +92,18 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
     if (al) gp_ew_flat<NIN, V><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
     else gp_ew_flat<NIN, 1><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
   } else {
-    if (L.numel < ((int64_t)1 << 31)) {
-      GP_NOTE_LAUNCH((gp_ew_strided<NIN, true, To, Ta, Tb, F>), 256, 0);
-      gp_ew_strided<NIN, true><<<gp_grid(L.numel, 256), 256, 0, s>>>(L, po, pa, pb, f);
-    } else {
-      GP_NOTE_LAUNCH((gp_ew_strided<NIN, false, To, Ta, Tb, F>), 256, 0);
-      gp_ew_strided<NIN, false><<<gp_grid(L.numel, 256), 256, 0, s>>>(L, po, pa, pb, f);
-    }
+    const bool small = L.numel < ((int64_t)1 << 31);
+    const unsigned g = gp_grid(L.numel, 256);
+#define GP_EW_STRIDED(ND)                                              \
+  do {                                                                 \
+    GP_NOTE_LAUNCH((gp_ew_strided<NIN, ND, To, Ta, Tb, F>), 256, 0);   \
+    gp_ew_strided<NIN, ND><<<g, 256, 0, s>>>(L, po, pa, pb, f);        \
+  } while (0)
+    if (small && L.ndim == 1) GP_EW_STRIDED(1);
+    else if (small && L.ndim == 2) GP_EW_STRIDED(2);
+    else if (small && L.ndim == 3) GP_EW_STRIDED(3);
+    else GP_EW_STRIDED(0);
+#undef GP_EW_STRIDED
   }
   return gp_cuda_check_launch(name);
 }
