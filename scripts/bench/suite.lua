@@ -498,7 +498,7 @@ end
 ---------------------------------------------------------------------------
 -- the run
 
-local rows, failures, notes = {}, 0, {}
+local rows, failures, notes, peer_times = {}, 0, {}, {}
 local COLS = {'workload', 'shape', 'gpush', 'unit', 'eager', 'compile', 'gpush/eager', 'gpush/compile', 'note'}
 local W = {24, 34, 13, 7, 10, 10, 11, 13, 0}
 
@@ -586,7 +586,13 @@ for _, w in ipairs(WORKLOADS) do
   for _, c in ipairs(wanted) do if c.ms then run[#run + 1] = c end end
   local res, why
   if #run > 0 then
-    if torch_why then why = torch_why else res, why = peer(w.name, run) end
+    if torch_why then
+      why = torch_why
+    else
+      local t = gp.train.now()
+      res, why = peer(w.name, run)
+      peer_times[#peer_times + 1] = string.format('%s %.0f s', w.name, gp.train.now() - t)
+    end
   end
   for _, c in ipairs(wanted) do
     local r = res and res[c.key]
@@ -630,6 +636,7 @@ if jf then jf:close() end
 
 print()
 for _, n in ipairs(notes) do print('note: ' .. n) end
+if #peer_times > 0 then print('PyTorch peer calls: ' .. table.concat(peer_times, ', ')) end
 print(string.format('%d rows, %d failed; elapsed %.1f s%s', #rows, failures, gp.train.now() - T0,
   QUICK and '' or ' (budget 600 s)'))
 if failures > 0 then os.exit(1) end
