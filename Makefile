@@ -1,6 +1,7 @@
 # gpush build. `make` builds build/gpush (with the CUDA backend when nvcc is
 # found), `make test` installs what is missing, builds and runs every test,
-# `make check` runs the tests of an existing build, `make run` runs the main job.
+# `make check` runs the tests of an existing build, `make run` runs the main job,
+# `make bench` runs the benchmark suite beside PyTorch on an existing build.
 
 BUILD   ?= build
 CC      ?= cc
@@ -109,6 +110,12 @@ check:
 	$(BUILD)/gpush tests/lua/run.lua || rc=1; \
 	tests/repl/test_repl.sh $(BUILD)/gpush || rc=1; \
 	exit $$rc
+
+# The benchmark suite beside PyTorch (scripts/bench/suite.lua; BENCHMARKS.md)
+# on an existing build, no rebuild; PyTorch through python3 from PATH.
+# BENCH_ARGS passes flags: make bench BENCH_ARGS='--only train --json bench.jsonl'
+bench:
+	$(Q)$(BUILD)/gpush scripts/bench/suite.lua $(BENCH_ARGS)
 
 run: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush

@@ -1,0 +1,130 @@
+-- The benchmark suite (scripts/bench/suite.lua, `make bench`) in its tiny
+-- mode: every row is printed and the run exits 0. Its numbers are not
+-- checked (timings belong in benchmarks, never in tests).
+local T = require 'lib'
+
+local root = GPUSH_ROOT or '.'
+local exe = root .. '/build/gpush'
+local suite = root .. '/scripts/bench/suite.lua'
+
+-- every row label the suite prints (one per workload shape)
+local ROWS = {
+  'add', 'mul', 'exp', 'swiglu', 'rms_norm', 'softmax', 'layer_norm', 'matmul', 'cross_entropy fwd+bwd', 'AdamW step',
+  'train_gpt default step', 'bf16 step', 'attention fwd', 'attention fwd+bwd', 'decode attention', 'MoE layer fwd',
+  'diversity', 'Titans step', 'polychromic step', 'dispatch a:add_(b)', 'dispatch gp.k.add_s',
+}
+
+local function timeout(s)
+  local _, rc = T.sh('command -v timeout >/dev/null')
+  return rc == 0 and ('timeout ' .. s .. ' ') or ''
+end
+
+-- the table's rows: {label = {cells...}}
+local function rows_of(out)
+  local rows = {}
+  for l in out:gmatch('[^\n]+') do
+    if l:sub(1, 2) == '| ' then
+      local cells = {}
+      for c in l:gmatch('|%s*([^|]-)%s*%f[|]') do cells[#cells + 1] = c end
+      if cells[1] and cells[1] ~= 'workload' and not cells[1]:match('^%-+$') then
+        rows[#rows + 1] = cells
+      end
+    end
+  end
+  return rows
+end
+
+local function find_row(rows, label)
+  for _, r in ipairs(rows) do if r[1] == label then return r end end
+  for _, r in ipairs(rows) do if r[1]:sub(-#label) == label then return r end end
+end
+
+T.test('suite --quick --no-torch prints every row and exits 0', function()
+  local out, rc = T.sh(timeout(300) .. exe .. ' ' .. suite .. ' --quick --no-torch')
+  T.eq(rc, 0, out)
+  local rows = rows_of(out)
+  for _, label in ipairs(ROWS) do
+    local r = find_row(rows, label)
+    T.ok(r, 'no row ' .. label .. ' in\n' .. out)
+    T.eq(#r, 9, 'columns of ' .. label)
+    local built = r[3] ~= 'not built yet'
+    if built then
+      T.ok(tonumber(r[3]), label .. ': gpush column is ' .. r[3])
+      T.eq(r[5], 'no torch', label)
+      T.eq(r[7], 'no torch', label)
+    end
+  end
+  T.ok(out:find('elapsed', 1, true), 'no elapsed time')
+  T.ok(out:find('0 failed', 1, true), out)
+end)
+
+T.test('suite: a row whose gpush function is missing says not built yet', function()
+  local out, rc = T.sh(timeout(120) .. exe .. " -e 'gp.optim.AdamW = nil' " ..
+    suite .. ' --quick --no-torch --only AdamW')
+  T.eq(rc, 0, out)
+  local r = find_row(rows_of(out), 'AdamW step')
+  T.ok(r, out)
+  T.eq(r[3], 'not built yet')
+  T.ok(r[9]:find('gp.optim.AdamW is nil', 1, true), r[9])
+end)
+
+-- the peer protocol with a stand-in for python3: one call per workload, JSON
+-- lines matched to rows by their shape key, ratios computed
+T.test('suite reads the peer JSON lines and prints ratios', function()
+  local _, has_py = T.sh('command -v python3 >/dev/null')
+  if has_py ~= 0 then T.skip('no python3') end
+  local dir = os.tmpname()
+  os.remove(dir)
+  T.sh('mkdir -p ' .. dir)
+  local fake = dir .. '/py'
+  local f = assert(io.open(fake, 'w'))
+  f:write([[#!/bin/sh
+if [ "$1" = "-c" ]; then echo "9.9.9 12.8 True"; exit 0; fi
+echo "$3" >> "]] .. dir .. [[/calls"
+exec python3 - "$@" <<'PY'
+import json, sys
+a = sys.argv[1:]
+cases = json.load(open(a[a.index('--cases') + 1]))
+print(json.dumps({"torch": "fake"}))
+for c in cases:
+    print(json.dumps({"workload": a[2], "shape": c["key"], "eager_ms": 2 * c.get("iters", 1), "compile_ms": None,
+                      "compile_error": "skipped"}))
+PY
+]])
+  f:close()
+  T.sh('chmod +x ' .. fake)
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. suite .. ' --quick --python ' .. fake .. ' --only add')
+  T.eq(rc, 0, out)
+  local rows = rows_of(out)
+  local r = find_row(rows, 'add')
+  T.ok(r, out)
+  T.ok(out:find('torch 9.9.9', 1, true), out)
+  -- eager = 2 * iters ms, shown in us; the ratio is gpush / eager
+  local eager = tonumber(r[5])
+  T.ok(eager and eager > 0, 'eager ' .. tostring(r[5]))
+  T.eq(r[6], 'skipped')
+  T.ok(tonumber(r[7]), 'ratio ' .. tostring(r[7]))
+  T.near(tonumber(r[7]), tonumber(r[3]) / eager, 0.05)
+  local d = find_row(rows, 'dispatch a:add_(b)')
+  T.ok(d and tonumber(d[7]), out)
+  -- one peer call per workload: elementwise (the add rows) and dispatch
+  local calls = io.open(dir .. '/calls'):read('*a')
+  T.eq(calls, 'elementwise\ndispatch\n')
+  T.sh('rm -rf ' .. dir)
+end)
+
+-- the real peer, where python3 has torch (e.g. the GPU machine): eager only, tiny shapes
+T.test('suite with the PyTorch peer (where torch is importable)', function()
+  local _, rc0 = T.sh("python3 -c 'import torch' >/dev/null 2>&1")
+  if rc0 ~= 0 then T.skip('python3 with torch not found') end
+  local out, rc = T.sh(timeout(300) .. exe .. ' ' .. suite .. ' --quick --only add')
+  T.eq(rc, 0, out)
+  local rows = rows_of(out)
+  for _, label in ipairs {'add', 'dispatch a:add_(b)', 'dispatch gp.k.add_s'} do
+    local r = find_row(rows, label)
+    T.ok(r, out)
+    if r[5] == 'no torch' then T.skip('torch cannot use this device') end
+    T.ok(tonumber(r[5]), label .. ': eager ' .. r[5] .. '\n' .. out)
+    T.ok(tonumber(r[7]), label .. ': ratio ' .. r[7])
+  end
+end)
