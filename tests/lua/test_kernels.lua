@@ -89,6 +89,16 @@ local MM_CASES = {
 KCASES.matmul = MM_CASES
 -- per kernel (by name or family): scalars that differ from SCALARS
 local SCALARS_FOR = {matmul = {alpha = 1.25, beta = 0}} -- beta = 0: out is written, not read
+-- sampling: rows N of V logits (warp-, block- and long-row block sizes), history of L ids
+KCASES.sample = {
+  {name = '1x1', shape = {1}, syms = {N = 1, V = 1, L = 1}},
+  {name = '3x7', shape = {1}, syms = {N = 3, V = 7, L = 5}},
+  {name = '5x1000', shape = {1}, syms = {N = 5, V = 1000, L = 40}},
+  {name = '4x9000', shape = {1}, syms = {N = 4, V = 9000, L = 64}},
+  {name = '2x50304', shape = {1}, syms = {N = 2, V = 50304, L = 100}, big = true},
+}
+SCALARS_FOR.sample = {temperature = 0.8, top_k = 0, top_p = 0.9, min_p = 0.01}
+SCALARS_FOR.repetition_penalty = {penalty = 1.3}
 
 local function rand_fill(dst, positive)
   local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
