@@ -172,7 +172,8 @@ function M.generate(gp, model, prompts, opts)
   model:train(was_training)
   if not ok then error(err, 0) end
 
-  -- results: generated ids after each prompt, cut before the first stop token
+  -- results: the max_new ids after each prompt (rows with shorter prompts ran
+  -- further: they are cut), ended before the first stop token
   local all = tokens:cpu():totable()
   local stopset = {}
   for _, s in ipairs(stops) do stopset[s] = true end
@@ -180,7 +181,7 @@ function M.generate(gp, model, prompts, opts)
   for r = 1, R do
     local plen = #lists[math.floor((r - 1) / n) + 1]
     local g = {}
-    for j = plen + 1, total do
+    for j = plen + 1, plen + max_new do
       local v = all[r][j]
       if stopset[v] then break end
       g[#g + 1] = v

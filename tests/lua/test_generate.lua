@@ -140,3 +140,21 @@ T.test('generate (cuda): greedy tokens equal the CPU ones; sampling runs', funct
   local s = gp.generate(mc, prompts, {n = 4, max_new = 8, top_p = 0.9, repetition_penalty = 1.2, stop = {0}})
   T.eq(#s.lists, 12)
 end)
+
+T.test('scripts/sample.lua: a train_gpt.lua checkpoint and --random, streamed, tokens/s', function()
+  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local ck = os.tmpname() .. '.safetensors'
+  local out, rc = T.sh(exe .. ' --device cpu scripts/train_gpt.lua --iters 2 --n-embd 16 --n-layer 1 --n-head 2 --block 16' ..
+    ' --batch 2 --eval-every 0 --eval-iters 1 --quiet --out ' .. ck)
+  T.eq(rc, 0, out)
+  out, rc = T.sh(exe .. " --device cpu scripts/sample.lua --ckpt " .. ck .. " --max-new 6 --greedy 'the '")
+  os.remove(ck)
+  T.eq(rc, 0, out)
+  T.ok(out:find('the ', 1, true) and out:find('6 tokens in', 1, true) and out:find('tokens/s', 1, true), out)
+  out, rc = T.sh(exe .. " --device cpu scripts/sample.lua --random --n-embd 16 --n-layer 1 --n-head 2 --block 32" ..
+    " --max-new 5 --n 3 --top-k 40 --top-p 0.9 --temperature 0.8 'ab' 'c'")
+  T.eq(rc, 0, out)
+  T.ok(out:find('prompt 2, sample 3', 1, true) and out:find('30 tokens in', 1, true), out)
+  out, rc = T.sh(exe .. " --device cpu scripts/sample.lua --random --n-embd 16 --n-layer 1 --n-head 2 --block 8 --max-new 20 'ab'")
+  T.ok(rc ~= 0 and out:find('block_size', 1, true), out)
+end)
