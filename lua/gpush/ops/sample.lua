@@ -30,6 +30,8 @@ return function(gp, tensor)
     return temp, k, p, mp, pen
   end
   gp.sample_options = options
+  doc(gp.sample_options, 'gp.sample_options(opts, V)',
+    'the checked sampling options: temperature (0 when greedy), top_k, top_p, min_p, repetition_penalty; bad values raise')
 
   -- logits (N, V) or (V); opts: temperature=1, greedy=false, top_k=0, top_p=1, min_p=0,
   -- repetition_penalty=1 with history (N, L) i64 and history_len (a number or an i64 (N) tensor),
