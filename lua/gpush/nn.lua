@@ -515,6 +515,37 @@ function CausalSelfAttention:forward(x)
   y = y:transpose(2, 3):reshape {B, T, C}
   return self.resid_drop(self.proj(y))
 end
+-- incremental attention: x (B, Tnew, C) holds positions pos .. pos+Tnew-1; their
+-- keys and values are appended to layer `layer` of the KV cache and the queries
+-- attend over every cached position (causally within the new ones). Uses
+-- gp.attention (prefill) and gp.attention_decode (one token) when gpush has
+-- them, else nn.attention (matmuls) over cache:keys(layer), cache:values(layer).
+function CausalSelfAttention:forward_cached(x, cache, layer, pos)
+  local B, T, C = x:size(1), x:size(2), x:size(3)
+  local H = self.n_head
+  local hd = C / H
+  local qkv = self.qkv(x)
+  local function head(i) return qkv:narrow(3, (i - 1) * C + 1, C):reshape {B, T, H, hd}:transpose(2, 3) end
+  local q = head(1)
+  cache:append(layer, head(2), head(3))
+  local keys, vals = cache:keys(layer), cache:values(layer)
+  local S = keys:size(3)
+  if S ~= pos + T then
+    raise(string.format('forward_cached: layer %d of the cache holds %d positions after appending %d at position %d (expected %d)',
+      layer, S, T, pos, pos + T))
+  end
+  local y
+  if T == 1 and gp.attention_decode then
+    local lens = gp.full({B}, S, {dtype = 'i64', device = x.device})
+    y = gp.attention_decode(q:reshape {B, H, hd}, keys, vals, lens, {scale = 1 / math.sqrt(hd)}):reshape {B, H, 1, hd}
+  elseif gp.attention then
+    y = gp.attention(q, keys, vals, {causal = true, scale = 1 / math.sqrt(hd)})
+  else
+    y = nn.attention(q, keys, vals, {causal = T > 1})
+  end
+  y = y:transpose(2, 3):reshape {B, T, C}
+  return self.proj(y)
+end
 function CausalSelfAttention:extra_repr() return string.format('n_embd=%d, n_head=%d', self.n_embd, self.n_head) end
 
 ---------------------------------------------------------------------------
@@ -545,6 +576,11 @@ function TransformerBlock:init(cfg)
 end
 function TransformerBlock:forward(x)
   x = x + self.attn(self.ln1(x))
+  return x + self.mlp(self.ln2(x))
+end
+
+function TransformerBlock:forward_cached(x, cache, layer, pos)
+  x = x + self.attn:forward_cached(self.ln1(x), cache, layer, pos)
   return x + self.mlp(self.ln2(x))
 end
 
@@ -619,6 +655,26 @@ function GPT:forward(idx, targets)
   if targets ~= nil then return logits, gp.cross_entropy(logits, targets) end
   return logits
 end
+-- incremental forward for generation (eval mode, no dropout): idx_new (B, Tnew)
+-- are the tokens at positions pos .. pos+Tnew-1 (pos defaults to cache:len());
+-- layer i appends its keys and values to layer i of cache (a gp.KVCache or
+-- anything with append/keys/values) and attends over all cached positions.
+-- Returns logits (B, Tnew, vocab).
+function GPT:forward_cached(idx, cache, pos)
+  if not is_tensor(idx) or idx:dim() ~= 2 or (idx.dtype ~= 'i64' and idx.dtype ~= 'i32') then
+    raise('GPT:forward_cached: idx must be a (B, T) tensor of i64 (or i32) token ids, got ' ..
+      (is_tensor(idx) and (idx.dtype .. ' ' .. shape_str(idx.shape)) or type(idx)))
+  end
+  if type(cache) ~= 'table' or not cache.append then raise('GPT:forward_cached: needs a KV cache (gp.KVCache{...})') end
+  pos = pos or cache:len()
+  local T, bs = idx:size(2), self.config.block_size
+  if pos + T > bs then
+    raise(string.format('GPT:forward_cached: positions %d..%d are beyond block_size %d', pos, pos + T - 1, bs))
+  end
+  local x = self.wte(idx) + self.wpe(self:positions(bs, idx.device):narrow(1, pos + 1, T))
+  for i, b in ipairs(self.h) do x = b:forward_cached(x, cache, i, pos) end
+  return self.lm_head(self.ln_f(x))
+end
 function GPT:extra_repr()
   local c = self.config
   return string.format('vocab_size=%d, block_size=%d, n_embd=%d, n_layer=%d, n_head=%d, mlp=%s, norm=%s',
@@ -665,6 +721,8 @@ function nn.bind(g)
     'multi-head causal self-attention on (B, T, n_embd) through nn.attention')
   doc(nn.TransformerBlock, "nn.TransformerBlock{n_embd=, n_head=, mlp='gelu'|'swiglu', norm='layer'|'rms', dropout=0, mlp_hidden=4 n_embd}",
     'pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))')
+  doc(GPT.forward_cached, 'gpt:forward_cached(idx_new, cache, pos=cache:len())',
+    'logits (B, Tnew, V) of tokens idx_new (B, Tnew) at positions pos..; appends every layer\'s keys and values to the KV cache')
   doc(nn.GPT, "nn.GPT{vocab_size=, block_size=, n_embd=, n_layer=, n_head=, dropout=0, mlp='gelu', norm='layer', tie_weights=true}",
     'a GPT with GPT-2 init: model(idx) -> logits (B, T, V); model(idx, targets) -> logits, mean cross-entropy')
   return nn
