@@ -4,7 +4,12 @@ and torch.compile, timed the same way (CUDA events, warm-up, median).
   python3 scripts/bench/torch_peer.py gpt --n-embd 128 --n-layer 4 --n-head 4 \
       --block 64 --batch 16 --vocab 51 [--bf16] [--compile]
 
-prints one line per mode: `gpt eager ms_per_step tokens_per_s`."""
+prints one line per mode: `gpt eager ms_per_step tokens_per_s`.
+
+  python3 scripts/bench/torch_peer.py attention --batch 4 --heads 16 --seq 4096 --head-dim 64
+
+times F.scaled_dot_product_attention (bf16, causal) forward and forward +
+backward; prints `attention fwd ms` and `attention fwd_bwd ms`."""
 import argparse
 import math
 import statistics
@@ -84,12 +89,34 @@ def gpt(args):
         print(f"gpt {name} {ms:.3f} {args.batch * args.block / ms * 1e3:.0f}", flush=True)
 
 
+def attention(args):
+    torch.manual_seed(0)
+    shape = (args.batch, args.heads, args.seq, args.head_dim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def fwd_bwd():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(dout)
+
+    print(f"attention fwd {time_steps(fwd):.4f}", flush=True)
+    print(f"attention fwd_bwd {time_steps(fwd_bwd):.4f}", flush=True)
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("workload", choices=["gpt"])
-    for k, v in dict(n_embd=128, n_layer=4, n_head=4, block=64, batch=16, vocab=51).items():
+    p.add_argument("workload", choices=["gpt", "attention"])
+    for k, v in dict(n_embd=128, n_layer=4, n_head=4, block=64, batch=16, vocab=51, heads=16, seq=4096,
+                     head_dim=64).items():
         p.add_argument("--" + k.replace("_", "-"), type=int, default=v)
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--compile", action="store_true")
     args = p.parse_args()
-    gpt(args)
+    if args.workload == "attention":
+        attention(args)
+    else:
+        gpt(args)
