@@ -115,6 +115,11 @@ T.test('decode attention equals the last row of full attention over the same key
   -- an empty sequence gives zeros
   local z = gp.attention_decode(q:narrow(3, 1, 1):reshape {B, H, D}, kc, vc, 0)
   T.ok(z:abs():max():item() == 0)
+  -- an f32 query over a bf16 cache: the query takes the cache's dtype, the result the query's
+  local q1 = q:narrow(3, S, 1):reshape {B, H, D}
+  local mixed = gp.attention_decode(q1, kc:bf16(), vc:bf16(), S)
+  T.eq(mixed.dtype, 'f32')
+  T.ok(T.relnorm(mixed, gp.attention_decode(q1, kc, vc, S)) < 2e-2)
 end)
 
 T.test('KV cache: append in place, views of the filled part, len, reset, attend, capacity', function()

@@ -107,10 +107,14 @@ return function(gp, tensor)
     same_dev(op, q, 'q', lens, 'lens')
     if lens.dtype ~= 'i32' and lens.dtype ~= 'i64' then lens = lens:to('i64') end
     opts = opts or {}
-    local out = empty(s3, q.dtype, q.device, op)
-    K.attn_decode(out, q3:contiguous(), as(kcache, q), as(vcache, q), lens:contiguous(),
+    -- the query takes the cache's dtype (never the other way: no copy of the cache per step)
+    local cdt = FLOAT[kcache.dtype] and kcache.dtype or q.dtype
+    local qc = tensor.to_dtype(q3, cdt):contiguous()
+    local out = empty(s3, cdt, q.device, op)
+    K.attn_decode(out, qc, as(kcache, qc), as(vcache, qc), lens:contiguous(),
       opts.scale or 1 / math.sqrt(s3[3]), nonneg_int(op, 'window', opts.window),
       nonneg_int(op, 'n_global', opts.n_global))
+    if cdt ~= q.dtype then out = tensor.to_dtype(out, q.dtype) end
     return q4 and out:view(qs) or out
   end
   gp.doc(gp.attention_decode, 'gp.attention_decode(q, kcache, vcache, lens, {scale=, window=0, n_global=0})',
@@ -220,6 +224,14 @@ return function(gp, tensor)
     layer = self:_layer('attend', layer)
     return gp.attention_decode(q, self.k[layer], self.v[layer], self._lens[layer], opts)
   end
+  local D = gp.doc
+  D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at the next positions of layer, in place; an error past capacity')
+  D(KVCache.len, 'cache:len(layer=1)', 'positions filled in layer')
+  D(KVCache.reset, 'cache:reset()', 'empty every layer (the buffers are kept)')
+  D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys')
+  D(KVCache.values, 'cache:values(layer=1)', 'view (B, H, len, D) of the filled values')
+  D(KVCache.lens, 'cache:lens(layer=1)', 'i32 [B] device tensor holding len (for gp.attention_decode)')
+  D(KVCache.attend, 'cache:attend(layer, q, opts)', 'gp.attention_decode of q (B, H, D) over the filled part of layer')
   KVCache.__tostring = function(self)
     return string.format('KVCache(batch=%d, heads=%d, capacity=%d, head_dim=%d, layers=%d, %s, %s, len=%d)',
       self.batch, self.heads, self.capacity, self.head_dim, self.layers, self.dtype, self.device, self.fill[1])
