@@ -476,13 +476,21 @@ function nn.attention(q, k, v, opts)
     raise(string.format('attention: q %s, k %s, v %s: k must be (..., S, %d) and v (..., S, dv)', shape_str(s),
       shape_str(k.shape), shape_str(v.shape), D))
   end
+  local os = {unpack(s)}
+  os[nd] = Dv
+  -- flash attention (gp.attention) where it applies: no dropout, head dim 64
+  -- or 128, one dtype, and S >= T when causal; else the matmul path below
+  if gp.attention and (opts.dropout or 0) == 0 and (D == 64 or D == 128) and Dv == D and k.dtype == q.dtype and
+    v.dtype == q.dtype and (not opts.causal or T <= S) then
+    local y = gp.attention(nd == 4 and q or q:reshape {lead, 1, T, D}, nd == 4 and k or k:reshape {lead, 1, S, D},
+      nd == 4 and v or v:reshape {lead, 1, S, D}, {causal = opts.causal and true or false, scale = opts.scale})
+    return nd == 4 and y or y:view(os)
+  end
   local q3, k3, v3 = q:reshape {lead, T, D}, k:reshape {lead, S, D}, v:reshape {lead, S, Dv}
   local att = gp.matmul(q3, k3, {trans_b = true, alpha = opts.scale or 1 / math.sqrt(D)})
   if opts.causal then att = att + nn.causal_mask(T, S, att.device, att.dtype) end
   att = att:softmax(-1)
   if opts.dropout and opts.dropout > 0 then att = (gp.dropout(att, opts.dropout)) end
-  local os = {unpack(s)}
-  os[nd] = Dv
   return att:matmul(v3):view(os)
 end
 
@@ -688,7 +696,7 @@ function nn.bind(g)
   local doc = gp.doc
   doc(nn.Parameter, 'nn.Parameter(t)', 'mark t as a module parameter (a leaf that requires grad); assign it to a module field')
   doc(nn.attention, 'nn.attention(q, k, v, {causal=false, scale=1/sqrt(d), dropout=0})',
-    'softmax(q k^T * scale + mask) v over the last two dims; q (..., T, d), k (..., S, d), v (..., S, dv); the attention core (assign nn.attention to swap it)')
+    'softmax(q k^T * scale + mask) v over the last two dims; q (..., T, d), k (..., S, d), v (..., S, dv); the attention core (assign nn.attention to swap it); flash attention (gp.attention) when dropout is 0, d = dv = 64 or 128 and S >= T if causal')
   doc(nn.causal_mask, 'nn.causal_mask(T, S, device, dtype)', 'the cached additive causal mask (T, S): 0 where key j <= i + S - T, else -inf')
   doc(Module.extend, "nn.Module:extend('Name')", 'a new module class: define Name:init(...) and Name:forward(...); instances are called as m(x)')
   doc(Module.parameters, 'm:parameters()', 'every parameter tensor once, in a stable order (fields in assignment order)')

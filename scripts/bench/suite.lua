@@ -292,7 +292,7 @@ local function run_train(c)
 end
 
 -- attention (B, H, T, hd), causal
-local ATT = S({b = 8, h = 12, t = 1024, hd = 64}, {b = 1, h = 2, t = 16, hd = 8})
+local ATT = S({b = 8, h = 12, t = 1024, hd = 64}, {b = 1, h = 2, t = 16, hd = 64})
 local function att_cases(backward)
   local p = {dtype = 'bf16', backward = backward}
   for k, v in pairs(ATT) do p[k] = v end
@@ -328,7 +328,7 @@ local function run_att(c)
 end
 
 -- one decoding step: a query per sequence against a KV cache of S tokens
-local DEC = S({b = 8, h = 12, s = 4096, hd = 64}, {b = 2, h = 2, s = 32, hd = 8})
+local DEC = S({b = 8, h = 12, s = 4096, hd = 64}, {b = 2, h = 2, s = 32, hd = 64})
 local function dec_cases()
   local p = {dtype = 'bf16'}
   for k, v in pairs(DEC) do p[k] = v end
@@ -345,7 +345,7 @@ local function run_dec(c)
     sets[i] = {q = gp.randn({p.b, p.h, 1, p.hd}):to(p.dtype), k = gp.randn({p.b, p.h, p.s, p.hd}):to(p.dtype),
                v = gp.randn({p.b, p.h, p.s, p.hd}):to(p.dtype)}
   end
-  local ms = time_sets(sets, function(s) gp.attention_decode(s.q, s.k, s.v) end, p)
+  local ms = time_sets(sets, function(s) gp.attention_decode(s.q, s.k, s.v, p.s) end, p)
   return ms, of_copy(c.bytes, ms) -- the KV cache read once
 end
 

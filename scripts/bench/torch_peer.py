@@ -17,7 +17,12 @@ Times are milliseconds per call (per op for the dispatch workload).
   python3 scripts/bench/torch_peer.py gpt --n-embd 128 --n-layer 4 --n-head 4 \\
       --block 64 --batch 16 --vocab 51 [--bf16] [--compile] [--clip 1.0]
 
-prints one line per mode: `gpt eager ms_per_step tokens_per_s`."""
+prints one line per mode: `gpt eager ms_per_step tokens_per_s`.
+
+  python3 scripts/bench/torch_peer.py attention --batch 4 --heads 16 --seq 4096 --head-dim 64
+
+times F.scaled_dot_product_attention (bf16, causal) forward and forward +
+backward; prints `attention fwd ms` and `attention fwd_bwd ms`."""
 import argparse
 import gc
 import json
@@ -401,6 +406,24 @@ def gpt(args):
         print(f"gpt {name} {ms:.3f} {args.batch * args.block / ms * 1e3:.0f}", flush=True)
 
 
+def attention(args):
+    torch.manual_seed(0)
+    shape = (args.batch, args.heads, args.seq, args.head_dim)
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def fwd_bwd():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(dout)
+
+    print(f"attention fwd {time_steps(fwd):.4f}", flush=True)
+    print(f"attention fwd_bwd {time_steps(fwd_bwd):.4f}", flush=True)
+
+
 def main(argv):
     p = argparse.ArgumentParser(description="PyTorch peers of gpush's benchmarks")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -410,6 +433,9 @@ def main(argv):
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--compile", action="store_true")
     g.add_argument("--clip", type=float, default=0.0, help="clip the gradient norm (0: no clipping)")
+    at = sub.add_parser("attention", help="SDPA forward and forward+backward, bf16, causal")
+    for k, v in dict(batch=4, heads=16, seq=4096, head_dim=64).items():
+        at.add_argument("--" + k.replace("_", "-"), type=int, default=v)
     r = sub.add_parser("run", help="the cases of one workload, JSON lines out")
     r.add_argument("workload", choices=sorted(list(WORKLOADS) + list(HOST_TIMED)))
     r.add_argument("--cases", required=True, help="a JSON file: a list of cases")
@@ -418,6 +444,8 @@ def main(argv):
     args = p.parse_args(argv)
     if args.cmd == "gpt":
         gpt(args)
+    elif args.cmd == "attention":
+        attention(args)
     else:
         run(args)
 

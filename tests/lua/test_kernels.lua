@@ -118,6 +118,25 @@ KCHECK.sample = function(j, g, c, tol)
   if big > 0 then return string.format('probs: %d elements differ by more than 1e-3', big) end
   return nil
 end
+-- attention: q (B, H, T, D) over k, v (B, H, S, D) (S >= T when causal: the
+-- last T positions), decode over a cache of C; a case's `scalars` set scale,
+-- window, n_global, causal (SCALARS_FOR wins over them). attn_bwd gets random
+-- out and lse (positive, `+`): a small scale keeps exp(s - lse) and the
+-- gradients inside f16's range.
+KCASES.attention = {
+  {name = '1x2x7x7 d64', shape = {1}, syms = {B = 1, H = 2, T = 7, S = 7, D = 64, C = 9}},
+  {name = '2x1x33x50 d64 window 16 global 3', shape = {1}, syms = {B = 2, H = 1, T = 33, S = 50, D = 64, C = 50},
+    scalars = {window = 16, n_global = 3}},
+  {name = '1x2x1x70 d128 scale 0.3', shape = {1}, syms = {B = 1, H = 2, T = 1, S = 70, D = 128, C = 70},
+    scalars = {scale = 0.3}},
+  {name = '1x1x45x20 d64 not causal', shape = {1}, syms = {B = 1, H = 1, T = 45, S = 20, D = 64, C = 20},
+    scalars = {causal = 0}},
+  {name = '1x1x150x200 d128 window 70 global 5', shape = {1}, syms = {B = 1, H = 1, T = 150, S = 200, D = 128, C = 300},
+    scalars = {window = 70, n_global = 5}, big = true},
+  {name = '2x2x200x200 d64', shape = {1}, syms = {B = 2, H = 2, T = 200, S = 200, D = 64, C = 700}, big = true},
+}
+KTOL.attention = {f32 = 1e-4, f16 = 3e-3}
+SCALARS_FOR.attn_bwd = {scale = 0.05}
 
 local function rand_fill(dst, positive)
   local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
@@ -172,7 +191,7 @@ local function make_args(k, case, dts, variant)
   local kscalars = SCALARS_FOR[k.name] or SCALARS_FOR[k.family] or {}
   for i, a in ipairs(k.args) do
     if a.scalar then
-      args[i] = kscalars[a.name] or SCALARS[a.name] or a.default or 0.75
+      args[i] = kscalars[a.name] or (case.scalars and case.scalars[a.name]) or SCALARS[a.name] or a.default or 0.75
     else
       local dt = dts[i]
       local shape

@@ -1,0 +1,185 @@
+/* attention.c: checks, dispatch and the CPU references of flash attention
+ * (plain attention accumulated in double) and of decode attention. */
+#include <math.h>
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+int gp_cuda_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_tensor *k, const gp_tensor *v,
+                     double scale, int64_t window, int64_t n_global, int causal);
+int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *q, const gp_tensor *k,
+                     const gp_tensor *v, const gp_tensor *out, const gp_tensor *lse, const gp_tensor *dout, double scale,
+                     int64_t window, int64_t n_global, int causal);
+int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
+                        const gp_tensor *lens, double scale, int64_t window, int64_t n_global);
+#ifdef __cplusplus
+}
+#endif
+
+/* head dim, scale and mask scalars: the checks every attention kernel shares */
+static int attn_args(const char *op, const gp_tensor *q, int64_t D, double *scale, double window, double n_global,
+                     int64_t *win, int64_t *ng) {
+  if (D != 64 && D != 128)
+    return gp_error("%s: head dim %lld is not supported (supported: 64, 128); q is %s", op, (long long)D, GP_SHAPE(q));
+  if (!(*scale == *scale) || isinf(*scale)) return gp_error("%s: scale must be finite, got %g", op, *scale);
+  if (*scale == 0) *scale = 1.0 / sqrt((double)D);
+  if (window != floor(window) || window < 0 || window > 9e15)
+    return gp_error("%s: window must be an integer >= 0 (0: none), got %g", op, window);
+  if (n_global != floor(n_global) || n_global < 0 || n_global > 9e15)
+    return gp_error("%s: n_global must be an integer >= 0, got %g", op, n_global);
+  *win = (int64_t)window;
+  *ng = (int64_t)n_global;
+  return GP_OK;
+}
+
+static int attn_seq(const char *op, const gp_tensor *q, const gp_tensor *k, int64_t win, int causal) {
+  int64_t T = q->shape[2], S = k->shape[2];
+  if ((causal || win > 0) && T > S)
+    return gp_error("%s: causal or windowed attention needs S >= T (queries are the last T of S positions); q is %s, "
+                    "k is %s",
+                    op, GP_SHAPE(q), GP_SHAPE(k));
+  return GP_OK;
+}
+
+/* key j visible to the query at position p */
+static inline int attn_visible(int64_t p, int64_t j, int64_t win, int64_t ng, int causal) {
+  if (causal && j > p) return 0;
+  if (win > 0 && p - j >= win && j >= ng) return 0;
+  return 1;
+}
+
+static double dot_d(const void *a, int64_t ia, const void *b, int64_t ib, int dt, int64_t D) {
+  double s = 0;
+  for (int64_t d = 0; d < D; d++) s += gp_load(a, dt, ia + d) * gp_load(b, dt, ib + d);
+  return s;
+}
+
+int gp_k_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_tensor *k, const gp_tensor *v,
+                  double scale, double window, double n_global, double causal) {
+  GP_CHECK(attn_fwd, out, lse, q, k, v);
+  int64_t D = q->shape[3], win, ng;
+  GP_TRY(attn_args("attn_fwd", q, D, &scale, window, n_global, &win, &ng));
+  int cz = causal != 0;
+  GP_TRY(attn_seq("attn_fwd", q, k, win, cz));
+  GP_CUDA_DISPATCH(out, gp_cuda_attn_fwd(out, lse, q, k, v, scale, win, ng, cz));
+  int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], S = k->shape[2];
+  int dt = q->dtype;
+  const void *pq = gp_ptr(q), *pk = gp_ptr(k), *pv = gp_ptr(v);
+  void *po = gp_ptr(out);
+  float *pl = gp_ptr(lse);
+  double acc[128];
+  for (int64_t bh = 0; bh < BH; bh++)
+    for (int64_t i = 0; i < T; i++) {
+      int64_t p = i + S - T, qi = (bh * T + i) * D;
+      double m = -INFINITY, l = 0;
+      for (int64_t d = 0; d < D; d++) acc[d] = 0;
+      for (int64_t j = 0; j < S; j++)
+        if (attn_visible(p, j, win, ng, cz)) {
+          double s = dot_d(pq, qi, pk, (bh * S + j) * D, dt, D) * scale;
+          if (s > m) m = s;
+        }
+      for (int64_t j = 0; j < S; j++)
+        if (attn_visible(p, j, win, ng, cz)) {
+          int64_t kj = (bh * S + j) * D;
+          double e = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - m);
+          l += e;
+          for (int64_t d = 0; d < D; d++) acc[d] += e * gp_load(pv, dt, kj + d);
+        }
+      for (int64_t d = 0; d < D; d++) gp_store(po, out->dtype, qi + d, l > 0 ? acc[d] / l : 0.0);
+      pl[bh * T + i] = l > 0 ? (float)(m + log(l)) : -INFINITY;
+    }
+  return GP_OK;
+}
+
+int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *q, const gp_tensor *k,
+                  const gp_tensor *v, const gp_tensor *out, const gp_tensor *lse, const gp_tensor *dout, double scale,
+                  double window, double n_global, double causal) {
+  GP_CHECK(attn_bwd, dq, dk, dv, q, k, v, out, lse, dout);
+  int64_t D = q->shape[3], win, ng;
+  GP_TRY(attn_args("attn_bwd", q, D, &scale, window, n_global, &win, &ng));
+  int cz = causal != 0;
+  GP_TRY(attn_seq("attn_bwd", q, k, win, cz));
+  GP_CUDA_DISPATCH(dq, gp_cuda_attn_bwd(dq, dk, dv, q, k, v, out, lse, dout, scale, win, ng, cz));
+  int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], S = k->shape[2];
+  int dt = q->dtype;
+  const void *pq = gp_ptr(q), *pk = gp_ptr(k), *pv = gp_ptr(v), *po = gp_ptr(out), *pg = gp_ptr(dout);
+  const float *pl = gp_ptr(lse);
+  double a[128];
+  /* P = exp(s - lse), dP = dout . v, dS = P (dP - sum(dout * out)) */
+  for (int64_t bh = 0; bh < BH; bh++) {
+    /* dq: row by row */
+    for (int64_t i = 0; i < T; i++) {
+      int64_t p = i + S - T, qi = (bh * T + i) * D;
+      double Di = dot_d(pg, qi, po, qi, dt, D), L = pl[bh * T + i];
+      for (int64_t d = 0; d < D; d++) a[d] = 0;
+      for (int64_t j = 0; j < S; j++)
+        if (attn_visible(p, j, win, ng, cz)) {
+          int64_t kj = (bh * S + j) * D;
+          double P = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - L);
+          double dS = P * (dot_d(pg, qi, pv, kj, dt, D) - Di);
+          for (int64_t d = 0; d < D; d++) a[d] += dS * gp_load(pk, dt, kj + d);
+        }
+      for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(dq), dq->dtype, qi + d, a[d] * scale);
+    }
+    /* dk and dv: key by key */
+    for (int64_t j = 0; j < S; j++) {
+      int64_t kj = (bh * S + j) * D;
+      double b[128];
+      for (int64_t d = 0; d < D; d++) a[d] = b[d] = 0;
+      for (int64_t i = 0; i < T; i++) {
+        int64_t p = i + S - T, qi = (bh * T + i) * D;
+        if (!attn_visible(p, j, win, ng, cz)) continue;
+        double P = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - (double)pl[bh * T + i]);
+        double dS = P * (dot_d(pg, qi, pv, kj, dt, D) - dot_d(pg, qi, po, qi, dt, D));
+        for (int64_t d = 0; d < D; d++) {
+          a[d] += dS * gp_load(pq, dt, qi + d);
+          b[d] += P * gp_load(pg, dt, qi + d);
+        }
+      }
+      for (int64_t d = 0; d < D; d++) {
+        gp_store(gp_ptr(dk), dk->dtype, kj + d, a[d] * scale);
+        gp_store(gp_ptr(dv), dv->dtype, kj + d, b[d]);
+      }
+    }
+  }
+  return GP_OK;
+}
+
+int gp_k_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
+                     const gp_tensor *lens, double scale, double window, double n_global) {
+  GP_CHECK(attn_decode, out, q, kcache, vcache, lens);
+  int64_t D = q->shape[2], win, ng;
+  GP_TRY(attn_args("attn_decode", q, D, &scale, window, n_global, &win, &ng));
+  GP_CUDA_DISPATCH(out, gp_cuda_attn_decode(out, q, kcache, vcache, lens, scale, win, ng));
+  int64_t B = q->shape[0], H = q->shape[1], C = kcache->shape[2];
+  int dt = q->dtype;
+  const void *pq = gp_ptr(q), *pk = gp_ptr(kcache), *pv = gp_ptr(vcache), *pn = gp_ptr(lens);
+  for (int64_t b = 0; b < B; b++) {
+    int64_t n = gp_load_i64(pn, lens->dtype, b);
+    if (n < 0 || n > C)
+      return gp_error("attn_decode: lens[%lld] = %lld is outside [0, %lld] (kcache %s)", (long long)b, (long long)n,
+                      (long long)C, GP_SHAPE(kcache));
+  }
+  double acc[128];
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      int64_t n = gp_load_i64(pn, lens->dtype, b), p = n - 1, qi = (b * H + h) * D, base = (b * H + h) * C;
+      double m = -INFINITY, l = 0;
+      for (int64_t d = 0; d < D; d++) acc[d] = 0;
+      for (int64_t j = 0; j < n; j++)
+        if (attn_visible(p, j, win, ng, 1)) {
+          double s = dot_d(pq, qi, pk, (base + j) * D, dt, D) * scale;
+          if (s > m) m = s;
+        }
+      for (int64_t j = 0; j < n; j++)
+        if (attn_visible(p, j, win, ng, 1)) {
+          double e = exp(dot_d(pq, qi, pk, (base + j) * D, dt, D) * scale - m);
+          l += e;
+          for (int64_t d = 0; d < D; d++) acc[d] += e * gp_load(pv, dt, (base + j) * D + d);
+        }
+      for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(out), out->dtype, qi + d, l > 0 ? acc[d] / l : 0.0);
+    }
+  return GP_OK;
+}

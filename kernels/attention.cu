@@ -1,0 +1,832 @@
+/* attention.cu: flash attention on the GPU.
+ *
+ * attn_fwd, bf16/f16 with 16-byte aligned operands: FlashAttention-2 style.
+ * A CTA of 4 warps owns BM = 64 * MT query rows (16 * MT per warp) and walks
+ * the visible key tiles of BN = 64 keys: K/V tiles are double-buffered in
+ * shared memory with cp.async (128-byte rows XOR-swizzled by 16-byte chunk,
+ * so ldmatrix is conflict-free), S = Q K^T and O += P V run on tensor cores
+ * (mma.sync m16n8k16, f32 accumulators), the softmax is online in registers
+ * (base 2, one quad shuffle per row max), P never leaves registers (the S
+ * accumulator fragment is the A fragment of P V). Causal tiles above the
+ * diagonal and window tiles left of the window are never visited; only the
+ * tiles that touch a boundary are masked element by element.
+ *
+ * f32 (and unaligned views): a plain tiled kernel (K/V tiles in shared memory,
+ * one key per lane, FMA in f32). attn_bwd: the same plain tiling in two
+ * kernels, dq by query blocks and dk/dv by key blocks (no atomics).
+ * attn_decode: split-K (flash-decoding): blocks over slices of the cache per
+ * (b, h), each a partial (max, sum, acc), then a combine kernel. */
+#include <mma.h>
+
+#include "../src/cuda_internal.h"
+
+#define FULL 0xffffffffu
+
+namespace {
+
+struct AttnP {
+  const void *q, *k, *v, *o, *dout;
+  void *out, *dq, *dk, *dv;
+  float *lse;
+  const float *lse_in;
+  int H, T, S;
+  float scale;
+  int win, ng, causal;
+};
+
+__device__ __forceinline__ bool vis(int p, int j, int win, int ng, int causal) {
+  if (causal && j > p) return false;
+  if (win > 0 && p - j >= win && j >= ng) return false;
+  return true;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL, v, o));
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(FULL, v, o);
+  return v;
+}
+
+/* ------------------------------------------------------------------------ */
+/* plain kernels (any float dtype, any alignment)                           */
+
+/* forward: a block of 4 warps owns 4 * RW query rows (RW per warp); K/V tiles
+ * of 32 keys in shared memory; lane = key for the scores, lane = dims for the
+ * output accumulators */
+template <typename T, int D, int RW>
+__global__ void __launch_bounds__(128) k_attn_fwd_plain(AttnP P) {
+  constexpr int GM = 4 * RW, GN = 32, DT = D / 32;
+  __shared__ float Qs[GM][D];
+  __shared__ float Ks[GN][D + 1];
+  __shared__ float Vs[GN][D];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int bh = blockIdx.y, i0 = blockIdx.x * GM, off = P.S - P.T;
+  const T *q = (const T *)P.q + (int64_t)bh * P.T * D;
+  const T *k = (const T *)P.k + (int64_t)bh * P.S * D;
+  const T *v = (const T *)P.v + (int64_t)bh * P.S * D;
+  for (int e = threadIdx.x; e < GM * D; e += 128) {
+    int r = e / D, d = e % D;
+    Qs[r][d] = i0 + r < P.T ? ld(q[(int64_t)(i0 + r) * D + d]) * P.scale : 0.f;
+  }
+  float m[RW], l[RW], acc[RW][DT];
+#pragma unroll
+  for (int r = 0; r < RW; r++) {
+    m[r] = -INFINITY;
+    l[r] = 0.f;
+#pragma unroll
+    for (int t = 0; t < DT; t++) acc[r][t] = 0.f;
+  }
+  const int pmin = i0 + off, pmax = min(i0 + GM, P.T) - 1 + off;
+  const int hi = P.causal ? min(P.S, pmax + 1) : P.S;
+  for (int j0 = 0; j0 < hi; j0 += GN) {
+    if (P.win > 0 && j0 >= P.ng && pmin - (j0 + GN - 1) >= P.win) continue; /* block-uniform */
+    __syncthreads();
+    for (int e = threadIdx.x; e < GN * D; e += 128) {
+      int r = e / D, d = e % D, j = j0 + r;
+      Ks[r][d] = j < P.S ? ld(k[(int64_t)j * D + d]) : 0.f;
+      Vs[r][d] = j < P.S ? ld(v[(int64_t)j * D + d]) : 0.f;
+    }
+    __syncthreads();
+    float s[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) s[r] = 0.f;
+#pragma unroll 8
+    for (int d = 0; d < D; d++) {
+      float kd = Ks[lane][d];
+#pragma unroll
+      for (int r = 0; r < RW; r++) s[r] += Qs[warp * RW + r][d] * kd;
+    }
+    const int j = j0 + lane;
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+      int row = i0 + warp * RW + r;
+      bool ok = j < P.S && row < P.T && vis(row + off, j, P.win, P.ng, P.causal);
+      float sv = ok ? s[r] : -INFINITY;
+      float mn = fmaxf(m[r], warp_max(sv));
+      float mu = mn == -INFINITY ? 0.f : mn;
+      float alpha = expf(m[r] - mu);
+      float pe = ok ? expf(sv - mu) : 0.f;
+      l[r] = l[r] * alpha + warp_sum(pe);
+      m[r] = mn;
+#pragma unroll
+      for (int t = 0; t < DT; t++) acc[r][t] *= alpha;
+      s[r] = pe;
+    }
+    for (int jj = 0; jj < GN; jj++) {
+      float pr[RW];
+#pragma unroll
+      for (int r = 0; r < RW; r++) pr[r] = __shfl_sync(FULL, s[r], jj);
+#pragma unroll
+      for (int t = 0; t < DT; t++) {
+        float vv = Vs[jj][lane + 32 * t];
+#pragma unroll
+        for (int r = 0; r < RW; r++) acc[r][t] += pr[r] * vv;
+      }
+    }
+  }
+  T *o = (T *)P.out + (int64_t)bh * P.T * D;
+#pragma unroll
+  for (int r = 0; r < RW; r++) {
+    int row = i0 + warp * RW + r;
+    if (row >= P.T) continue;
+    float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+#pragma unroll
+    for (int t = 0; t < DT; t++) o[(int64_t)row * D + lane + 32 * t] = st<T>(acc[r][t] * inv);
+    if (lane == 0) P.lse[(int64_t)bh * P.T + row] = l[r] > 0.f ? m[r] + logf(l[r]) : -INFINITY;
+  }
+}
+
+/* backward, dq: query blocks as in the forward; per key tile, lane = key:
+ * P = exp(s - lse), dP = dout . v, dS = P (dP - Di); dq += dS k */
+template <typename T, int D, int RW>
+__global__ void __launch_bounds__(128) k_attn_bwd_dq(AttnP P) {
+  constexpr int GM = 4 * RW, GN = 32, DT = D / 32;
+  __shared__ float Qs[GM][D];
+  __shared__ float Gs[GM][D];
+  __shared__ float Ks[GN][D + 1];
+  __shared__ float Vs[GN][D + 1];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int bh = blockIdx.y, i0 = blockIdx.x * GM, off = P.S - P.T;
+  const int64_t qb = (int64_t)bh * P.T * D, kb = (int64_t)bh * P.S * D;
+  const T *q = (const T *)P.q + qb, *g = (const T *)P.dout + qb, *o = (const T *)P.o + qb;
+  const T *k = (const T *)P.k + kb, *v = (const T *)P.v + kb;
+  for (int e = threadIdx.x; e < GM * D; e += 128) {
+    int r = e / D, d = e % D;
+    bool in = i0 + r < P.T;
+    Qs[r][d] = in ? ld(q[(int64_t)(i0 + r) * D + d]) * P.scale : 0.f;
+    Gs[r][d] = in ? ld(g[(int64_t)(i0 + r) * D + d]) : 0.f;
+  }
+  float Di[RW], L[RW], acc[RW][DT];
+#pragma unroll
+  for (int r = 0; r < RW; r++) {
+    int row = i0 + warp * RW + r;
+    float s = 0.f;
+    if (row < P.T)
+#pragma unroll
+      for (int t = 0; t < DT; t++)
+        s += ld(g[(int64_t)row * D + lane + 32 * t]) * ld(o[(int64_t)row * D + lane + 32 * t]);
+    Di[r] = warp_sum(s);
+    L[r] = row < P.T ? P.lse_in[(int64_t)bh * P.T + row] : 0.f;
+#pragma unroll
+    for (int t = 0; t < DT; t++) acc[r][t] = 0.f;
+  }
+  const int pmin = i0 + off, pmax = min(i0 + GM, P.T) - 1 + off;
+  const int hi = P.causal ? min(P.S, pmax + 1) : P.S;
+  for (int j0 = 0; j0 < hi; j0 += GN) {
+    if (P.win > 0 && j0 >= P.ng && pmin - (j0 + GN - 1) >= P.win) continue;
+    __syncthreads();
+    for (int e = threadIdx.x; e < GN * D; e += 128) {
+      int r = e / D, d = e % D, j = j0 + r;
+      Ks[r][d] = j < P.S ? ld(k[(int64_t)j * D + d]) : 0.f;
+      Vs[r][d] = j < P.S ? ld(v[(int64_t)j * D + d]) : 0.f;
+    }
+    __syncthreads();
+    float s[RW], dp[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) s[r] = dp[r] = 0.f;
+#pragma unroll 8
+    for (int d = 0; d < D; d++) {
+      float kd = Ks[lane][d], vd = Vs[lane][d];
+#pragma unroll
+      for (int r = 0; r < RW; r++) {
+        s[r] += Qs[warp * RW + r][d] * kd;
+        dp[r] += Gs[warp * RW + r][d] * vd;
+      }
+    }
+    const int j = j0 + lane;
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+      int row = i0 + warp * RW + r;
+      bool ok = j < P.S && row < P.T && vis(row + off, j, P.win, P.ng, P.causal);
+      s[r] = ok ? expf(s[r] - L[r]) * (dp[r] - Di[r]) : 0.f; /* dS */
+    }
+    for (int jj = 0; jj < GN; jj++) {
+      float ds[RW];
+#pragma unroll
+      for (int r = 0; r < RW; r++) ds[r] = __shfl_sync(FULL, s[r], jj);
+#pragma unroll
+      for (int t = 0; t < DT; t++) {
+        float kv = Ks[jj][lane + 32 * t];
+#pragma unroll
+        for (int r = 0; r < RW; r++) acc[r][t] += ds[r] * kv;
+      }
+    }
+  }
+  T *dq = (T *)P.dq + qb;
+#pragma unroll
+  for (int r = 0; r < RW; r++) {
+    int row = i0 + warp * RW + r;
+    if (row >= P.T) continue;
+#pragma unroll
+    for (int t = 0; t < DT; t++) dq[(int64_t)row * D + lane + 32 * t] = st<T>(acc[r][t] * P.scale);
+  }
+}
+
+/* backward, dk and dv: a block owns 4 * RW keys (RW per warp) and walks the
+ * query tiles that see them (32 queries, lane = query):
+ * dv += P dout, dk += dS q * scale */
+template <typename T, int D, int RW>
+__global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
+  constexpr int GK = 4 * RW, GQ = 32, DT = D / 32;
+  __shared__ float Ks[GK][D];
+  __shared__ float Vs[GK][D];
+  __shared__ float Qs[GQ][D + 1];
+  __shared__ float Gs[GQ][D + 1];
+  __shared__ float Ls[GQ], Ds[GQ];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int bh = blockIdx.y, j0 = blockIdx.x * GK, off = P.S - P.T;
+  const int64_t qb = (int64_t)bh * P.T * D, kb = (int64_t)bh * P.S * D;
+  const T *q = (const T *)P.q + qb, *g = (const T *)P.dout + qb, *o = (const T *)P.o + qb;
+  const T *k = (const T *)P.k + kb, *v = (const T *)P.v + kb;
+  for (int e = threadIdx.x; e < GK * D; e += 128) {
+    int r = e / D, d = e % D;
+    bool in = j0 + r < P.S;
+    Ks[r][d] = in ? ld(k[(int64_t)(j0 + r) * D + d]) : 0.f;
+    Vs[r][d] = in ? ld(v[(int64_t)(j0 + r) * D + d]) : 0.f;
+  }
+  float dk[RW][DT], dv[RW][DT];
+#pragma unroll
+  for (int r = 0; r < RW; r++)
+#pragma unroll
+    for (int t = 0; t < DT; t++) dk[r][t] = dv[r][t] = 0.f;
+  const int jmax = min(j0 + GK, P.S) - 1;
+  /* queries that may see a key of the block: i >= j0 - off (causal), and
+   * p - jmax < win unless the block holds global keys */
+  int ilo = P.causal ? max(0, j0 - off) : 0;
+  int ihi = P.T;
+  if (P.win > 0 && j0 >= P.ng) ihi = (int)min((int64_t)P.T, (int64_t)jmax + P.win - off);
+  for (int ib = ilo; ib < ihi; ib += GQ) {
+    __syncthreads();
+    for (int e = threadIdx.x; e < GQ * D; e += 128) {
+      int r = e / D, d = e % D, i = ib + r;
+      Qs[r][d] = i < P.T ? ld(q[(int64_t)i * D + d]) * P.scale : 0.f;
+      Gs[r][d] = i < P.T ? ld(g[(int64_t)i * D + d]) : 0.f;
+    }
+    for (int r = warp; r < GQ; r += 4) {
+      int i = ib + r;
+      float s = 0.f;
+      if (i < P.T)
+#pragma unroll
+        for (int t = 0; t < DT; t++)
+          s += ld(g[(int64_t)i * D + lane + 32 * t]) * ld(o[(int64_t)i * D + lane + 32 * t]);
+      s = warp_sum(s);
+      if (lane == 0) {
+        Ds[r] = s;
+        Ls[r] = i < P.T ? P.lse_in[(int64_t)bh * P.T + i] : 0.f;
+      }
+    }
+    __syncthreads();
+    float pr[RW], ds[RW];
+#pragma unroll
+    for (int r = 0; r < RW; r++) pr[r] = ds[r] = 0.f;
+#pragma unroll 8
+    for (int d = 0; d < D; d++) {
+      float qd = Qs[lane][d], gd = Gs[lane][d];
+#pragma unroll
+      for (int r = 0; r < RW; r++) {
+        pr[r] += qd * Ks[warp * RW + r][d];
+        ds[r] += gd * Vs[warp * RW + r][d];
+      }
+    }
+    const int i = ib + lane;
+#pragma unroll
+    for (int r = 0; r < RW; r++) {
+      int j = j0 + warp * RW + r;
+      bool ok = i < P.T && j < P.S && vis(i + off, j, P.win, P.ng, P.causal);
+      float p = ok ? expf(pr[r] - Ls[lane]) : 0.f;
+      ds[r] = p * (ds[r] - Ds[lane]);
+      pr[r] = p;
+    }
+    for (int ii = 0; ii < GQ; ii++) {
+      float pb[RW], db[RW];
+#pragma unroll
+      for (int r = 0; r < RW; r++) {
+        pb[r] = __shfl_sync(FULL, pr[r], ii);
+        db[r] = __shfl_sync(FULL, ds[r], ii);
+      }
+#pragma unroll
+      for (int t = 0; t < DT; t++) {
+        float gq = Gs[ii][lane + 32 * t], qq = Qs[ii][lane + 32 * t];
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+          dv[r][t] += pb[r] * gq;
+          dk[r][t] += db[r] * qq;
+        }
+      }
+    }
+  }
+  T *pdk = (T *)P.dk + kb, *pdv = (T *)P.dv + kb;
+#pragma unroll
+  for (int r = 0; r < RW; r++) {
+    int j = j0 + warp * RW + r;
+    if (j >= P.S) continue;
+#pragma unroll
+    for (int t = 0; t < DT; t++) {
+      pdk[(int64_t)j * D + lane + 32 * t] = st<T>(dk[r][t]); /* q was scaled */
+      pdv[(int64_t)j * D + lane + 32 * t] = st<T>(dv[r][t]);
+    }
+  }
+}
+
+/* ------------------------------------------------------------------------ */
+/* tensor-core forward (bf16 / f16)                                         */
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, int bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+__device__ __forceinline__ void ldsm_x4(uint32_t *r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t u;
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    memcpy(&u, &h, 4);
+  } else {
+    __half2 h = __floats2half2_rn(lo, hi);
+    memcpy(&u, &h, 4);
+  }
+  return u;
+}
+
+/* element offset of 16-byte chunk c of row r in a swizzled tile of rows of D */
+template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * D + ((c ^ (r & 7)) << 3); }
+
+/* ROWS rows from global row row0 (rows >= nrows are zero-filled) */
+template <typename T, int D, int ROWS>
+__device__ __forceinline__ void load_tile(T *sm, const T *g, int row0, int nrows) {
+  constexpr int DC = D / 8;
+#pragma unroll
+  for (int e = threadIdx.x; e < ROWS * DC; e += 128) {
+    int r = e / DC, c = e % DC, gr = row0 + r;
+    bool ok = gr < nrows;
+    const T *src = g + (int64_t)(ok ? gr : 0) * D + c * 8;
+    cp_async16(smem_u32(sm + swz<D>(r, c)), src, ok ? 16 : 0);
+  }
+}
+
+template <typename T, int D, int MT>
+__global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P) {
+  constexpr int BM = 64 * MT, BN = 64, KD = D / 16, NT = BN / 8, DT = D / 8;
+  extern __shared__ uint4 attn_smem[];
+  T *Qs = (T *)attn_smem;
+  T *Ks = Qs + BM * D; /* 2 stages */
+  T *Vs = Ks + 2 * BN * D;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int mblk = gridDim.x - 1 - blockIdx.x; /* the longest causal rows first */
+  const int bh = blockIdx.y, i0 = mblk * BM, off = P.S - P.T;
+  const T *q = (const T *)P.q + (int64_t)bh * P.T * D;
+  const T *k = (const T *)P.k + (int64_t)bh * P.S * D;
+  const T *v = (const T *)P.v + (int64_t)bh * P.S * D;
+
+  /* the visible key tiles: [0, g_tiles) (global keys) then [w_start, nt_end) */
+  const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
+  const int kv_end = P.causal ? min(P.S, pmax + 1) : P.S;
+  const int nt_end = (kv_end + BN - 1) / BN;
+  int g_tiles = 0, w_start = 0;
+  if (P.win > 0) {
+    int lo = pmin - P.win + 1;
+    w_start = lo <= 0 ? 0 : min(lo / BN, nt_end);
+    g_tiles = min((P.ng + BN - 1) / BN, w_start);
+  }
+  const int n_tiles = g_tiles + (nt_end - w_start);
+
+  load_tile<T, D, BM>(Qs, q, i0, P.T);
+  if (n_tiles > 0) {
+    int j0 = (g_tiles > 0 ? 0 : w_start) * BN;
+    load_tile<T, D, BN>(Ks, k, j0, P.S);
+    load_tile<T, D, BN>(Vs, v, j0, P.S);
+  }
+  cp_async_commit();
+
+  float o[MT][DT][4], m[MT][2], l[MT][2];
+  uint32_t qf[MT][KD][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++) {
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) o[mt][dt][0] = o[mt][dt][1] = o[mt][dt][2] = o[mt][dt][3] = 0.f;
+  }
+  const float sl2 = P.scale * 1.4426950408889634f;
+  const int wrow = warp * 16 * MT; /* the warp's first row in the tile */
+
+  for (int t = 0; t < n_tiles; t++) {
+    const int st = t & 1;
+    const int j0 = (t < g_tiles ? t : w_start + (t - g_tiles)) * BN;
+    if (t + 1 < n_tiles) {
+      int t1 = t + 1, jn = (t1 < g_tiles ? t1 : w_start + (t1 - g_tiles)) * BN;
+      load_tile<T, D, BN>(Ks + (st ^ 1) * BN * D, k, jn, P.S);
+      load_tile<T, D, BN>(Vs + (st ^ 1) * BN * D, v, jn, P.S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    if (t == 0) {
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int kk = 0; kk < KD; kk++)
+          ldsm_x4(qf[mt][kk], smem_u32(Qs + swz<D>(wrow + mt * 16 + (lane & 15), kk * 2 + (lane >> 4))));
+    }
+    const T *Kst = Ks + st * BN * D, *Vst = Vs + st * BN * D;
+
+    /* S = Q K^T */
+    float s[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+#pragma unroll
+      for (int np = 0; np < NT / 2; np++) {
+        uint32_t b[4];
+        ldsm_x4(b, smem_u32(Kst + swz<D>(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1))));
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          mma16816<T>(s[mt][2 * np], qf[mt][kk], b[0], b[1]);
+          mma16816<T>(s[mt][2 * np + 1], qf[mt][kk], b[2], b[3]);
+        }
+      }
+
+    /* masks, only on tiles that touch a boundary */
+    const bool need_mask = (j0 + BN > P.S) || (P.causal && j0 + BN - 1 > pmin) ||
+                           (P.win > 0 && j0 + BN > P.ng && pmax - j0 >= P.win);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          float x = s[mt][nt][e] * sl2;
+          if (need_mask) {
+            int p = i0 + wrow + mt * 16 + (lane >> 2) + ((e >> 1) << 3) + off;
+            int j = j0 + nt * 8 + ((lane & 3) << 1) + (e & 1);
+            if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) x = -INFINITY;
+          }
+          s[mt][nt][e] = x;
+        }
+
+    /* online softmax (base 2); l stays per thread until the end */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        float mx = m[mt][h];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+        const float mu = mx == -INFINITY ? 0.f : mx;
+        const float alpha = exp2f(m[mt][h] - mu);
+        m[mt][h] = mx;
+        float sum = 0.f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+          float p0 = exp2f(s[mt][nt][2 * h] - mu), p1 = exp2f(s[mt][nt][2 * h + 1] - mu);
+          s[mt][nt][2 * h] = p0;
+          s[mt][nt][2 * h + 1] = p1;
+          sum += p0 + p1;
+        }
+        l[mt][h] = l[mt][h] * alpha + sum;
+#pragma unroll
+        for (int dt = 0; dt < DT; dt++) {
+          o[mt][dt][2 * h] *= alpha;
+          o[mt][dt][2 * h + 1] *= alpha;
+        }
+      }
+
+    /* O += P V: the S accumulators are P's A fragments */
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; mt++) {
+        pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
+#pragma unroll
+      for (int dp = 0; dp < DT / 2; dp++) {
+        uint32_t b[4];
+        ldsm_x4_t(b, smem_u32(Vst + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4))));
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+          mma16816<T>(o[mt][2 * dp], pa[mt], b[0], b[1]);
+          mma16816<T>(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads(); /* the next iteration loads into this stage */
+  }
+  cp_async_wait<0>();
+
+  T *out = (T *)P.out + (int64_t)bh * P.T * D;
+#pragma unroll
+  for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float lt = l[mt][h];
+      lt += __shfl_xor_sync(FULL, lt, 1);
+      lt += __shfl_xor_sync(FULL, lt, 2);
+      const int row = i0 + wrow + mt * 16 + (lane >> 2) + h * 8;
+      if (row >= P.T) continue;
+      const float inv = lt > 0.f ? 1.f / lt : 0.f;
+#pragma unroll
+      for (int dt = 0; dt < DT; dt++) {
+        uint32_t w = pack2<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
+        *(uint32_t *)(out + (int64_t)row * D + dt * 8 + ((lane & 3) << 1)) = w;
+      }
+      if ((lane & 3) == 0)
+        P.lse[(int64_t)bh * P.T + row] = lt > 0.f ? m[mt][h] * 0.6931471805599453f + logf(lt) : -INFINITY;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* decode: split-K over the cache, then a combine                           */
+
+struct DecP {
+  const void *q, *kc, *vc, *lens;
+  void *out;
+  float *part; /* [BH, nsplit, D + 2]: acc (unnormalized), max, sum */
+  int lens64, H, C, chunk, nsplit;
+  float scale;
+  int win, ng;
+};
+
+__device__ __forceinline__ int dec_len(const DecP &P, int b) {
+  int64_t n = P.lens64 ? ((const int64_t *)P.lens)[b] : ((const int32_t *)P.lens)[b];
+  return (int)(n < 0 ? 0 : n > P.C ? P.C : n); /* clamped: never outside the cache */
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
+  constexpr int DL = D / 32;
+  __shared__ float sm_m[4], sm_l[4], sm_acc[4][D];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int bh = blockIdx.y, b = bh / P.H, split = blockIdx.x;
+  const int n = dec_len(P, b), p = n - 1;
+  const int jb = split * P.chunk, je = min(n, jb + P.chunk);
+  const T *q = (const T *)P.q + (int64_t)bh * D + lane * DL;
+  float qr[DL], acc[DL];
+#pragma unroll
+  for (int t = 0; t < DL; t++) {
+    qr[t] = ld(q[t]) * P.scale;
+    acc[t] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  const T *kc = (const T *)P.kc + (int64_t)bh * P.C * D + lane * DL;
+  const T *vc = (const T *)P.vc + (int64_t)bh * P.C * D + lane * DL;
+  for (int j = jb + warp; j < je; j += 4) {
+    if (P.win > 0 && j >= P.ng && p - j >= P.win) { /* jump over the keys left of the window */
+      int target = p - P.win + 1;
+      j += ((target - j + 3) / 4) * 4 - 4;
+      continue;
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int t = 0; t < DL; t++) s += qr[t] * ld(kc[(int64_t)j * D + t]);
+    s = warp_sum(s);
+    const float mn = fmaxf(m, s);
+    const float alpha = expf(m - mn), e = expf(s - mn);
+    l = l * alpha + e;
+#pragma unroll
+    for (int t = 0; t < DL; t++) acc[t] = acc[t] * alpha + e * ld(vc[(int64_t)j * D + t]);
+    m = mn;
+  }
+  if (lane == 0) {
+    sm_m[warp] = m;
+    sm_l[warp] = l;
+  }
+#pragma unroll
+  for (int t = 0; t < DL; t++) sm_acc[warp][lane * DL + t] = acc[t];
+  __syncthreads();
+  float M = fmaxf(fmaxf(sm_m[0], sm_m[1]), fmaxf(sm_m[2], sm_m[3]));
+  float w[4];
+#pragma unroll
+  for (int i = 0; i < 4; i++) w[i] = sm_m[i] == -INFINITY ? 0.f : expf(sm_m[i] - M);
+  float *part = P.part + ((int64_t)bh * P.nsplit + split) * (D + 2);
+  for (int d = threadIdx.x; d < D; d += 128)
+    part[d] = w[0] * sm_acc[0][d] + w[1] * sm_acc[1][d] + w[2] * sm_acc[2][d] + w[3] * sm_acc[3][d];
+  if (threadIdx.x == 0) {
+    part[D] = M;
+    part[D + 1] = w[0] * sm_l[0] + w[1] * sm_l[1] + w[2] * sm_l[2] + w[3] * sm_l[3];
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(D) k_attn_decode_combine(DecP P) {
+  const int bh = blockIdx.x, d = threadIdx.x;
+  const float *part = P.part + (int64_t)bh * P.nsplit * (D + 2);
+  float M = -INFINITY;
+  for (int s = 0; s < P.nsplit; s++) M = fmaxf(M, part[s * (D + 2) + D]);
+  float a = 0.f, L = 0.f;
+  if (M != -INFINITY)
+    for (int s = 0; s < P.nsplit; s++) {
+      float ms = part[s * (D + 2) + D];
+      if (ms == -INFINITY) continue;
+      float w = expf(ms - M);
+      a += w * part[s * (D + 2) + d];
+      L += w * part[s * (D + 2) + D + 1];
+    }
+  ((T *)P.out)[(int64_t)bh * D + d] = st<T>(L > 0.f ? a / L : 0.f);
+}
+
+/* ------------------------------------------------------------------------ */
+
+int fill_params(AttnP &P, const char *op, const gp_tensor *q, const gp_tensor *k, double scale, int64_t win,
+                int64_t ng, int causal) {
+  char bq[96], bk[96];
+  if (q->shape[2] >= INT32_MAX / 2 || k->shape[2] >= INT32_MAX / 2)
+    return gp_error("%s: sequence lengths must be below 2^30 on the GPU; q is %s, k is %s", op,
+                    gp_shape_str(q, bq, 96), gp_shape_str(k, bk, 96));
+  if (q->shape[0] * q->shape[1] > 65535)
+    return gp_error("%s: B * H must be at most 65535 on the GPU; q is %s", op, gp_shape_str(q, bq, 96));
+  P.H = (int)q->shape[1];
+  P.T = (int)q->shape[2];
+  P.S = (int)k->shape[2];
+  P.scale = (float)scale;
+  P.win = (int)(win > INT32_MAX / 2 ? INT32_MAX / 2 : win);
+  P.ng = (int)(ng > P.S ? P.S : ng);
+  P.causal = causal;
+  return GP_OK;
+}
+
+bool aligned16(const gp_tensor *t) { return ((uintptr_t)gp_ptr(t) & 15) == 0; }
+
+template <typename T, int D, int MT> int launch_fwd_mma(const AttnP &P, int64_t BH) {
+  constexpr int BM = 64 * MT;
+  const int smem = (BM + 4 * 64) * D * (int)sizeof(T);
+  static bool attr = false; /* per instantiation */
+  if (!attr) {
+    if (cudaFuncSetAttribute(k_attn_fwd_mma<T, D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
+        cudaSuccess)
+      return gp_error("attn_fwd: cannot give the kernel %d bytes of shared memory", smem);
+    attr = true;
+  }
+  dim3 grid((unsigned)((P.T + BM - 1) / BM), (unsigned)BH);
+  GP_NOTE_LAUNCH((k_attn_fwd_mma<T, D, MT>), 128, smem);
+  k_attn_fwd_mma<T, D, MT><<<grid, 128, smem, gp_cuda_stream()>>>(P);
+  return GP_OK;
+}
+
+template <typename T, int D> int launch_fwd_plain(const AttnP &P, int64_t BH) {
+  constexpr int RW = D == 64 ? 4 : 2;
+  dim3 grid((unsigned)((P.T + 4 * RW - 1) / (4 * RW)), (unsigned)BH);
+  GP_NOTE_LAUNCH((k_attn_fwd_plain<T, D, RW>), 128, 0);
+  k_attn_fwd_plain<T, D, RW><<<grid, 128, 0, gp_cuda_stream()>>>(P);
+  return GP_OK;
+}
+
+template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
+  constexpr int RW = D == 64 ? 4 : 2;
+  dim3 g1((unsigned)((P.T + 4 * RW - 1) / (4 * RW)), (unsigned)BH);
+  GP_NOTE_LAUNCH((k_attn_bwd_dq<T, D, RW>), 128, 0);
+  k_attn_bwd_dq<T, D, RW><<<g1, 128, 0, gp_cuda_stream()>>>(P);
+  dim3 g2((unsigned)((P.S + 4 * RW - 1) / (4 * RW)), (unsigned)BH);
+  GP_NOTE_LAUNCH((k_attn_bwd_dkdv<T, D, RW>), 128, 0);
+  k_attn_bwd_dkdv<T, D, RW><<<g2, 128, 0, gp_cuda_stream()>>>(P);
+  return GP_OK;
+}
+
+} // namespace
+
+extern "C" int gp_cuda_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_tensor *k,
+                                const gp_tensor *v, double scale, int64_t window, int64_t n_global, int causal) {
+  AttnP P = {};
+  GP_TRY(fill_params(P, "attn_fwd", q, k, scale, window, n_global, causal));
+  int64_t BH = q->shape[0] * q->shape[1], D = q->shape[3];
+  if (BH == 0 || P.T == 0) return GP_OK;
+  P.q = gp_ptr(q);
+  P.k = gp_ptr(k);
+  P.v = gp_ptr(v);
+  P.out = gp_ptr(out);
+  P.lse = (float *)gp_ptr(lse);
+  const bool mma = q->dtype != GP_F32 && P.S > 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
+  int rc = GP_OK;
+  if (mma) {
+    if (D == 64) {
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_fwd_mma<T, 64, 2>(P, BH));
+    } else {
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_fwd_mma<T, 128, 1>(P, BH));
+    }
+  } else if (D == 64) {
+    GP_FLOAT_SWITCH(q->dtype, T, rc = launch_fwd_plain<T, 64>(P, BH));
+  } else {
+    GP_FLOAT_SWITCH(q->dtype, T, rc = launch_fwd_plain<T, 128>(P, BH));
+  }
+  GP_TRY(rc);
+  return gp_cuda_check_launch("attn_fwd");
+}
+
+extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *q, const gp_tensor *k,
+                                const gp_tensor *v, const gp_tensor *out, const gp_tensor *lse, const gp_tensor *dout,
+                                double scale, int64_t window, int64_t n_global, int causal) {
+  AttnP P = {};
+  GP_TRY(fill_params(P, "attn_bwd", q, k, scale, window, n_global, causal));
+  int64_t BH = q->shape[0] * q->shape[1], D = q->shape[3];
+  if (BH == 0 || (P.T == 0 && P.S == 0)) return GP_OK;
+  P.q = gp_ptr(q);
+  P.k = gp_ptr(k);
+  P.v = gp_ptr(v);
+  P.o = gp_ptr(out);
+  P.dout = gp_ptr(dout);
+  P.lse_in = (const float *)gp_ptr(lse);
+  P.dq = gp_ptr(dq);
+  P.dk = gp_ptr(dk);
+  P.dv = gp_ptr(dv);
+  /* a grid of 0 blocks is a launch error: T = 0 or S = 0 runs one side only */
+  int rc = GP_OK;
+  if (P.T == 0 || P.S == 0) {
+    gp_tensor *z = P.T == 0 ? dk : dq;
+    if (cudaMemsetAsync(gp_ptr(z), 0, (size_t)gp_numel(z) * gp_elsize(z->dtype), gp_cuda_stream()) != cudaSuccess)
+      return gp_error("attn_bwd: memset failed");
+    if (P.T == 0 &&
+        cudaMemsetAsync(gp_ptr(dv), 0, (size_t)gp_numel(dv) * gp_elsize(dv->dtype), gp_cuda_stream()) != cudaSuccess)
+      return gp_error("attn_bwd: memset failed");
+    return GP_OK;
+  }
+  if (D == 64) {
+    GP_FLOAT_SWITCH(q->dtype, T, rc = launch_bwd<T, 64>(P, BH));
+  } else {
+    GP_FLOAT_SWITCH(q->dtype, T, rc = launch_bwd<T, 128>(P, BH));
+  }
+  GP_TRY(rc);
+  return gp_cuda_check_launch("attn_bwd");
+}
+
+extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache,
+                                   const gp_tensor *vcache, const gp_tensor *lens, double scale, int64_t window,
+                                   int64_t n_global) {
+  int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], C = kcache->shape[2], BH = B * H;
+  if (BH == 0) return GP_OK;
+  if (C >= INT32_MAX / 2 || BH > 65535) {
+    char bk[96];
+    return gp_error("attn_decode: kcache %s is too large for the GPU kernel (C < 2^30, B * H <= 65535)",
+                    gp_shape_str(kcache, bk, 96));
+  }
+  DecP P = {};
+  P.q = gp_ptr(q);
+  P.kc = gp_ptr(kcache);
+  P.vc = gp_ptr(vcache);
+  P.lens = gp_ptr(lens);
+  P.out = gp_ptr(out);
+  P.lens64 = lens->dtype == GP_I64;
+  P.H = (int)H;
+  P.C = (int)C;
+  P.scale = (float)scale;
+  P.win = (int)(window > INT32_MAX / 2 ? INT32_MAX / 2 : window);
+  P.ng = (int)(n_global > C ? C : n_global);
+  /* enough blocks to fill the GPU twice, slices of at least 64 keys */
+  int64_t want = ((int64_t)gp_cuda_sm_count() * 2 + BH - 1) / BH, most = (C + 63) / 64;
+  int64_t nsplit = want < most ? want : most;
+  if (nsplit < 1) nsplit = 1;
+  int64_t chunk = (C + nsplit - 1) / nsplit;
+  if (chunk < 1) chunk = 1;
+  nsplit = (C + chunk - 1) / chunk;
+  if (nsplit < 1) nsplit = 1;
+  P.chunk = (int)chunk;
+  P.nsplit = (int)nsplit;
+  gp_tensor *part = 0;
+  int64_t pn = BH * nsplit * (D + 2);
+  GP_TRY(gp_tensor_scratch(&part, GP_F32, GP_CUDA, 1, &pn));
+  P.part = (float *)gp_ptr(part);
+  dim3 grid((unsigned)nsplit, (unsigned)BH);
+  if (D == 64) {
+    GP_FLOAT_SWITCH(q->dtype, T, GP_NOTE_LAUNCH((k_attn_decode_split<T, 64>), 128, 0);
+                    k_attn_decode_split<T, 64><<<grid, 128, 0, gp_cuda_stream()>>>(P);
+                    k_attn_decode_combine<T, 64><<<(unsigned)BH, 64, 0, gp_cuda_stream()>>>(P));
+  } else {
+    GP_FLOAT_SWITCH(q->dtype, T, GP_NOTE_LAUNCH((k_attn_decode_split<T, 128>), 128, 0);
+                    k_attn_decode_split<T, 128><<<grid, 128, 0, gp_cuda_stream()>>>(P);
+                    k_attn_decode_combine<T, 128><<<(unsigned)BH, 128, 0, gp_cuda_stream()>>>(P));
+  }
+  gp_tensor_free(part);
+  return gp_cuda_check_launch("attn_decode");
+}

@@ -1,0 +1,253 @@
+-- Attention: the CPU reference against a matmul/softmax oracle (causal,
+-- prefill T < S, windows with global keys, not causal, D 64 and 128), the
+-- backward against central differences (f64), decode attention against the
+-- last row of full attention, the KV cache, nn.attention's flash path, and
+-- bad input. GPU-vs-CPU comparisons of the kernels run in test_kernels.
+local T = require 'lib'
+local gp = require 'gpush'
+
+local CPU = {device = 'cpu'}
+local CPU64 = {dtype = 'f64', device = 'cpu'}
+
+-- additive mask (T, S): 0 where key j is visible to query i (at p = i + S - T)
+local function mask(Tq, S, causal, window, ng)
+  local rows = {}
+  for i = 1, Tq do
+    local p, r = i - 1 + S - Tq, {}
+    for j = 0, S - 1 do
+      local ok = not (causal and j > p) and not (window > 0 and p - j >= window and j >= ng)
+      r[j + 1] = ok and 0 or -math.huge
+    end
+    rows[i] = r
+  end
+  return gp.tensor(rows, CPU64)
+end
+
+-- plain attention in f64 through matmul and softmax; returns out and lse
+local function oracle(q, k, v, o)
+  o = o or {}
+  local B, H, Tq, D = unpack(q.shape)
+  local S = k:size(3)
+  local causal = o.causal ~= false
+  local q3, k3, v3 = q:double():reshape {B * H, Tq, D}, k:double():reshape {B * H, S, D}, v:double():reshape {B * H, S, D}
+  local sc = gp.matmul(q3, k3, {trans_b = true, alpha = o.scale or 1 / math.sqrt(D)})
+  sc = sc + mask(Tq, S, causal, o.window or 0, o.n_global or 0)
+  local lse = sc:exp():sum(-1):log():view {B, H, Tq}
+  return sc:softmax(-1):matmul(v3):view {B, H, Tq, D}, lse
+end
+
+local function rn(shape, o) return gp.randn(shape, o or CPU) end
+
+T.test('attention matches a matmul/softmax oracle (causal, prefill, windows, not causal, D 64 and 128)', function()
+  local cases = {
+    {B = 1, H = 2, T = 7, S = 7, D = 64},
+    {B = 2, H = 1, T = 5, S = 12, D = 64},                               -- prefill: the last 5 of 12 positions
+    {B = 1, H = 1, T = 13, S = 13, D = 128, window = 4, n_global = 2},
+    {B = 1, H = 2, T = 9, S = 11, D = 64, window = 3},
+    {B = 1, H = 1, T = 6, S = 4, D = 64, causal = false, scale = 0.3},   -- cross attention, T > S
+    {B = 1, H = 1, T = 1, S = 9, D = 128},                               -- one query
+  }
+  for _, c in ipairs(cases) do
+    local q, k, v = rn {c.B, c.H, c.T, c.D}, rn {c.B, c.H, c.S, c.D}, rn {c.B, c.H, c.S, c.D}
+    local o = {causal = c.causal, scale = c.scale, window = c.window, n_global = c.n_global}
+    local out, lse = gp.attention(q, k, v, o)
+    local ro, rl = oracle(q, k, v, o)
+    T.same(out.shape, {c.B, c.H, c.T, c.D})
+    T.same(lse.shape, {c.B, c.H, c.T})
+    T.ok(T.relnorm(out, ro) < 1e-5, 'out')
+    T.ok(T.relnorm(lse, rl) < 1e-5, 'lse')
+  end
+  -- f64 and non-contiguous inputs (a transposed view) go through the same kernel
+  local q = rn({1, 5, 2, 64}, CPU64):transpose(2, 3)
+  local k = rn({1, 5, 2, 64}, CPU64):transpose(2, 3)
+  local v = rn({1, 5, 2, 64}, CPU64):transpose(2, 3)
+  T.ok(T.relnorm(gp.attention(q, k, v), (oracle(q, k, v))) < 1e-12)
+end)
+
+T.test('attention backward: central differences in f64 (causal, prefill, window + n_global, not causal)', function()
+  gp.manual_seed(3)
+  for _, c in ipairs {
+    {T = 4, S = 4, o = {}},
+    {T = 3, S = 6, o = {window = 2, n_global = 1}},
+    {T = 4, S = 3, o = {causal = false, scale = 0.2}},
+  } do
+    local q, k, v = rn({1, 2, c.T, 64}, CPU64), rn({1, 2, c.S, 64}, CPU64), rn({1, 2, c.S, 64}, CPU64)
+    T.ok(gp.gradcheck(function(a, b, d) return (gp.attention(a, b, d, c.o)) end, {q, k, v}))
+  end
+  -- the kernel itself against the oracle's autograd (matmul/softmax rules) in f64
+  local q, k, v = rn({2, 1, 5, 64}, CPU64), rn({2, 1, 7, 64}, CPU64), rn({2, 1, 7, 64}, CPU64)
+  local o = {window = 3, n_global = 2}
+  local out, lse = gp.attention(q, k, v, o)
+  local dout = rn({2, 1, 5, 64}, CPU64)
+  local dq, dk, dv = gp.empty(q.shape, CPU64), gp.empty(k.shape, CPU64), gp.empty(v.shape, CPU64)
+  gp.k.attn_bwd(dq, dk, dv, q, k, v, out, lse, dout, 1 / 8, 3, 2, 1)
+  local qq, kk, vv = q:clone():requires_grad(), k:clone():requires_grad(), v:clone():requires_grad()
+  local ro = oracle(qq, kk, vv, o)
+  ro:backward(dout)
+  T.ok(T.relnorm(dq, qq.grad) < 1e-6) -- (lse is f32)
+  T.ok(T.relnorm(dk, kk.grad) < 1e-6) -- (lse is f32)
+  T.ok(T.relnorm(dv, vv.grad) < 1e-6) -- (lse is f32)
+end)
+
+T.test('decode attention equals the last row of full attention over the same keys', function()
+  local B, H, S, C, D = 2, 3, 9, 16, 64
+  local q, k, v = rn {B, H, S, D}, rn {B, H, S, D}, rn {B, H, S, D}
+  local kc, vc = gp.zeros({B, H, C, D}, CPU), gp.zeros({B, H, C, D}, CPU)
+  kc:narrow(3, 1, S):copy_(k)
+  vc:narrow(3, 1, S):copy_(v)
+  for _, o in ipairs {{}, {window = 4, n_global = 2}, {scale = 0.2}} do
+    local full = gp.attention(q, k, v, o)
+    local last = full:narrow(3, S, 1):reshape {B, H, D}
+    T.ok(T.relnorm(gp.attention_decode(q:narrow(3, S, 1):reshape {B, H, D}, kc, vc, S, o), last) < 1e-6)
+    -- (B, H, 1, D) queries keep their shape
+    local d4 = gp.attention_decode(q:narrow(3, S, 1), kc, vc, S, o)
+    T.same(d4.shape, {B, H, 1, D})
+    T.ok(T.relnorm(d4:reshape {B, H, D}, last) < 1e-6)
+  end
+  -- per-sequence lengths (i32 and i64): sequence 2 holds only its first 5 keys
+  for _, dt in ipairs {'i32', 'i64'} do
+    local lens = gp.tensor({S, 5}, {dtype = dt, device = 'cpu'})
+    local out = gp.attention_decode(q:narrow(3, S, 1):reshape {B, H, D}, kc, vc, lens)
+    local r2 = gp.attention(q:narrow(1, 2, 1):narrow(3, S, 1), k:narrow(1, 2, 1):narrow(3, 1, 5),
+      v:narrow(1, 2, 1):narrow(3, 1, 5))
+    T.ok(T.relnorm(out:narrow(1, 2, 1):reshape {H, D}, r2:reshape {H, D}) < 1e-6)
+  end
+  -- an empty sequence gives zeros
+  local z = gp.attention_decode(q:narrow(3, 1, 1):reshape {B, H, D}, kc, vc, 0)
+  T.ok(z:abs():max():item() == 0)
+  -- an f32 query over a bf16 cache: the query takes the cache's dtype, the result the query's
+  local q1 = q:narrow(3, S, 1):reshape {B, H, D}
+  local mixed = gp.attention_decode(q1, kc:bf16(), vc:bf16(), S)
+  T.eq(mixed.dtype, 'f32')
+  T.ok(T.relnorm(mixed, gp.attention_decode(q1, kc, vc, S)) < 2e-2)
+end)
+
+T.test('KV cache: append in place, views of the filled part, len, reset, attend, capacity', function()
+  local B, H, C, D = 2, 2, 8, 64
+  local cache = gp.KVCache {batch = B, heads = H, capacity = C, head_dim = D, layers = 2, device = 'cpu'}
+  T.eq(cache:len(), 0)
+  T.same(cache:keys(1).shape, {B, H, 0, D})
+  local k1, v1 = rn {B, H, 3, D}, rn {B, H, 3, D}
+  local k2, v2 = rn {B, H, 2, D}, rn {B, H, 2, D}
+  local storage = cache.k[1]
+  local before = gp.memory().host_allocs
+  cache:append(1, k1, v1)
+  cache:append(1, k2, v2)
+  T.eq(gp.memory().host_allocs, before) -- no allocation per append
+  T.ok(rawequal(cache.k[1], storage))
+  T.eq(cache:len(), 5)
+  T.eq(cache:len(2), 0)
+  T.ok(T.relnorm(cache:keys(1), gp.cat({k1, k2}, 3)) == 0)
+  T.ok(T.relnorm(cache:values(1), gp.cat({v1, v2}, 3)) == 0)
+  T.same(cache:lens(1):totable(), {5, 5})
+  -- prefill attention over the cache, then one decode step through attend
+  local q = rn {B, H, 5, D}
+  local full = gp.attention(q, cache:keys(1), cache:values(1))
+  local step = cache:attend(1, q:narrow(3, 5, 1):reshape {B, H, D})
+  T.ok(T.relnorm(step, full:narrow(3, 5, 1):reshape {B, H, D}) < 1e-6)
+  -- a different dtype is cast on the way in
+  cache:append(2, k1:bf16(), v1:bf16())
+  T.ok(T.relnorm(cache:keys(2), k1) < 1e-2)
+  -- going past capacity is an error, never growth; nothing is written
+  T.raises(function() cache:append(1, rn {B, H, 4, D}, rn {B, H, 4, D}) end, 'KVCache:append', 'capacity', '5 of 8')
+  T.eq(cache:len(), 5)
+  cache:append(1, rn {B, H, 3, D}, rn {B, H, 3, D}) -- exactly full
+  T.eq(cache:len(), 8)
+  T.raises(function() cache:append(1, rn {B, H, 1, D}, rn {B, H, 1, D}) end, 'capacity')
+  -- bad shapes and layers
+  T.raises(function() cache:append(1, rn {B, H, 1, 32}, rn {B, H, 1, 32}) end, 'KVCache:append', '(2,2,1,32)')
+  T.raises(function() cache:append(1, rn {B, H, 1, D}, rn {B, H, 2, D}) end, 'KVCache:append', 'differ')
+  T.raises(function() cache:append(3, k1, v1) end, 'KVCache:append', 'layer')
+  T.raises(function() gp.KVCache {batch = 1, heads = 1, capacity = 0, head_dim = 64} end, 'KVCache', 'capacity')
+  cache:reset()
+  T.eq(cache:len(), 0)
+  T.same(cache:lens(1):totable(), {0, 0})
+  T.ok(tostring(cache):find('KVCache') ~= nil)
+end)
+
+T.test('nn.attention takes the flash path for head dims 64/128 and matches the matmul path', function()
+  local nn = gp.nn
+  local q, k, v = rn {2, 2, 6, 64}, rn {2, 2, 6, 64}, rn {2, 2, 6, 64}
+  T.ok(T.relnorm(nn.attention(q, k, v, {causal = true}), (oracle(q, k, v))) < 1e-5)
+  T.ok(T.relnorm(nn.attention(q, k, v), (oracle(q, k, v, {causal = false}))) < 1e-5)
+  -- 3-d (..., T, d) and an unsupported head dim (matmul path) give the same answers
+  local q3, k3, v3 = rn {3, 5, 64}, rn {3, 5, 64}, rn {3, 5, 64}
+  local r = oracle(q3:view {1, 3, 5, 64}, k3:view {1, 3, 5, 64}, v3:view {1, 3, 5, 64})
+  T.ok(T.relnorm(nn.attention(q3, k3, v3, {causal = true}), r:view {3, 5, 64}) < 1e-5)
+  local a, b, c = rn {1, 2, 5, 16}, rn {1, 2, 5, 16}, rn {1, 2, 5, 16}
+  T.ok(T.relnorm(nn.attention(a, b, c, {causal = true}), (oracle(a, b, c))) < 1e-5)
+  -- gradients through the flash path
+  local x = rn({1, 1, 4, 64}, CPU64)
+  T.ok(gp.gradcheck(function(t) return nn.attention(t, t * 0.5, t, {causal = true}) end, {x}))
+end)
+
+T.test('attention errors name the op and the shapes', function()
+  local q = rn {1, 2, 4, 32}
+  T.raises(function() gp.attention(q, q, q) end, 'attention', 'head dim 32', 'supported: 64, 128')
+  T.raises(function() gp.k.attn_fwd(gp.empty(q.shape, CPU), gp.empty({1, 2, 4}, CPU), q, q, q) end, 'attn_fwd',
+    'head dim 32', 'supported: 64, 128')
+  T.raises(function() gp.attention_decode(rn {1, 2, 32}, q, q, 2) end, 'attention_decode', 'supported: 64, 128')
+  local a, b = rn {1, 2, 4, 64}, rn {1, 3, 4, 64}
+  T.raises(function() gp.attention(a, b, b) end, 'attention', '(1,2,4,64)', '(1,3,4,64)')
+  T.raises(function() gp.attention(a, a, rn {1, 2, 5, 64}) end, 'attention', '(1,2,5,64)')
+  T.raises(function() gp.attention(a, a) end, 'attention', 'v must be a tensor')
+  T.raises(function() gp.attention(rn {2, 4, 64}, a, a) end, 'attention', '(B, H, T, D)')
+  T.raises(function() gp.attention(rn {1, 2, 6, 64}, a, a) end, 'attention', 'S >= T', '(1,2,6,64)')
+  T.raises(function() gp.attention(a, a, a, {window = -1}) end, 'attention', 'window')
+  T.raises(function() gp.k.attn_fwd(gp.empty({1, 2, 6, 64}, CPU), gp.empty({1, 2, 6}, CPU), rn {1, 2, 6, 64}, a, a)
+  end, 'attn_fwd', 'S >= T')
+  T.raises(function() gp.k.attn_fwd(gp.empty(a.shape, CPU), gp.empty({1, 2, 5}, CPU), a, a, a) end, 'attn_fwd')
+  -- decode: a sequence longer than the cache, bad shapes
+  local kc = gp.zeros({1, 2, 8, 64}, CPU)
+  local q1 = rn {1, 2, 64}
+  T.raises(function() gp.attention_decode(q1, kc, kc, 9) end, 'attention_decode', 'outside [0, 8]')
+  T.raises(function() gp.attention_decode(q1, kc, kc, gp.tensor({9}, {dtype = 'i32', device = 'cpu'})) end,
+    'attn_decode', 'lens[0] = 9', 'outside [0, 8]')
+  T.raises(function() gp.attention_decode(q1, kc, gp.zeros({1, 2, 7, 64}, CPU), 3) end, 'attention_decode', '(1,2,7,64)')
+  T.raises(function() gp.attention_decode(rn {1, 3, 64}, kc, kc, 3) end, 'attention_decode', '(1,3,64)')
+end)
+
+T.test('attention on the GPU: forward, backward and decode against the CPU (bf16, f16, f32)', function()
+  T.cuda()
+  local CU = {device = 'cuda'}
+  for _, c in ipairs {
+    {B = 2, H = 3, T = 300, S = 300, D = 64, o = {}},
+    {B = 1, H = 2, T = 200, S = 333, D = 128, o = {window = 100, n_global = 7}},
+    {B = 1, H = 1, T = 129, S = 129, D = 64, o = {window = 64}},
+    {B = 1, H = 1, T = 77, S = 50, D = 128, o = {causal = false}},
+  } do
+    for _, dt in ipairs {'bf16', 'f16', 'f32'} do
+      local q, k, v = rn {c.B, c.H, c.T, c.D}, rn {c.B, c.H, c.S, c.D}, rn {c.B, c.H, c.S, c.D}
+      q, k, v = q:to(dt), k:to(dt), v:to(dt)
+      local ro, rl = gp.attention(q:float(), k:float(), v:float(), c.o)
+      local go, gl = gp.attention(q:cuda(), k:cuda(), v:cuda(), c.o)
+      local tol = dt == 'f32' and 1e-5 or dt == 'f16' and 3e-3 or 1e-2
+      T.ok(T.relnorm(go:float():cpu(), ro) < tol, dt .. ' out')
+      T.ok(T.relnorm(gl:cpu(), rl) < 1e-4, dt .. ' lse')
+      -- backward through autograd on both devices
+      local function grads(dev)
+        local a, b, d = q:float():to(dev):requires_grad(), k:float():to(dev):requires_grad(), v:float():to(dev):requires_grad()
+        local y = gp.attention(a, b, d, c.o)
+        y:backward(gp.ones(y.shape, {device = dev}))
+        return a.grad:cpu(), b.grad:cpu(), d.grad:cpu()
+      end
+      local c1, c2, c3 = grads('cpu')
+      local g1, g2, g3 = grads('cuda')
+      T.ok(T.relnorm(g1, c1) < 1e-4 and T.relnorm(g2, c2) < 1e-4 and T.relnorm(g3, c3) < 1e-4, dt .. ' grads')
+    end
+  end
+  -- decode through a cache on the GPU (a long cache: several splits)
+  local B, H, C, D = 2, 4, 2000, 128
+  local cache = gp.KVCache {batch = B, heads = H, capacity = C, head_dim = D, dtype = 'bf16', device = 'cuda'}
+  local k, v = rn({B, H, 1500, D}, CU):bf16(), rn({B, H, 1500, D}, CU):bf16()
+  local before = gp.memory().allocs
+  cache:append(1, k, v)
+  T.eq(gp.memory().allocs, before)
+  local q = rn({B, H, D}, CU):bf16()
+  for _, o in ipairs {{}, {window = 300, n_global = 4}} do
+    local got = cache:attend(1, q, o)
+    local ref = gp.attention_decode(q:float():cpu(), cache.k[1]:float():cpu(), cache.v[1]:float():cpu(),
+      cache:lens(1):cpu(), o)
+    T.ok(T.relnorm(got:float():cpu(), ref) < 1e-2)
+  end
+end)
