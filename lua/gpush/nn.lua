@@ -543,12 +543,10 @@ function CausalSelfAttention:forward_cached(x, cache, layer, pos)
       layer, S, T, pos, pos + T))
   end
   local y
-  if T == 1 and gp.attention_decode then
+  if T == 1 and gp.attention_decode and (hd == 64 or hd == 128) and keys.dtype == q.dtype then
     local lens = gp.full({B}, S, {dtype = 'i64', device = x.device})
     y = gp.attention_decode(q:reshape {B, H, hd}, keys, vals, lens, {scale = 1 / math.sqrt(hd)}):reshape {B, H, 1, hd}
-  elseif gp.attention then
-    y = gp.attention(q, keys, vals, {causal = true, scale = 1 / math.sqrt(hd)})
-  else
+  else -- nn.attention takes flash attention (gp.attention) where it applies
     y = nn.attention(q, keys, vals, {causal = T > 1})
   end
   y = y:transpose(2, 3):reshape {B, T, C}
