@@ -226,7 +226,9 @@ T.test('attention on the GPU: forward, backward and decode against the CPU (bf16
       T.ok(T.relnorm(gl:cpu(), rl) < 1e-4, dt .. ' lse')
       -- backward through autograd on both devices
       local function grads(dev)
-        local a, b, d = q:float():to(dev):requires_grad(), k:float():to(dev):requires_grad(), v:float():to(dev):requires_grad()
+        -- fresh leaves on each device (detach: the f32 inputs themselves must not become leaves that need grad)
+        local function leaf(t) return t:detach():float():to(dev):requires_grad() end
+        local a, b, d = leaf(q), leaf(k), leaf(v)
         local y = gp.attention(a, b, d, c.o)
         y:backward(gp.ones(y.shape, {device = dev}))
         return a.grad:cpu(), b.grad:cpu(), d.grad:cpu()
