@@ -511,6 +511,9 @@ local function line(cells)
   return '| ' .. table.concat(out, ' | ') .. ' |'
 end
 
+-- a number from the peer (JSON null decodes to a table) times scale, or nil
+local function scaled(v, scale) return type(v) == 'number' and v * scale or nil end
+
 local function num(v, scale)
   if type(v) ~= 'number' then return nil end
   v = v * (scale or 1)
@@ -627,8 +630,8 @@ for _, w in ipairs(WORKLOADS) do
     rows[#rows + 1] = c
     if jf then
       jf:write(json.encode {workload = w.name, row = c.row, shape = c.shape, unit = unit, gpush = c.ms and c.ms * scale,
-        status = c.status, eager = r and r.eager_ms and r.eager_ms * scale,
-        compile = r and r.compile_ms and r.compile_ms * scale, note = c.note}, '\n')
+        status = c.status, eager = r and scaled(r.eager_ms, scale), compile = r and scaled(r.compile_ms, scale),
+        note = c.note}, '\n')
     end
   end
 end
