@@ -16,23 +16,28 @@ local function dot(a, b)
   return s
 end
 
-function M.grad(f, args, i, dout, h)
+--   fd.scalar(loss, x, h): the numeric gradient of the number loss() with
+--     respect to the f64 tensor x, as a flat Lua list
+function M.scalar(loss, x, h)
   h = h or 1e-6
-  local x = args[i]
-  assert(x.dtype == 'f64' and x.device == 'cpu' and x:is_contiguous(), 'fd.grad: args[i] must be a contiguous f64 cpu tensor')
+  assert(x.dtype == 'f64' and x.device == 'cpu' and x:is_contiguous(), 'fd: x must be a contiguous f64 cpu tensor')
   local p = ffi.cast('double *', x.c.data) + x.c.offset
-  local n = x:numel()
   local g = {}
-  for k = 0, n - 1 do
+  for k = 0, x:numel() - 1 do
     local v = p[k]
     p[k] = v + h
-    local lp = dot((f(unpack(args))), dout)
+    local lp = loss()
     p[k] = v - h
-    local lm = dot((f(unpack(args))), dout)
+    local lm = loss()
     p[k] = v
     g[k + 1] = (lp - lm) / (2 * h)
   end
-  return gp.tensor(g, {dtype = 'f64', device = 'cpu'}):view(x.shape)
+  return g
+end
+
+function M.grad(f, args, i, dout, h)
+  local g = M.scalar(function() return dot((f(unpack(args))), dout) end, args[i], h)
+  return gp.tensor(g, {dtype = 'f64', device = 'cpu'}):view(args[i].shape)
 end
 
 function M.check(what, analytic, numeric, tol)
