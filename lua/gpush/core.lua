@@ -88,15 +88,21 @@ function M.call(f, ...)
 end
 
 -- GC pacing: device and host tensor bytes are invisible to the Lua GC, so
--- every GC_STEP bytes of tensors allocated, step it as if they were Lua bytes.
-local GC_STEP = 16 * 1048576
-local debt = 0
+-- tensors allocated since the last collection count as debt, and once the
+-- debt reaches the bytes still held by live tensors after that collection
+-- (at least GC_MIN) a full collection runs: garbage tensors never hold more
+-- than about as much again as the live ones, and a training step that
+-- allocates gigabytes pays for a few collections, not one per allocation.
+local GC_MIN = 256 * 1048576
+local debt, budget = 0, GC_MIN
+local stats = ffi.new('gp_memstats')
 function M.gc_account(bytes)
   debt = debt + bytes
-  if debt >= GC_STEP then
-    local kb = math.floor(debt / 1024)
+  if debt >= budget then
+    collectgarbage('collect')
     debt = 0
-    collectgarbage('step', kb)
+    C.gp_memory_stats(stats)
+    budget = math.max(GC_MIN, tonumber(stats.in_use + stats.host_in_use))
   end
 end
 
