@@ -67,6 +67,32 @@ __global__ void gp_ew_strided(gp_loop L, To *o, const Ta *a, const Tb *b, F f) {
   }
 }
 
+/* The innermost dim is contiguous in every operand: the same index math in
+ * units of V-element vectors (16-byte loads and stores), NDIM dims, 32-bit. */
+template <int NIN, int NDIM, int V, typename To, typename Ta, typename Tb, typename F>
+__global__ void gp_ew_strided_vec(gp_loop L, To *o, const Ta *a, const Tb *b, F f) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = tid; i < L.numel; i += nth) {
+    int64_t off[3] = {0, 0, 0};
+    uint32_t j = (uint32_t)i;
+#pragma unroll
+    for (int d = NDIM - 1; d >= 0; d--) {
+      const uint32_t n = (uint32_t)L.shape[d], q = j / n, r = j - q * n;
+#pragma unroll
+      for (int k = 0; k <= NIN; k++) off[k] += (int64_t)r * L.stride[k][d];
+      j = q;
+    }
+    gp_vec<Ta, V> va;
+    gp_vec<Tb, V> vb;
+    gp_vec<To, V> vo;
+    if constexpr (NIN >= 1) va = reinterpret_cast<const gp_vec<Ta, V> *>(a)[off[1]];
+    if constexpr (NIN >= 2) vb = reinterpret_cast<const gp_vec<Tb, V> *>(b)[off[2]];
+#pragma unroll
+    for (int e = 0; e < V; e++) vo.v[e] = gp_call<NIN>(f, va.v[e], vb.v[e]);
+    reinterpret_cast<gp_vec<To, V> *>(o)[off[0]] = vo;
+  }
+}
+
 static inline bool gp_aligned(const void *p, size_t n) { return ((uintptr_t)p % n) == 0; }
 
 template <int NIN, typename To, typename Ta, typename Tb, typename F>
@@ -81,10 +107,36 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
   cudaStream_t s = gp_cuda_stream();
   bool flat = L.ndim == 1;
   for (int k = 0; k <= NIN; k++) flat = flat && (L.stride[k][0] == 1 || L.numel == 1);
-  if (flat) {
-    constexpr size_t mx = sizeof(To) > sizeof(Ta) ? (sizeof(To) > sizeof(Tb) ? sizeof(To) : sizeof(Tb))
-                                                  : (sizeof(Ta) > sizeof(Tb) ? sizeof(Ta) : sizeof(Tb));
-    constexpr int V = (int)(16 / mx);
+  constexpr size_t mx = sizeof(To) > sizeof(Ta) ? (sizeof(To) > sizeof(Tb) ? sizeof(To) : sizeof(Tb))
+                                                : (sizeof(Ta) > sizeof(Tb) ? sizeof(Ta) : sizeof(Tb));
+  constexpr int V = (int)(16 / mx);
+  /* strided with a contiguous innermost dim (a permute that keeps the last
+   * dim, a row broadcast): vectors along that dim when sizes, strides and
+   * pointers all allow it */
+  bool vec = !flat && L.ndim >= 2 && L.ndim <= 4 && L.shape[L.ndim - 1] % V == 0 && L.numel / V < ((int64_t)1 << 31) &&
+             gp_aligned(po, sizeof(To) * V) && (NIN < 1 || gp_aligned(pa, sizeof(Ta) * V)) &&
+             (NIN < 2 || gp_aligned(pb, sizeof(Tb) * V));
+  for (int k = 0; vec && k <= NIN; k++) {
+    vec = L.stride[k][L.ndim - 1] == 1;
+    for (int d = 0; vec && d < L.ndim - 1; d++) vec = L.stride[k][d] % V == 0;
+  }
+  if (vec) {
+    gp_loop LV = L;
+    LV.shape[L.ndim - 1] /= V;
+    LV.numel /= V;
+    for (int k = 0; k <= NIN; k++)
+      for (int d = 0; d < L.ndim - 1; d++) LV.stride[k][d] /= V;
+    const unsigned g = gp_grid(LV.numel, 256);
+#define GP_EW_VEC(ND)                                                     \
+  do {                                                                    \
+    GP_NOTE_LAUNCH((gp_ew_strided_vec<NIN, ND, V, To, Ta, Tb, F>), 256, 0); \
+    gp_ew_strided_vec<NIN, ND, V><<<g, 256, 0, s>>>(LV, po, pa, pb, f);   \
+  } while (0)
+    if (L.ndim == 2) GP_EW_VEC(2);
+    else if (L.ndim == 3) GP_EW_VEC(3);
+    else GP_EW_VEC(4);
+#undef GP_EW_VEC
+  } else if (flat) {
     bool al = gp_aligned(po, sizeof(To) * V) && (NIN < 1 || gp_aligned(pa, sizeof(Ta) * V)) &&
               (NIN < 2 || gp_aligned(pb, sizeof(Tb) * V));
     if (al) GP_NOTE_LAUNCH((gp_ew_flat<NIN, V, To, Ta, Tb, F>), 256, 0);
@@ -102,6 +154,7 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
     if (small && L.ndim == 1) GP_EW_STRIDED(1);
     else if (small && L.ndim == 2) GP_EW_STRIDED(2);
     else if (small && L.ndim == 3) GP_EW_STRIDED(3);
+    else if (small && L.ndim == 4) GP_EW_STRIDED(4);
     else GP_EW_STRIDED(0);
 #undef GP_EW_STRIDED
   }
