@@ -441,15 +441,16 @@ __device__ __forceinline__ void kv_next(T *Ks, T *Vs, const T *k, const T *v, co
 }
 
 template <typename T, int D, int MT>
-__global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P) {
+__global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
   constexpr int BM = 64 * MT, BN = 64, KD = D / 16, NT = BN / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
   T *Qs = (T *)attn_smem;
   T *Ks = Qs + BM * D; /* 2 stages */
   T *Vs = Ks + 2 * BN * D;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int mblk = gridDim.x - 1 - blockIdx.x; /* the longest causal rows first */
-  const int bh = blockIdx.y, i0 = mblk * BM, off = P.S - P.T;
+  /* block b: query tile n_m - 1 - b / BH of head b % BH (the longest causal rows of every head first) */
+  const int n_m = gridDim.x / BH;
+  const int bh = blockIdx.x % BH, i0 = (n_m - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
   const T *q = (const T *)P.q + (int64_t)bh * P.T * D;
   const T *k = (const T *)P.k + (int64_t)bh * P.S * D;
   const T *v = (const T *)P.v + (int64_t)bh * P.S * D;
@@ -1003,21 +1004,27 @@ int fill_params(AttnP &P, const char *op, const gp_tensor *q, const gp_tensor *k
   return GP_OK;
 }
 
+/* shared memory beyond 48 KB needs the attribute, once per kernel */
+template <typename K> int smem_attr(K *kern, int smem, bool &done, const char *op) {
+  if (done) return GP_OK;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    return gp_error("%s: cannot give the kernel %d bytes of shared memory", op, smem);
+  done = true;
+  return GP_OK;
+}
+
 bool aligned16(const gp_tensor *t) { return ((uintptr_t)gp_ptr(t) & 15) == 0; }
 
 template <typename T, int D, int MT> int launch_fwd_mma(const AttnP &P, int64_t BH) {
   constexpr int BM = 64 * MT;
   const int smem = (BM + 4 * 64) * D * (int)sizeof(T);
   static bool attr = false; /* per instantiation */
-  if (!attr) {
-    if (cudaFuncSetAttribute(k_attn_fwd_mma<T, D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-        cudaSuccess)
-      return gp_error("attn_fwd: cannot give the kernel %d bytes of shared memory", smem);
-    attr = true;
-  }
-  dim3 grid((unsigned)((P.T + BM - 1) / BM), (unsigned)BH);
+  GP_TRY(smem_attr(k_attn_fwd_mma<T, D, MT>, smem, attr, "attn_fwd"));
+  const int64_t blocks = BH * ((P.T + BM - 1) / BM);
+  if (blocks > INT32_MAX) return gp_error("attn_fwd: too many blocks for one launch (B * H = %lld, T = %d)",
+                                          (long long)BH, P.T);
   GP_NOTE_LAUNCH((k_attn_fwd_mma<T, D, MT>), 128, smem);
-  k_attn_fwd_mma<T, D, MT><<<grid, 128, smem, gp_cuda_stream()>>>(P);
+  k_attn_fwd_mma<T, D, MT><<<(unsigned)blocks, 128, smem, gp_cuda_stream()>>>(P, (int)BH);
   return GP_OK;
 }
 
@@ -1037,15 +1044,6 @@ template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
   dim3 g2((unsigned)((P.S + 4 * RW - 1) / (4 * RW)), (unsigned)BH);
   GP_NOTE_LAUNCH((k_attn_bwd_dkdv<T, D, RW>), 128, 0);
   k_attn_bwd_dkdv<T, D, RW><<<g2, 128, 0, gp_cuda_stream()>>>(P);
-  return GP_OK;
-}
-
-/* shared memory beyond 48 KB needs the attribute, once per kernel */
-template <typename K> int smem_attr(K *kern, int smem, bool &done, const char *op) {
-  if (done) return GP_OK;
-  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
-    return gp_error("%s: cannot give the kernel %d bytes of shared memory", op, smem);
-  done = true;
   return GP_OK;
 }
 
