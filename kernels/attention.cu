@@ -361,6 +361,11 @@ template <typename T> __device__ __forceinline__ void mma16816(float *c, const u
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
+/* two n-tiles: c[0] += a b[0..1], c[1] += a b[2..3] (b from one ldmatrix.x4) */
+template <typename T> __device__ __forceinline__ void mma2(float (*c)[4], const uint32_t *a, const uint32_t *b) {
+  mma16816<T>(c[0], a, b[0], b[1]);
+  mma16816<T>(c[1], a, b[2], b[3]);
+}
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   uint32_t u;
   if constexpr (std::is_same<T, __nv_bfloat16>::value) {
@@ -371,6 +376,38 @@ template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float 
     memcpy(&u, &h, 4);
   }
   return u;
+}
+
+/* the key tiles of BN keys that queries at positions [pmin, pmax] see:
+ * [0, g) (the global keys) then [w, e); j0(t) is the first key of the t-th */
+struct KvTiles {
+  int g, w, n, bn;
+  __device__ __forceinline__ int j0(int t) const { return (t < g ? t : w + (t - g)) * bn; }
+};
+__device__ __forceinline__ KvTiles kv_tiles(const AttnP &P, int pmin, int pmax, int BN) {
+  const int kv_end = P.causal ? min(P.S, pmax + 1) : P.S;
+  const int e = (kv_end + BN - 1) / BN;
+  KvTiles r = {0, 0, 0, BN};
+  if (P.win > 0) {
+    const int lo = pmin - P.win + 1;
+    r.w = lo <= 0 ? 0 : min(lo / BN, e);
+    r.g = min((P.ng + BN - 1) / BN, r.w);
+  }
+  r.n = r.g + (e - r.w);
+  return r;
+}
+/* keys [j0, j0 + BN) hold a key that is out of range or invisible to some
+ * position in [pmin, pmax] */
+__device__ __forceinline__ bool tile_masked(const AttnP &P, int pmin, int pmax, int j0, int BN) {
+  return (j0 + BN > P.S) || (P.causal && j0 + BN - 1 > pmin) || (P.win > 0 && j0 + BN > P.ng && pmax - j0 >= P.win);
+}
+
+/* the A fragment (16 x 16) made of the accumulators of n-tiles 2 kk and 2 kk + 1 */
+template <typename T> __device__ __forceinline__ void acc_to_a(uint32_t *a, const float (*c)[4], int kk) {
+  a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack2<T>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack2<T>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack2<T>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
 /* element offset of 16-byte chunk c of row r in a swizzled tile of rows of D */
@@ -389,37 +426,43 @@ __device__ __forceinline__ void load_tile(T *sm, const T *g, int row0, int nrows
   }
 }
 
+/* the K/V pipeline step of key tile t (of kt.n): start loading tile t + 1
+ * into the other stage, then wait for tile t (stage t & 1) */
+template <typename T, int D, int BN>
+__device__ __forceinline__ void kv_next(T *Ks, T *Vs, const T *k, const T *v, const KvTiles &kt, int t, int S) {
+  if (t + 1 < kt.n) {
+    const int o = ((t & 1) ^ 1) * BN * D;
+    load_tile<T, D, BN>(Ks + o, k, kt.j0(t + 1), S);
+    load_tile<T, D, BN>(Vs + o, v, kt.j0(t + 1), S);
+  }
+  cp_async_commit();
+  cp_async_wait<1>();
+  __syncthreads();
+}
+
 template <typename T, int D, int MT>
-__global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P) {
+__global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
   constexpr int BM = 64 * MT, BN = 64, KD = D / 16, NT = BN / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
   T *Qs = (T *)attn_smem;
   T *Ks = Qs + BM * D; /* 2 stages */
   T *Vs = Ks + 2 * BN * D;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int mblk = gridDim.x - 1 - blockIdx.x; /* the longest causal rows first */
-  const int bh = blockIdx.y, i0 = mblk * BM, off = P.S - P.T;
+  /* block b: query tile n_m - 1 - b / BH of head b % BH (the longest causal rows of every head first) */
+  const int n_m = gridDim.x / BH;
+  const int bh = blockIdx.x % BH, i0 = (n_m - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
   const T *q = (const T *)P.q + (int64_t)bh * P.T * D;
   const T *k = (const T *)P.k + (int64_t)bh * P.S * D;
   const T *v = (const T *)P.v + (int64_t)bh * P.S * D;
 
-  /* the visible key tiles: [0, g_tiles) (global keys) then [w_start, nt_end) */
   const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
-  const int kv_end = P.causal ? min(P.S, pmax + 1) : P.S;
-  const int nt_end = (kv_end + BN - 1) / BN;
-  int g_tiles = 0, w_start = 0;
-  if (P.win > 0) {
-    int lo = pmin - P.win + 1;
-    w_start = lo <= 0 ? 0 : min(lo / BN, nt_end);
-    g_tiles = min((P.ng + BN - 1) / BN, w_start);
-  }
-  const int n_tiles = g_tiles + (nt_end - w_start);
+  const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
+  const int n_tiles = kt.n;
 
   load_tile<T, D, BM>(Qs, q, i0, P.T);
   if (n_tiles > 0) {
-    int j0 = (g_tiles > 0 ? 0 : w_start) * BN;
-    load_tile<T, D, BN>(Ks, k, j0, P.S);
-    load_tile<T, D, BN>(Vs, v, j0, P.S);
+    load_tile<T, D, BN>(Ks, k, kt.j0(0), P.S);
+    load_tile<T, D, BN>(Vs, v, kt.j0(0), P.S);
   }
   cp_async_commit();
 
@@ -437,15 +480,8 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P) {
 
   for (int t = 0; t < n_tiles; t++) {
     const int st = t & 1;
-    const int j0 = (t < g_tiles ? t : w_start + (t - g_tiles)) * BN;
-    if (t + 1 < n_tiles) {
-      int t1 = t + 1, jn = (t1 < g_tiles ? t1 : w_start + (t1 - g_tiles)) * BN;
-      load_tile<T, D, BN>(Ks + (st ^ 1) * BN * D, k, jn, P.S);
-      load_tile<T, D, BN>(Vs + (st ^ 1) * BN * D, v, jn, P.S);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
+    const int j0 = kt.j0(t);
+    kv_next<T, D, BN>(Ks, Vs, k, v, kt, t, P.S);
     if (t == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; mt++)
@@ -469,14 +505,12 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P) {
         ldsm_x4(b, smem_u32(Kst + swz<D>(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1))));
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-          mma16816<T>(s[mt][2 * np], qf[mt][kk], b[0], b[1]);
-          mma16816<T>(s[mt][2 * np + 1], qf[mt][kk], b[2], b[3]);
+          mma2<T>(s[mt] + 2 * np, qf[mt][kk], b);
         }
       }
 
     /* masks, only on tiles that touch a boundary */
-    const bool need_mask = (j0 + BN > P.S) || (P.causal && j0 + BN - 1 > pmin) ||
-                           (P.win > 0 && j0 + BN > P.ng && pmax - j0 >= P.win);
+    const bool need_mask = tile_masked(P, pmin, pmax, j0, BN);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -527,10 +561,7 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P) {
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; mt++) {
-        pa[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        pa[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        pa[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        pa[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        acc_to_a<T>(pa[mt], s[mt], kk);
       }
 #pragma unroll
       for (int dp = 0; dp < DT / 2; dp++) {
@@ -538,8 +569,7 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P) {
         ldsm_x4_t(b, smem_u32(Vst + swz<D>(kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3), dp * 2 + (lane >> 4))));
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-          mma16816<T>(o[mt][2 * dp], pa[mt], b[0], b[1]);
-          mma16816<T>(o[mt][2 * dp + 1], pa[mt], b[2], b[3]);
+          mma2<T>(o[mt] + 2 * dp, pa[mt], b);
         }
       }
     }
@@ -566,6 +596,302 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P) {
       if ((lane & 3) == 0)
         P.lse[(int64_t)bh * P.T + row] = lt > 0.f ? m[mt][h] * 0.6931471805599453f + logf(lt) : -INFINITY;
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* tensor-core backward (bf16 / f16), FlashAttention-2 style                */
+/*
+ * Three kernels: delta_i = rowsum(dout_i * out_i) (f32); dk/dv by key tiles
+ * (a CTA owns 64 keys, 16 per warp, and walks the query tiles that see them:
+ * S^T = K Q^T, dP^T = V dout^T, P^T = exp2(S^T * scale * log2e - lse * log2e),
+ * dS^T = P^T (dP^T - delta), dV += P^T dout, dK += dS^T Q * scale); dq by
+ * query tiles (64 queries, 16 per warp, walking the visible key tiles as the
+ * forward does: S = Q K^T, dP = dout V^T, dQ += dS K * scale). No atomics:
+ * every output element is written once by one thread (deterministic). The
+ * recomputed score tiles stay in registers: an mma accumulator fragment is
+ * the A fragment of the next product (P^T, dS^T and dS). Query tiles (dk/dv)
+ * and key tiles (dq) are double-buffered with cp.async. */
+
+#define LOG2E 1.4426950408889634f
+
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void *src, int bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+}
+/* ldmatrix addresses in a swizzled tile (rows of D elements):
+ * a_off: the A fragment (16 rows from row0, 16 columns from chunk kc0) of a
+ *   row-major [M][K] tile;
+ * bn_off: the B fragments of two n-tiles (rows n0..n0+15) of a [N][K] tile
+ *   (K^T-like operand: non-transposed ldmatrix);
+ * bk_off: the B fragments of two n-tiles (columns from chunk nc0) of a [K][N]
+ *   tile (V-like operand: ldmatrix.trans). */
+template <int D> __device__ __forceinline__ int a_off(int row0, int kc0, int lane) {
+  return swz<D>(row0 + (lane & 15), kc0 + (lane >> 4));
+}
+template <int D> __device__ __forceinline__ int bn_off(int n0, int kc0, int lane) {
+  return swz<D>(n0 + (lane & 7) + ((lane >> 4) << 3), kc0 + ((lane >> 3) & 1));
+}
+template <int D> __device__ __forceinline__ int bk_off(int k0, int nc0, int lane) {
+  return swz<D>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), nc0 + (lane >> 4));
+}
+
+/* delta[r] = sum_d dout[r, d] * out[r, d]: a warp per row */
+template <typename T, int D>
+__global__ void __launch_bounds__(128) k_attn_bwd_delta(const T *__restrict__ o, const T *__restrict__ g,
+                                                        float *__restrict__ delta, int64_t rows) {
+  const int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= rows) return; /* warp-uniform */
+  float s = 0.f;
+#pragma unroll
+  for (int d = lane; d < D; d += 32) s += ld(g[row * D + d]) * ld(o[row * D + d]);
+  s = warp_sum(s);
+  if (lane == 0) delta[row] = s;
+}
+
+/* dk, dv: block b holds key tile b / BH (the first key tiles, which most
+ * causal queries see, start first) of head b % BH */
+template <typename T, int D, int BQ>
+__global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float *__restrict__ delta, int BH) {
+  constexpr int BN = 64, KD = D / 16, NQ = BQ / 8, DT = D / 8;
+  extern __shared__ uint4 attn_smem[];
+  T *Ks = (T *)attn_smem;
+  T *Vs = Ks + BN * D;
+  T *Qs = Vs + BN * D;     /* 2 stages */
+  T *Gs = Qs + 2 * BQ * D; /* 2 stages */
+  float *Ls = (float *)(Gs + 2 * BQ * D); /* 2 stages of BQ */
+  float *Dl = Ls + 2 * BQ;                /* 2 stages of BQ */
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int bh = blockIdx.x % BH, j0 = (blockIdx.x / BH) * BN, off = P.S - P.T;
+  const int64_t qb = (int64_t)bh * P.T * D, kb = (int64_t)bh * P.S * D;
+  const T *q = (const T *)P.q + qb, *g = (const T *)P.dout + qb;
+  const T *k = (const T *)P.k + kb, *v = (const T *)P.v + kb;
+  const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
+
+  /* the queries that may see a key of the tile: p >= j0 (causal), and
+   * p - jmax < win unless the tile holds a global key */
+  const int jmax = min(j0 + BN, P.S) - 1;
+  const int ilo = P.causal ? max(0, j0 - off) : 0;
+  int ihi = P.T;
+  if (P.win > 0 && j0 >= P.ng) ihi = (int)min((int64_t)P.T, (int64_t)jmax + P.win - off);
+  const int n_qt = ihi > ilo ? (ihi - ilo + BQ - 1) / BQ : 0;
+
+  auto load_q = [&](int stage, int i0) {
+    load_tile<T, D, BQ>(Qs + stage * BQ * D, q, i0, P.T);
+    load_tile<T, D, BQ>(Gs + stage * BQ * D, g, i0, P.T);
+    for (int e = threadIdx.x; e < BQ; e += 128) {
+      const int i = i0 + e;
+      const bool ok = i < P.T;
+      cp_async4(smem_u32(Ls + stage * BQ + e), lse + (ok ? i : 0), ok ? 4 : 0);
+      cp_async4(smem_u32(Dl + stage * BQ + e), dlt + (ok ? i : 0), ok ? 4 : 0);
+    }
+  };
+  load_tile<T, D, BN>(Ks, k, j0, P.S);
+  load_tile<T, D, BN>(Vs, v, j0, P.S);
+  if (n_qt > 0) load_q(0, ilo);
+  cp_async_commit();
+
+  float dk[DT][4], dv[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
+  const float sl2 = P.scale * LOG2E;
+  const int wrow = warp * 16, g8 = lane >> 2, t2 = (lane & 3) << 1;
+
+  for (int t = 0; t < n_qt; t++) {
+    const int st = t & 1, i0 = ilo + t * BQ;
+    if (t + 1 < n_qt) load_q(st ^ 1, i0 + BQ);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const T *Qst = Qs + st * BQ * D, *Gst = Gs + st * BQ * D;
+    const float *Lst = Ls + st * BQ, *Dst = Dl + st * BQ;
+
+    /* S^T = K Q^T and dP^T = V dout^T (rows: the warp's 16 keys; columns: BQ queries) */
+    float s[NQ][4], dp[NQ][4];
+#pragma unroll
+    for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++) {
+      uint32_t ka[4], va[4];
+      ldsm_x4(ka, smem_u32(Ks + a_off<D>(wrow, kk * 2, lane)));
+      ldsm_x4(va, smem_u32(Vs + a_off<D>(wrow, kk * 2, lane)));
+#pragma unroll
+      for (int np = 0; np < NQ / 2; np++) {
+        uint32_t b[4];
+        ldsm_x4(b, smem_u32(Qst + bn_off<D>(np * 16, kk * 2, lane)));
+        mma2<T>(s + 2 * np, ka, b);
+        ldsm_x4(b, smem_u32(Gst + bn_off<D>(np * 16, kk * 2, lane)));
+        mma2<T>(dp + 2 * np, va, b);
+      }
+    }
+
+    /* P^T and dS^T; masks only on tiles that touch a boundary */
+    const bool need_mask = i0 + BQ > P.T || tile_masked(P, i0 + off, min(i0 + BQ, P.T) - 1 + off, j0, BN);
+#pragma unroll
+    for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int ic = nt * 8 + t2 + (e & 1);
+        float pv = exp2f(s[nt][e] * sl2 - Lst[ic] * LOG2E);
+        if (need_mask) {
+          const int i = i0 + ic, j = j0 + wrow + g8 + ((e >> 1) << 3);
+          if (i >= P.T || j >= P.S || !vis(i + off, j, P.win, P.ng, P.causal)) pv = 0.f;
+        }
+        dp[nt][e] = pv * (dp[nt][e] - Dst[ic]);
+        s[nt][e] = pv;
+      }
+
+    /* dV += P^T dout, dK += dS^T Q (the accumulators are the A fragments) */
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) {
+      uint32_t pa[4], da[4];
+      acc_to_a<T>(pa, s, kk);
+      acc_to_a<T>(da, dp, kk);
+#pragma unroll
+      for (int dq2 = 0; dq2 < DT / 2; dq2++) {
+        uint32_t b[4];
+        ldsm_x4_t(b, smem_u32(Gst + bk_off<D>(kk * 16, dq2 * 2, lane)));
+        mma2<T>(dv + 2 * dq2, pa, b);
+        ldsm_x4_t(b, smem_u32(Qst + bk_off<D>(kk * 16, dq2 * 2, lane)));
+        mma2<T>(dk + 2 * dq2, da, b);
+      }
+    }
+    __syncthreads(); /* the next iteration loads into this stage */
+  }
+  cp_async_wait<0>();
+
+  T *pdk = (T *)P.dk + kb, *pdv = (T *)P.dv + kb;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int j = j0 + wrow + g8 + h * 8;
+    if (j >= P.S) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+      *(uint32_t *)(pdk + (int64_t)j * D + dt * 8 + t2) = pack2<T>(dk[dt][2 * h] * P.scale, dk[dt][2 * h + 1] * P.scale);
+      *(uint32_t *)(pdv + (int64_t)j * D + dt * 8 + t2) = pack2<T>(dv[dt][2 * h], dv[dt][2 * h + 1]);
+    }
+  }
+}
+
+/* dq: block b holds query tile (n_mt - 1 - b / BH) (the longest causal rows
+ * first) of head b % BH; the key tiles are the forward's */
+template <typename T, int D, int BN>
+__global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *__restrict__ delta, int BH) {
+  constexpr int BM = 64, KD = D / 16, NT = BN / 8, DT = D / 8;
+  extern __shared__ uint4 attn_smem[];
+  T *Qs = (T *)attn_smem;
+  T *Gs = Qs + BM * D;
+  T *Ks = Gs + BM * D;     /* 2 stages */
+  T *Vs = Ks + 2 * BN * D; /* 2 stages */
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int n_mt = gridDim.x / BH;
+  const int bh = blockIdx.x % BH, i0 = (n_mt - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
+  const int64_t qb = (int64_t)bh * P.T * D, kb = (int64_t)bh * P.S * D;
+  const T *q = (const T *)P.q + qb, *g = (const T *)P.dout + qb;
+  const T *k = (const T *)P.k + kb, *v = (const T *)P.v + kb;
+
+  const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
+  const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
+  const int n_tiles = kt.n;
+
+  load_tile<T, D, BM>(Qs, q, i0, P.T);
+  load_tile<T, D, BM>(Gs, g, i0, P.T);
+  if (n_tiles > 0) {
+    load_tile<T, D, BN>(Ks, k, kt.j0(0), P.S);
+    load_tile<T, D, BN>(Vs, v, kt.j0(0), P.S);
+  }
+  cp_async_commit();
+
+  const int wrow = warp * 16, g8 = lane >> 2, t2 = (lane & 3) << 1;
+  float L2[2], Dd[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = i0 + wrow + g8 + h * 8;
+    const bool ok = row < P.T;
+    L2[h] = ok ? P.lse_in[(int64_t)bh * P.T + row] * LOG2E : 0.f;
+    Dd[h] = ok ? delta[(int64_t)bh * P.T + row] : 0.f;
+  }
+  float acc[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; dt++) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
+  uint32_t qf[KD][4], gf[KD][4];
+  const float sl2 = P.scale * LOG2E;
+
+  for (int t = 0; t < n_tiles; t++) {
+    const int st = t & 1;
+    const int j0 = kt.j0(t);
+    kv_next<T, D, BN>(Ks, Vs, k, v, kt, t, P.S);
+    if (t == 0) {
+#pragma unroll
+      for (int kk = 0; kk < KD; kk++) {
+        ldsm_x4(qf[kk], smem_u32(Qs + a_off<D>(wrow, kk * 2, lane)));
+        ldsm_x4(gf[kk], smem_u32(Gs + a_off<D>(wrow, kk * 2, lane)));
+      }
+    }
+    const T *Kst = Ks + st * BN * D, *Vst = Vs + st * BN * D;
+
+    /* S = Q K^T, dP = dout V^T */
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < KD; kk++)
+#pragma unroll
+      for (int np = 0; np < NT / 2; np++) {
+        uint32_t b[4];
+        ldsm_x4(b, smem_u32(Kst + bn_off<D>(np * 16, kk * 2, lane)));
+        mma2<T>(s + 2 * np, qf[kk], b);
+        ldsm_x4(b, smem_u32(Vst + bn_off<D>(np * 16, kk * 2, lane)));
+        mma2<T>(dp + 2 * np, gf[kk], b);
+      }
+
+    /* dS = P (dP - delta); masks only on tiles that touch a boundary (rows
+     * past T are never stored) */
+    const bool need_mask = tile_masked(P, pmin, pmax, j0, BN);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int h = e >> 1;
+        float pv = exp2f(s[nt][e] * sl2 - L2[h]);
+        if (need_mask) {
+          const int p = i0 + wrow + g8 + h * 8 + off, j = j0 + nt * 8 + t2 + (e & 1);
+          if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) pv = 0.f;
+        }
+        s[nt][e] = pv * (dp[nt][e] - Dd[h]);
+      }
+
+    /* dQ += dS K */
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) {
+      uint32_t da[4];
+      acc_to_a<T>(da, s, kk);
+#pragma unroll
+      for (int dq2 = 0; dq2 < DT / 2; dq2++) {
+        uint32_t b[4];
+        ldsm_x4_t(b, smem_u32(Kst + bk_off<D>(kk * 16, dq2 * 2, lane)));
+        mma2<T>(acc + 2 * dq2, da, b);
+      }
+    }
+    __syncthreads(); /* the next iteration loads into this stage */
+  }
+  cp_async_wait<0>();
+
+  T *pdq = (T *)P.dq + qb;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = i0 + wrow + g8 + h * 8;
+    if (row >= P.T) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+      *(uint32_t *)(pdq + (int64_t)row * D + dt * 8 + t2) = pack2<T>(acc[dt][2 * h] * P.scale,
+                                                                     acc[dt][2 * h + 1] * P.scale);
+  }
 }
 
 /* ------------------------------------------------------------------------ */
@@ -678,21 +1004,27 @@ int fill_params(AttnP &P, const char *op, const gp_tensor *q, const gp_tensor *k
   return GP_OK;
 }
 
+/* shared memory beyond 48 KB needs the attribute, once per kernel */
+template <typename K> int smem_attr(K *kern, int smem, bool &done, const char *op) {
+  if (done) return GP_OK;
+  if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
+    return gp_error("%s: cannot give the kernel %d bytes of shared memory", op, smem);
+  done = true;
+  return GP_OK;
+}
+
 bool aligned16(const gp_tensor *t) { return ((uintptr_t)gp_ptr(t) & 15) == 0; }
 
 template <typename T, int D, int MT> int launch_fwd_mma(const AttnP &P, int64_t BH) {
   constexpr int BM = 64 * MT;
   const int smem = (BM + 4 * 64) * D * (int)sizeof(T);
   static bool attr = false; /* per instantiation */
-  if (!attr) {
-    if (cudaFuncSetAttribute(k_attn_fwd_mma<T, D, MT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) !=
-        cudaSuccess)
-      return gp_error("attn_fwd: cannot give the kernel %d bytes of shared memory", smem);
-    attr = true;
-  }
-  dim3 grid((unsigned)((P.T + BM - 1) / BM), (unsigned)BH);
+  GP_TRY(smem_attr(k_attn_fwd_mma<T, D, MT>, smem, attr, "attn_fwd"));
+  const int64_t blocks = BH * ((P.T + BM - 1) / BM);
+  if (blocks > INT32_MAX) return gp_error("attn_fwd: too many blocks for one launch (B * H = %lld, T = %d)",
+                                          (long long)BH, P.T);
   GP_NOTE_LAUNCH((k_attn_fwd_mma<T, D, MT>), 128, smem);
-  k_attn_fwd_mma<T, D, MT><<<grid, 128, smem, gp_cuda_stream()>>>(P);
+  k_attn_fwd_mma<T, D, MT><<<(unsigned)blocks, 128, smem, gp_cuda_stream()>>>(P, (int)BH);
   return GP_OK;
 }
 
@@ -713,6 +1045,35 @@ template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
   GP_NOTE_LAUNCH((k_attn_bwd_dkdv<T, D, RW>), 128, 0);
   k_attn_bwd_dkdv<T, D, RW><<<g2, 128, 0, gp_cuda_stream()>>>(P);
   return GP_OK;
+}
+
+/* tensor-core backward: delta, then dk/dv by key tiles, then dq by query tiles */
+template <typename T, int D> int launch_bwd_mma(const AttnP &P, int64_t BH) {
+  constexpr int BQ = D == 64 ? 64 : 32; /* query tile of the dk/dv kernel */
+  constexpr int BN = 64;                /* key tile of the dq kernel */
+  const int64_t rows = BH * P.T, n_kt = (P.S + 63) / 64, n_mt = (P.T + 63) / 64;
+  if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 3) / 4 > INT32_MAX)
+    return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T,
+                    P.S);
+  gp_tensor *dl = 0;
+  GP_TRY(gp_tensor_scratch(&dl, GP_F32, GP_CUDA, 1, &rows));
+  float *delta = (float *)gp_ptr(dl);
+  GP_NOTE_LAUNCH((k_attn_bwd_delta<T, D>), 128, 0);
+  k_attn_bwd_delta<T, D><<<(unsigned)((rows + 3) / 4), 128, 0, gp_cuda_stream()>>>((const T *)P.o, (const T *)P.dout,
+                                                                                     delta, rows);
+  const int smem1 = (2 * 64 + 4 * BQ) * D * (int)sizeof(T) + 4 * BQ * (int)sizeof(float);
+  const int smem2 = (2 * 64 + 4 * BN) * D * (int)sizeof(T);
+  static bool a1 = false, a2 = false; /* per instantiation */
+  int rc = smem_attr(k_attn_bwd_dkdv_mma<T, D, BQ>, smem1, a1, "attn_bwd");
+  if (rc == GP_OK) rc = smem_attr(k_attn_bwd_dq_mma<T, D, BN>, smem2, a2, "attn_bwd");
+  if (rc == GP_OK) {
+    GP_NOTE_LAUNCH((k_attn_bwd_dkdv_mma<T, D, BQ>), 128, smem1);
+    k_attn_bwd_dkdv_mma<T, D, BQ><<<(unsigned)(BH * n_kt), 128, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
+    GP_NOTE_LAUNCH((k_attn_bwd_dq_mma<T, D, BN>), 128, smem2);
+    k_attn_bwd_dq_mma<T, D, BN><<<(unsigned)(BH * n_mt), 128, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
+  }
+  gp_tensor_free(dl); /* (stream-ordered, as the decode's partials) */
+  return rc;
 }
 
 } // namespace
@@ -772,7 +1133,15 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
       return gp_error("attn_bwd: memset failed");
     return GP_OK;
   }
-  if (D == 64) {
+  const bool mma = q->dtype != GP_F32 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) &&
+                   aligned16(dq) && aligned16(dk) && aligned16(dv);
+  if (mma) {
+    if (D == 64) {
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_mma<T, 64>(P, BH));
+    } else {
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_mma<T, 128>(P, BH));
+    }
+  } else if (D == 64) {
     GP_FLOAT_SWITCH(q->dtype, T, rc = launch_bwd<T, 64>(P, BH));
   } else {
     GP_FLOAT_SWITCH(q->dtype, T, rc = launch_bwd<T, 128>(P, BH));

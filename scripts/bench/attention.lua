@@ -1,9 +1,9 @@
 -- Flash attention benchmark: bf16, causal, B 4, H 16, T 4096, D 64 (change
--- with --batch --heads --seq --head-dim): forward and forward + backward in
--- TFLOP/s (causal flops: 4 B H T^2 D / 2 forward, 2.5x that for forward +
--- backward), timed with gp.time, beside PyTorch's scaled_dot_product_attention
--- (scripts/bench/torch_peer.py attention) when python3 has torch; and decode
--- attention over a long cache in GB/s.
+-- with --batch --heads --seq --head-dim): forward, backward and forward +
+-- backward in TFLOP/s (causal flops: 4 B H T^2 D / 2 forward, 2.5x that
+-- backward, 3.5x forward + backward), timed with gp.time, beside PyTorch's
+-- scaled_dot_product_attention (scripts/bench/torch_peer.py attention) when
+-- python3 has torch; and decode attention over a long cache in GB/s.
 --   gpush scripts/bench/attention.lua [--seq 4096] [--head-dim 64]
 local a = gp.args.parse(arg, {
   {'batch', 4, 'batch size'}, {'heads', 16, 'heads'}, {'seq', 4096, 'sequence length T'},
@@ -30,7 +30,8 @@ local bwd_ms = gp.time(function() gp.k.attn_bwd(dq, dk, dv, q, k, v, out, lse, d
 local fb_ms = fwd_ms + bwd_ms
 print(string.format('attention bf16 causal B=%d H=%d T=%d D=%d', B, H, Tn, D))
 print(string.format('  forward          %8.3f ms  %7.1f TFLOP/s', fwd_ms, flops / fwd_ms / 1e9))
-print(string.format('  forward+backward %8.3f ms  %7.1f TFLOP/s', fb_ms, 2.5 * flops / fb_ms / 1e9))
+print(string.format('  backward         %8.3f ms  %7.1f TFLOP/s', bwd_ms, 2.5 * flops / bwd_ms / 1e9))
+print(string.format('  forward+backward %8.3f ms  %7.1f TFLOP/s', fb_ms, 3.5 * flops / fb_ms / 1e9))
 
 -- PyTorch SDPA on the same sizes (same process time base: CUDA events, median)
 local cmd = string.format('python3 scripts/bench/torch_peer.py attention --batch %d --heads %d --seq %d --head-dim %d 2>/dev/null',
@@ -42,7 +43,7 @@ local tf = tonumber(txt:match('attention fwd ([%d%.]+)'))
 local tfb = tonumber(txt:match('attention fwd_bwd ([%d%.]+)'))
 if tf and tfb then
   print(string.format('  torch SDPA fwd   %8.3f ms  %7.1f TFLOP/s   gpush/torch %.2fx', tf, flops / tf / 1e9, tf / fwd_ms))
-  print(string.format('  torch SDPA f+b   %8.3f ms  %7.1f TFLOP/s   gpush/torch %.2fx', tfb, 2.5 * flops / tfb / 1e9,
+  print(string.format('  torch SDPA f+b   %8.3f ms  %7.1f TFLOP/s   gpush/torch %.2fx', tfb, 3.5 * flops / tfb / 1e9,
     tfb / fb_ms))
 else
   print('  (no PyTorch peer: python3 with torch and a GPU not found)')

@@ -207,6 +207,98 @@ T.test('attention errors name the op and the shapes', function()
   T.raises(function() gp.attention_decode(rn {1, 3, 64}, kc, kc, 3) end, 'attention_decode', '(1,3,64)')
 end)
 
+-- The kernels' CPU-vs-GPU cases (the tensor-core forward and backward for
+-- bf16/f16, the plain kernels for f32): odd lengths, T < S, windows with
+-- leading always-visible keys, not causal, D 64 and 128. The reference is the
+-- CPU kernel in f32 on the same (rounded) inputs; its backward takes the
+-- forward's out rounded to the dtype, as the GPU's does.
+local KCASES = {
+  {B = 1, H = 2, T = 1, S = 1, D = 64, o = {}},
+  {B = 2, H = 1, T = 7, S = 7, D = 128, o = {}},
+  {B = 1, H = 2, T = 65, S = 65, D = 64, o = {window = 16, n_global = 3}},
+  {B = 1, H = 1, T = 129, S = 129, D = 128, o = {window = 40, n_global = 5}},
+  {B = 1, H = 2, T = 200, S = 200, D = 64, o = {}},
+  {B = 1, H = 1, T = 65, S = 200, D = 64, o = {window = 70, n_global = 2}},
+  {B = 1, H = 1, T = 129, S = 65, D = 128, o = {causal = false}},
+  {B = 1, H = 1, T = 7, S = 200, D = 64, o = {causal = false, window = 50, n_global = 1, scale = 0.2}},
+  {B = 1, H = 1, T = 200, S = 200, D = 128, o = {window = 1}},
+}
+
+local function kargs(c)
+  local o = c.o
+  return o.scale or 1 / math.sqrt(c.D), o.window or 0, o.n_global or 0, o.causal == false and 0 or 1
+end
+
+-- inputs rounded to dt (as f32 CPU tensors) and the f32 CPU reference of the forward and backward
+local function kref(c, dt)
+  local function r(n) return rn({c.B, c.H, n, c.D}):to(dt):float() end
+  local x = {q = r(c.T), k = r(c.S), v = r(c.S), dout = r(c.T)}
+  local sc, w, ng, cz = kargs(c)
+  x.out, x.lse = gp.empty(x.q.shape, CPU), gp.empty({c.B, c.H, c.T}, CPU)
+  gp.k.attn_fwd(x.out, x.lse, x.q, x.k, x.v, sc, w, ng, cz)
+  x.out_r = x.out:to(dt):float()
+  x.dq, x.dk, x.dv = gp.empty(x.q.shape, CPU), gp.empty(x.k.shape, CPU), gp.empty(x.v.shape, CPU)
+  gp.k.attn_bwd(x.dq, x.dk, x.dv, x.q, x.k, x.v, x.out_r, x.lse, x.dout, sc, w, ng, cz)
+  return x
+end
+
+T.test('attention kernels: the CPU reference of the GPU cases matches the f64 oracle (forward and grads)', function()
+  gp.manual_seed(11)
+  for _, c in ipairs(KCASES) do
+    local x = kref(c, 'bf16')
+    local qq, kk, vv = x.q:double():requires_grad(), x.k:double():requires_grad(), x.v:double():requires_grad()
+    local ro, rl = oracle(qq, kk, vv, c.o)
+    local name = string.format('T %d S %d D %d', c.T, c.S, c.D)
+    T.ok(T.relnorm(x.out, ro) < 1e-5, name .. ' out')
+    T.ok(T.relnorm(x.lse, rl) < 1e-5, name .. ' lse')
+    ro:backward(x.dout:double())
+    -- the reference backward took the bf16-rounded out: its grads are near, not equal
+    T.ok(T.relnorm(x.dq, qq.grad) < 1e-2, name .. ' dq')
+    T.ok(T.relnorm(x.dk, kk.grad) < 1e-2, name .. ' dk')
+    T.ok(T.relnorm(x.dv, vv.grad) < 1e-5, name .. ' dv')
+  end
+end)
+
+T.test('attention kernels on the GPU: forward and backward against the CPU (bf16, f16 tensor cores; f32)', function()
+  T.cuda()
+  gp.manual_seed(11)
+  local TOL = {bf16 = 1e-2, f16 = 3e-3, f32 = 1e-4}
+  for _, c in ipairs(KCASES) do
+    for _, dt in ipairs {'bf16', 'f16', 'f32'} do
+      local x = kref(c, dt)
+      local sc, w, ng, cz = kargs(c)
+      local function cu(t) return t:to(dt):cuda() end
+      local q, k, v, dout = cu(x.q), cu(x.k), cu(x.v), cu(x.dout)
+      local out = gp.empty(q.shape, {dtype = dt, device = 'cuda'})
+      local lse = gp.empty({c.B, c.H, c.T}, {device = 'cuda'})
+      gp.k.attn_fwd(out, lse, q, k, v, sc, w, ng, cz)
+      local name = string.format('%s T %d S %d D %d', dt, c.T, c.S, c.D)
+      T.ok(T.relnorm(out:float():cpu(), x.out) < TOL[dt], name .. ' out')
+      T.ok(T.relnorm(lse:cpu(), x.lse) < 1e-4, name .. ' lse')
+      local dq = gp.empty(q.shape, {dtype = dt, device = 'cuda'})
+      local dk, dv = gp.empty(k.shape, {dtype = dt, device = 'cuda'}), gp.empty(v.shape, {dtype = dt, device = 'cuda'})
+      -- the backward from the GPU's own forward (its out is x.out_r up to rounding)
+      gp.k.attn_bwd(dq, dk, dv, q, k, v, out, lse, dout, sc, w, ng, cz)
+      T.ok(T.relnorm(dq:float():cpu(), x.dq) < TOL[dt], name .. ' dq')
+      T.ok(T.relnorm(dk:float():cpu(), x.dk) < TOL[dt], name .. ' dk')
+      T.ok(T.relnorm(dv:float():cpu(), x.dv) < TOL[dt], name .. ' dv')
+    end
+  end
+  -- autograd in bf16 end to end (the tensor-core backward through gp.attention)
+  local c = KCASES[6]
+  local x = kref(c, 'bf16')
+  local function run(dev, dt)
+    local function leaf(t) return t:to(dt):to(dev):clone():requires_grad() end
+    local a, b, d = leaf(x.q), leaf(x.k), leaf(x.v)
+    local y = gp.attention(a, b, d, c.o)
+    y:backward(x.dout:to(dt):to(dev))
+    return a.grad:float():cpu(), b.grad:float():cpu(), d.grad:float():cpu()
+  end
+  local c1, c2, c3 = run('cpu', 'f32')
+  local g1, g2, g3 = run('cuda', 'bf16')
+  T.ok(T.relnorm(g1, c1) < 2e-2 and T.relnorm(g2, c2) < 2e-2 and T.relnorm(g3, c3) < 2e-2, 'bf16 autograd grads')
+end)
+
 T.test('attention on the GPU: forward, backward and decode against the CPU (bf16, f16, f32)', function()
   T.cuda()
   local CU = {device = 'cuda'}
