@@ -14,3 +14,11 @@ for _, dt in ipairs {'f32', 'bf16'} do
   local y = gp.empty({64, 1024, 128}, o)
   bw('copy permute (1,3,2) ' .. dt, 2 * x:numel() * es, function() gp.k.copy(y, x:transpose(2, 3)) end)
 end
+-- the permutes around attention: (B,T,H,D) <-> (B,H,T,D), the last dim stays contiguous
+for _, dt in ipairs {'f32', 'bf16'} do
+  local o = {dtype = dt}
+  local es = dt == 'f32' and 4 or 2
+  local x = gp.randn({8, 1024, 12, 64}, o)
+  local y = gp.empty({8, 12, 1024, 64}, o)
+  bw('copy (B,T,H,D)->(B,H,T,D) ' .. dt, 2 * x:numel() * es, function() gp.k.copy(y, x:permute {1, 3, 2, 4}) end)
+end
