@@ -107,6 +107,20 @@ local function unbroadcast(g, shape)
   end
   local lead = #gs - #shape
   local r = g
+  -- the leading dims that are all summed away (a bias's gradient over
+  -- (B, T, C)): one reduction over their product instead of one per dim
+  local k = 0
+  while k < #gs and (k < lead or (shape[k + 1 - lead] == 1 and gs[k + 1] ~= 1)) do k = k + 1 end
+  if k >= 2 and g:is_contiguous() then
+    local ns, n = {1}, 1
+    for d = 1, k do n = n * gs[d] end
+    ns[1] = n
+    for d = k + 1, #gs do ns[#ns + 1] = gs[d] end
+    r = g:view(ns):sum(1, {keepdim = true})
+    gs = r.shape
+    lead = #gs - #shape
+    if lead < 0 then r = r:view(shape); gs = r.shape; lead = 0 end
+  end
   for d = #gs, 1, -1 do
     local want = d > lead and shape[d - lead] or nil
     if (want == nil or want == 1) and gs[d] ~= 1 then r = r:sum(d, {keepdim = true}) end
