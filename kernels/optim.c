@@ -149,15 +149,26 @@ static int check_gscale(const char *op, const gp_tensor *gs, int device) {
   return GP_OK;
 }
 
-int gp_multi_adamw(gp_tlist *l, const gp_tensor *gscale, double lr, double beta1, double beta2, double eps,
-                   double weight_decay, double step) {
+static int check_hyper(const char *op, const gp_tensor *h, int64_t n, int device) {
+  if (h && (h->dtype != GP_F32 || gp_numel(h) != n || h->device != device || !gp_is_contiguous(h)))
+    return gp_error("%s: hyper must be a contiguous f32 tensor of %lld elements on the list's device", op, (long long)n);
+  return GP_OK;
+}
+
+int gp_multi_adamw(gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr, double beta1, double beta2,
+                   double eps, double weight_decay, double step) {
   GP_TRY(check_group("multi_adamw", l, 4, 0, GP_F32));
   GP_TRY(check_group("multi_adamw", l, 4, 1, GP_F32));
   GP_TRY(check_group("multi_adamw", l, 4, 2, GP_F32));
   GP_TRY(check_gscale("multi_adamw", gscale, l->device));
+  GP_TRY(check_hyper("multi_adamw", hyper, 3, l->device));
   GP_TRY(check_hparams("multi_adamw", lr, beta1, beta2, eps, step));
   double bc1 = 1 - pow(beta1, step), bc2 = 1 - pow(beta2, step);
-  GP_CUDA_DISPATCH(l, gp_cuda_multi_adamw(l, gscale, lr, beta1, beta2, eps, weight_decay, bc1, bc2));
+  GP_CUDA_DISPATCH(l, gp_cuda_multi_adamw(l, gscale, hyper, lr, beta1, beta2, eps, weight_decay, bc1, bc2));
+  if (hyper) {
+    const float *h = (const float *)gp_ptr(hyper);
+    lr = h[0], bc1 = h[1], bc2 = h[2];
+  }
   double gs = gscale_of(gscale);
   int n = l->n;
   for (int i = 0; i < n; i++)
@@ -166,11 +177,14 @@ int gp_multi_adamw(gp_tlist *l, const gp_tensor *gscale, double lr, double beta1
   return GP_OK;
 }
 
-int gp_multi_sgd(gp_tlist *l, const gp_tensor *gscale, double lr, double momentum, double weight_decay, double nesterov) {
+int gp_multi_sgd(gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr, double momentum,
+                 double weight_decay, double nesterov) {
   GP_TRY(check_group("multi_sgd", l, 3, 0, GP_F32));
   GP_TRY(check_group("multi_sgd", l, 3, 1, GP_F32));
   GP_TRY(check_gscale("multi_sgd", gscale, l->device));
-  GP_CUDA_DISPATCH(l, gp_cuda_multi_sgd(l, gscale, lr, momentum, weight_decay, nesterov != 0));
+  GP_TRY(check_hyper("multi_sgd", hyper, 1, l->device));
+  GP_CUDA_DISPATCH(l, gp_cuda_multi_sgd(l, gscale, hyper, lr, momentum, weight_decay, nesterov != 0));
+  if (hyper) lr = *(const float *)gp_ptr(hyper);
   double gs = gscale_of(gscale);
   int n = l->n;
   for (int i = 0; i < n; i++)

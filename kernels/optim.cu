@@ -48,9 +48,10 @@ __global__ void k_sgd(float *p, float *buf, const G *g, int64_t n, const float *
 }
 
 template <typename G>
-__global__ void k_multi_adamw(TL t, const float *gscale, float lr, float b1, float b2, float eps, float wd, float bc1,
-                              float bc2) {
+__global__ void k_multi_adamw(TL t, const float *gscale, const float *hyper, float lr, float b1, float b2, float eps,
+                              float wd, float bc1, float bc2) {
   float gs = gscale ? *gscale : 1.f;
+  if (hyper) lr = hyper[0], bc1 = hyper[1], bc2 = hyper[2];
   for (int c = blockIdx.x; c < t.nchunks; c += gridDim.x) {
     int i = t.ct[c];
     int64_t s = t.cs[c], e = min(s + (int64_t)GP_CHUNK, t.numel[i]);
@@ -61,8 +62,9 @@ __global__ void k_multi_adamw(TL t, const float *gscale, float lr, float b1, flo
 }
 
 template <typename G>
-__global__ void k_multi_sgd(TL t, const float *gscale, float lr, float mom, float wd, int nesterov) {
+__global__ void k_multi_sgd(TL t, const float *gscale, const float *hyper, float lr, float mom, float wd, int nesterov) {
   float gs = gscale ? *gscale : 1.f;
+  if (hyper) lr = hyper[0];
   for (int c = blockIdx.x; c < t.nchunks; c += gridDim.x) {
     int i = t.ct[c];
     int64_t s = t.cs[c], e = min(s + (int64_t)GP_CHUNK, t.numel[i]);
@@ -214,20 +216,20 @@ static unsigned chunk_grid(int nchunks) {
   return (unsigned)(nchunks < cap ? (nchunks > 0 ? nchunks : 1) : cap);
 }
 
-extern "C" int gp_cuda_multi_adamw(struct gp_tlist *l, const gp_tensor *gscale, double lr, double b1, double b2,
-                                   double eps, double wd, double bc1, double bc2) {
+extern "C" int gp_cuda_multi_adamw(struct gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr,
+                                   double b1, double b2, double eps, double wd, double bc1, double bc2) {
   GP_FLOAT_SWITCH(l->dtype[3], G,
                   k_multi_adamw<G><<<chunk_grid(l->nchunks), 256, 0, gp_cuda_stream()>>>(
-                      tl_of(l), gs_ptr(gscale), (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, (float)bc1,
+                      tl_of(l), gs_ptr(gscale), gs_ptr(hyper), (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, (float)bc1,
                       (float)bc2));
   return gp_cuda_check_launch("multi_adamw");
 }
 
-extern "C" int gp_cuda_multi_sgd(struct gp_tlist *l, const gp_tensor *gscale, double lr, double mom, double wd,
-                                 int nesterov) {
+extern "C" int gp_cuda_multi_sgd(struct gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr,
+                                 double mom, double wd, int nesterov) {
   GP_FLOAT_SWITCH(l->dtype[2], G,
                   k_multi_sgd<G><<<chunk_grid(l->nchunks), 256, 0, gp_cuda_stream()>>>(
-                      tl_of(l), gs_ptr(gscale), (float)lr, (float)mom, (float)wd, nesterov));
+                      tl_of(l), gs_ptr(gscale), gs_ptr(hyper), (float)lr, (float)mom, (float)wd, nesterov));
   return gp_cuda_check_launch("multi_sgd");
 }
 

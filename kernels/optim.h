@@ -26,9 +26,10 @@ int gp_cuda_sgd(gp_tensor *p, gp_tensor *buf, const gp_tensor *g, const gp_tenso
                 double wd, int nesterov);
 int gp_cuda_sumsq(gp_tensor *out, const gp_tensor *x);
 int gp_cuda_clip_coef(gp_tensor *scale, const gp_tensor *sumsq, double max_norm, double eps);
-int gp_cuda_multi_adamw(struct gp_tlist *l, const gp_tensor *gscale, double lr, double b1, double b2, double eps,
-                        double wd, double bc1, double bc2);
-int gp_cuda_multi_sgd(struct gp_tlist *l, const gp_tensor *gscale, double lr, double mom, double wd, int nesterov);
+int gp_cuda_multi_adamw(struct gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr, double b1,
+                        double b2, double eps, double wd, double bc1, double bc2);
+int gp_cuda_multi_sgd(struct gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr, double mom,
+                      double wd, int nesterov);
 int gp_cuda_multi_sumsq(gp_tensor *out, struct gp_tlist *l);
 #ifdef __cplusplus
 }

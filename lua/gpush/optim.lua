@@ -62,6 +62,7 @@ local function new(kind, params, opts, defaults)
   for k, v in pairs(opts) do hyper[k] = v end
   self.defaults = hyper
   self.master_weights = hyper.master_weights ~= false
+  self.device_hyper = hyper.device_hyper == true
   self.decay_min_dim = hyper.decay_min_dim or 2
   -- groups: a list of tensors (or a module), or a list of {params=..., <overrides>}
   local list = params_of(params, kind)
@@ -223,6 +224,32 @@ function Optimizer:_scale(b)
   return s and s.c or nil
 end
 
+-- Graph-safe hyper-parameters: with opt.device_hyper = true the kernels
+-- read the learning rate (and AdamW's bias corrections) from a small device
+-- tensor per bucket instead of launch arguments. step() writes it before the
+-- launch; while a graph is being captured (opt._capturing) it only launches,
+-- and opt:prepare_replay() advances the step and writes the values before
+-- each replay of the captured step.
+local function hyper_values(self, g, t)
+  if self.kind == 'AdamW' then return {g.lr, 1 - g.betas[1] ^ t, 1 - g.betas[2] ^ t} end
+  return {g.lr}
+end
+local function write_hyper(self, c, t)
+  c.hyper:copy_(gp().tensor(hyper_values(self, c.hyper_group, t), {dtype = 'f32', device = 'cpu'}))
+end
+function Optimizer:_hyper(c, g, t)
+  if not self.device_hyper then return nil end
+  c.hyper_group = g
+  if not c.hyper then c.hyper = tensor.empty({self.kind == 'AdamW' and 3 or 1}, 'f32', c.groups[1][1].device, 'hyper') end
+  if not self._capturing then write_hyper(self, c, t) end
+  return c.hyper.c
+end
+function Optimizer:prepare_replay()
+  if not self.device_hyper then raise('prepare_replay: the optimizer was not made with device_hyper = true') end
+  self.step_count = self.step_count + 1
+  for _, c in pairs(self._lists) do if c.hyper then write_hyper(self, c, self.step_count) end end
+end
+
 ---------------------------------------------------------------------------
 -- AdamW
 
@@ -237,7 +264,7 @@ end
 
 local function adamw_step(self)
   local op = 'AdamW.step'
-  self.step_count = self.step_count + 1
+  if not self._capturing then self.step_count = self.step_count + 1 end
   local t = self.step_count
   for _, b in ipairs(self:_buckets(op)) do
     local c = self:_list(b, function(bk)
@@ -255,7 +282,7 @@ local function adamw_step(self)
     end, op)
     local g = self.param_groups[b.group]
     local wd = b.decay and g.weight_decay or 0
-    core.call(C.gp_multi_adamw, c.tl, self:_scale(b), g.lr, g.betas[1], g.betas[2], g.eps, wd, t)
+    core.call(C.gp_multi_adamw, c.tl, self:_scale(b), self:_hyper(c, g, t), g.lr, g.betas[1], g.betas[2], g.eps, wd, t)
     self:_copy_back(c)
   end
   self._gscale = nil
@@ -274,7 +301,7 @@ end
 
 local function sgd_step(self)
   local op = 'SGD.step'
-  self.step_count = self.step_count + 1
+  if not self._capturing then self.step_count = self.step_count + 1 end
   for _, b in ipairs(self:_buckets(op)) do
     local c = self:_list(b, function(bk)
       local ps, bufs = {}, {}
@@ -290,7 +317,7 @@ local function sgd_step(self)
     end, op)
     local g = self.param_groups[b.group]
     local wd = b.decay and g.weight_decay or 0
-    core.call(C.gp_multi_sgd, c.tl, self:_scale(b), g.lr, g.momentum, wd, g.nesterov and 1 or 0)
+    core.call(C.gp_multi_sgd, c.tl, self:_scale(b), self:_hyper(c, g, self.step_count), g.lr, g.momentum, wd, g.nesterov and 1 or 0)
     self:_copy_back(c)
   end
   self._gscale = nil

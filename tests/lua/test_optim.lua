@@ -347,3 +347,41 @@ T.test('optimizers on CUDA: the same numbers as on the CPU', function()
     T.ok(T.relnorm(res.cuda[2], res.cpu[2]) < 1e-5, kind .. ' b')
   end
 end)
+
+-- device_hyper: the kernels read lr and the bias corrections from a device
+-- tensor; the same trajectory as launch arguments, and a "captured" step
+-- (opt._capturing) neither advances the count nor writes the values, which
+-- prepare_replay does instead
+T.test('device_hyper: the same steps as launch arguments; prepare_replay advances and writes', function()
+  for _, dev in ipairs {'cpu', 'cuda'} do
+    if dev == 'cpu' or gp.cuda_available() then
+      for _, kind in ipairs {'AdamW', 'SGD'} do
+        local res = {}
+        for _, dh in ipairs {false, true} do
+          gp.manual_seed(5)
+          local W = gp.randn({9, 5}, {device = 'cpu'}):to(dev):requires_grad()
+          local opt = optim[kind]({W}, {lr = 0.05, momentum = 0.9, weight_decay = 0.1, device_hyper = dh})
+          local grads = {}
+          for s = 1, 4 do grads[s] = gp.randn({9, 5}, {device = 'cpu'}):to(dev) end
+          for s = 1, 4 do
+            opt:zero_grad(); W.grad:copy_(grads[s])
+            opt:set_lr(0.05 / s)
+            if dh and s >= 3 then
+              -- what a captured step does: launch with the values last written,
+              -- after prepare_replay wrote this step's
+              opt:prepare_replay()
+              opt._capturing = true; opt:step(); opt._capturing = nil
+            else
+              opt:step()
+            end
+          end
+          T.eq(opt.step_count, 4)
+          res[dh] = W:cpu()
+        end
+        T.ok(T.relnorm(res[true], res[false]) < 1e-6, dev .. ' ' .. kind)
+      end
+    end
+  end
+  local opt = optim.AdamW({gp.randn({3}, {device = 'cpu'}):requires_grad()})
+  T.raises(function() opt:prepare_replay() end, 'device_hyper')
+end)
