@@ -305,7 +305,7 @@ doc(gp.where, 'gp.where(mask, a, b)', 'mask ? a : b elementwise (a, b tensors or
 ---------------------------------------------------------------------------
 -- op families: each lua/gpush/ops/<name>.lua returns function(gp, tensor)
 -- that adds its tensor methods (tensor.Tensor) and gp functions
-for _, name in ipairs {'index', 'loss', 'select', 'random', 'reduce', 'rows', 'fused', 'matmul', 'sample', 'attention'} do
+for _, name in ipairs {'index', 'loss', 'select', 'random', 'reduce', 'rows', 'fused', 'matmul', 'sample', 'attention', 'moe'} do
   require('gpush.ops.' .. name)(gp, tensor)
 end
 
@@ -332,6 +332,7 @@ gp.gradcheck = doc(autograd.gradcheck, 'gp.gradcheck(fn, {x, y, ...}, {eps=1e-6,
 ---------------------------------------------------------------------------
 -- nn: modules (after autograd, which they rely on)
 gp.nn = require('gpush.nn').bind(gp)
+require('gpush.moe')(gp) -- nn.MoE
 
 -- training: optimizers, data, command-line flags, progress and logs
 gp.optim = require 'gpush.optim'

@@ -578,7 +578,12 @@ function TransformerBlock:init(cfg)
   local o = {dropout = cfg.dropout, dtype = cfg.dtype, device = cfg.device, bias = cfg.bias}
   if cfg.mlp == nil or cfg.mlp == 'gelu' then self.mlp = MLP(C, hidden, o)
   elseif cfg.mlp == 'swiglu' then self.mlp = SwiGLUMLP(C, hidden, o)
-  else raise("TransformerBlock: mlp must be 'gelu' or 'swiglu', got " .. tostring(cfg.mlp)) end
+  elseif cfg.mlp == 'moe' and nn.MoE then -- lua/gpush/moe.lua; cfg.moe = {experts=8, k=2, ...}
+    local mo = {}
+    for k, v in pairs(cfg.moe or {}) do mo[k] = v end
+    mo.dtype, mo.device, mo.dropout = cfg.dtype, cfg.device, mo.dropout or cfg.dropout
+    self.mlp = nn.MoE(C, hidden, mo)
+  else raise("TransformerBlock: mlp must be 'gelu', 'swiglu' or 'moe', got " .. tostring(cfg.mlp)) end
 end
 function TransformerBlock:forward(x)
   x = x + self.attn(self.ln1(x))
@@ -629,7 +634,7 @@ function GPT:init_weights(std)
   local rstd = std / math.sqrt(2 * self.config.n_layer)
   for _, b in ipairs(self.h) do
     nn.init.normal_(b.attn.proj.weight, 0, rstd)
-    nn.init.normal_(b.mlp.proj.weight, 0, rstd)
+    if b.mlp.init_weights then b.mlp:init_weights(std, rstd) else nn.init.normal_(b.mlp.proj.weight, 0, rstd) end
   end
   return self
 end
@@ -725,7 +730,7 @@ function nn.bind(g)
   doc(nn.SwiGLUMLP, 'nn.SwiGLUMLP(d, hidden=4d)', 'proj(silu(gate(x)) * up(x)) without biases')
   doc(nn.CausalSelfAttention, 'nn.CausalSelfAttention{n_embd=, n_head=, dropout=0, bias=true}',
     'multi-head causal self-attention on (B, T, n_embd) through nn.attention')
-  doc(nn.TransformerBlock, "nn.TransformerBlock{n_embd=, n_head=, mlp='gelu'|'swiglu', norm='layer'|'rms', dropout=0, mlp_hidden=4 n_embd}",
+  doc(nn.TransformerBlock, "nn.TransformerBlock{n_embd=, n_head=, mlp='gelu'|'swiglu'|'moe', moe={experts=8, k=2, ...}, norm='layer'|'rms', dropout=0, mlp_hidden=4 n_embd}",
     'pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))')
   doc(GPT.forward_cached, 'gpt:forward_cached(idx_new, cache, pos=cache:len())',
     'logits (B, Tnew, V) of tokens idx_new (B, Tnew) at positions pos..; appends every layer\'s keys and values to the KV cache')

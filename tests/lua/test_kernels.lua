@@ -136,6 +136,16 @@ KCASES.attention = {
   {name = '2x2x200x200 d64', shape = {1}, syms = {B = 2, H = 2, T = 200, S = 200, D = 64, C = 700}, big = true},
 }
 KTOL.attention = {f32 = 1e-4, f16 = 3e-3}
+-- moe: N tokens, E experts, K per token (<= min(8, E)), S = E * cap slots, C columns
+KCASES.moe = {
+  {name = '1x1 k1', shape = {1}, syms = {N = 1, E = 1, K = 1, S = 1, C = 1}},
+  {name = '7x5 k2 cap3', shape = {1}, syms = {N = 7, E = 5, K = 2, S = 15, C = 7}},
+  {name = '33x8 k2 cap3', shape = {1}, syms = {N = 33, E = 8, K = 2, S = 24, C = 40}},
+  {name = '100x64 k8 cap20', shape = {1}, syms = {N = 100, E = 64, K = 8, S = 1280, C = 96}},
+  {name = '300x256 k4 cap8', shape = {1}, syms = {N = 300, E = 256, K = 4, S = 2048, C = 130}},
+  {name = '3000x8 k2 cap800', shape = {1}, syms = {N = 3000, E = 8, K = 2, S = 6400, C = 768}, big = true},
+}
+KTOL.moe = {f32 = 1e-4}
 SCALARS_FOR.attn_bwd = {scale = 0.05}
 
 local function rand_fill(dst, positive)

@@ -1,0 +1,237 @@
+-- moe.lua: a character-level GPT with Mixture-of-Experts feed-forward layers
+-- (8 experts, top-2, load-balancing and z losses) against a dense baseline of
+-- the same active size (SwiGLU MLP of hidden H against experts of hidden H/k),
+-- trained on the same data (the built-in corpus, data/corpus.txt, or --data)
+-- with the same batches. Prints both validation losses (final and best of the
+-- evaluations), the expert load per layer (share of assignments relative to
+-- uniform, measured over the final evaluation), and tokens/s.
+--
+--   gpush scripts/moe.lua                      -- the defaults
+--   gpush scripts/moe.lua --iters 2000 --bf16 --capacity-factor 1.25
+--   gpush scripts/moe.lua --infer              -- dense vs MoE generation with a KV cache (d 768, 12 layers, 8 heads, 200 new tokens)
+--   gpush scripts/moe.lua --tiny               -- a seconds-long CPU run (the test suite runs it)
+local gp = rawget(_G, 'gp') or require 'gpush'
+
+local script_dir = (arg and arg[0] or 'scripts/moe.lua'):match('^(.*)/[^/]*$') or '.'
+
+local o = gp.args.parse(arg, {
+  {'data', '', 'a text file (default: the built-in corpus, data/corpus.txt)'},
+  {'n-embd', 128, 'embedding width'},
+  {'n-layer', 4, 'transformer blocks'},
+  {'n-head', 4, 'attention heads'},
+  {'block', 64, 'context length (tokens)'},
+  {'batch', 32, 'sequences per step'},
+  {'iters', 600, 'optimizer steps (each model)'},
+  {'lr', 1e-3, 'peak learning rate'},
+  {'warmup', 50, 'warmup steps'},
+  {'weight-decay', 0.1, 'AdamW weight decay'},
+  {'dropout', 0.1, 'dropout probability'},
+  {'hidden', 0, 'dense MLP hidden size (default 4 n_embd); each expert gets hidden / k'},
+  {'experts', 8, 'experts per MoE layer'},
+  {'k', 2, 'experts per token'},
+  {'act', 'swiglu', 'swiglu or gelu (dense MLP and experts)'},
+  {'capacity-factor', 0, 'slots per expert = ceil(cf N k / E), the rest dropped (0: dropless)'},
+  {'aux-alpha', 0.02, 'weight of the load-balancing loss'},
+  {'z-alpha', 0.001, 'weight of the router z-loss'},
+  {'eval-every', 100, 'evaluate every N steps (the best validation loss is reported too)'},
+  {'eval-iters', 20, 'batches per loss estimate'},
+  {'log-every', 50, 'progress line every N steps'},
+  {'bf16', false, 'bf16 parameters (f32 master weights in AdamW)'},
+  {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
+  {'seed', 1337, 'random seed'},
+  {'only', '', 'train only "dense" or "moe"'},
+  {'infer', false, 'generation benchmark instead of training: dense vs MoE with a KV cache'},
+  {'infer-embd', 768, '--infer: embedding width'},
+  {'infer-layer', 12, '--infer: blocks'},
+  {'infer-head', 8, '--infer: heads'},
+  {'infer-batch', 1, '--infer: sequences generated together'},
+  {'new-tokens', 200, '--infer: tokens generated per sequence'},
+  {'tiny', false, 'a tiny config that runs on the CPU in seconds'},
+  {'quiet', false, 'no progress lines'},
+}, {usage = 'gpush scripts/moe.lua [flags]', description = 'Dense vs Mixture-of-Experts character-level GPT.'})
+
+if o.tiny then
+  o.n_embd, o.n_layer, o.n_head, o.block, o.batch, o.iters = 32, 2, 2, 16, 4, 12
+  o.eval_every, o.eval_iters, o.log_every, o.warmup, o.experts = 6, 2, 6, 2, 4
+  o.infer_embd, o.infer_layer, o.infer_head, o.new_tokens = 32, 2, 2, 8
+end
+if o.device ~= '' then gp.set_device(o.device) end
+local nn = gp.nn
+local dev = gp.device()
+local hidden = o.hidden > 0 and o.hidden or 4 * o.n_embd
+if hidden % o.k ~= 0 then error(string.format('--hidden %d must be a multiple of --k %d', hidden, o.k)) end
+local moe_cfg = {experts = o.experts, k = o.k, act = o.act, aux_alpha = o.aux_alpha, z_alpha = o.z_alpha,
+                 capacity_factor = o.capacity_factor > 0 and o.capacity_factor or nil}
+local dense_mlp = o.act == 'swiglu' and 'swiglu' or 'gelu'
+
+local function count_params(m)
+  local total, active = 0, 0
+  for _, nt in ipairs(m:named_parameters()) do
+    local name, p = nt[1], nt[2]
+    total = total + p:numel()
+    -- of an expert tensor (E, ., .) a token uses k of E slices
+    if name:match('%.mlp%.w%d$') then active = active + p:numel() * o.k / o.experts
+    else active = active + p:numel() end
+  end
+  return total, active
+end
+
+---------------------------------------------------------------------------
+-- inference: dense vs MoE generation with a KV cache
+
+if o.infer then
+  local V, Tn, B = 256, o.new_tokens + 8, o.infer_batch
+  local function model(kind)
+    gp.manual_seed(o.seed)
+    local cfg = {vocab_size = V, block_size = Tn, n_embd = o.infer_embd, n_layer = o.infer_layer,
+                 n_head = o.infer_head, mlp = kind == 'moe' and 'moe' or dense_mlp,
+                 mlp_hidden = kind == 'moe' and 4 * o.infer_embd / o.k or 4 * o.infer_embd,
+                 moe = moe_cfg}
+    local m = nn.GPT(cfg)
+    if o.bf16 then m:bf16() end
+    return m:eval()
+  end
+  local prompts = {}
+  for b = 1, B do prompts[b] = {10 + b, 20, 30, 40, 50, 60, 70, 80} end
+  print(string.format('moe --infer: d %d, %d layers, %d heads, batch %d, %d new tokens (greedy, KV cache), %s%s',
+    o.infer_embd, o.infer_layer, o.infer_head, B, o.new_tokens, dev, o.bf16 and ', bf16' or ', f32'))
+  for _, kind in ipairs {'dense', 'moe'} do
+    local m = model(kind)
+    local total, active = count_params(m)
+    gp.generate(m, prompts, {greedy = true, max_new = 4}) -- warm-up: allocator, cuBLAS handles
+    gp.sync()
+    local t0 = gp.train.now()
+    local r = gp.generate(m, prompts, {greedy = true, max_new = o.new_tokens})
+    gp.sync()
+    local dt = gp.train.now() - t0
+    print(string.format('%s: %.0f tokens/s (%.2f ms per step), %d params (%d active per token), first tokens %s', kind,
+      B * o.new_tokens / dt, 1000 * dt / o.new_tokens, total, active,
+      table.concat({unpack(r.lists[1], 1, math.min(8, #r.lists[1]))}, ',')))
+    m = nil
+    collectgarbage()
+  end
+  return
+end
+
+---------------------------------------------------------------------------
+-- training
+
+local data_path = o.data ~= '' and o.data or (script_dir .. '/../data/corpus.txt')
+local ds = gp.data.text {path = data_path, vocab = 'present', val_fraction = 0.1}
+local B, Tn = o.batch, o.block
+print(string.format('moe: %s, %d bytes, vocab %d, device %s%s; n_layer %d, n_head %d, n_embd %d, block %d, batch %d, %d steps',
+  data_path, ds.text_len, ds.vocab_size, dev, o.bf16 and ', bf16' or '', o.n_layer, o.n_head, o.n_embd, Tn, B, o.iters))
+
+local function build(kind)
+  local cfg = {vocab_size = ds.vocab_size, block_size = Tn, n_embd = o.n_embd, n_layer = o.n_layer, n_head = o.n_head,
+               dropout = o.dropout}
+  if kind == 'moe' then
+    cfg.mlp, cfg.mlp_hidden, cfg.moe = 'moe', hidden / o.k, moe_cfg
+  else
+    cfg.mlp, cfg.mlp_hidden = dense_mlp, hidden
+  end
+  gp.manual_seed(o.seed)
+  local m = nn.GPT(cfg)
+  if o.bf16 then gp.optim.mixed_precision(m) end
+  return m
+end
+
+local function estimate(model, split, seed)
+  gp.manual_seed(seed)
+  local acc
+  for _ = 1, o.eval_iters do
+    local x, y = ds:batch(split, B, Tn)
+    local _, loss = model(x, y)
+    loss = loss:to('f32'):reshape {1}
+    acc = acc and acc + loss or loss
+  end
+  return acc:item() / o.eval_iters
+end
+
+local function train(kind)
+  local model = build(kind)
+  local total, active = count_params(model)
+  print(string.format('%s: %d parameters, %d active per token%s', kind, total, active,
+    kind == 'moe' and string.format(' (%d experts of hidden %d, top-%d, %s%s)', o.experts, hidden / o.k, o.k, o.act,
+      moe_cfg.capacity_factor and (', capacity factor ' .. moe_cfg.capacity_factor) or ', dropless') or
+      string.format(' (%s MLP of hidden %d)', dense_mlp, hidden)))
+  local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, 0.95}, weight_decay = o.weight_decay})
+  local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.lr / 10, warmup = o.warmup, max_steps = o.iters}
+  local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * Tn, print = not o.quiet}
+  local best, excluded = math.huge, 0
+  local function evaluate(step)
+    local t0 = gp.train.now()
+    model:eval()
+    local va = gp.no_grad(function() return estimate(model, 'val', 7) end)
+    model:train()
+    if va < best then best = va end
+    local dt = gp.train.now() - t0
+    log:exclude(dt)
+    excluded = excluded + dt
+    log:print(string.format('%s step %d: val loss %.4f', kind, step, va))
+    return va
+  end
+  gp.manual_seed(o.seed + 1) -- the same batches for both models
+  model:train()
+  local t_start = gp.train.now()
+  for step = 1, o.iters do
+    opt:zero_grad()
+    local x, y = ds:batch('train', B, Tn)
+    local _, loss = model(x, y)
+    log:add(loss)
+    local aux = model.aux_loss and model:aux_loss()
+    if aux then loss = loss + aux end
+    loss:backward()
+    gp.optim.clip_grad_norm(opt, 1.0)
+    opt:set_lr(sched(step))
+    opt:step()
+    log:step(step, nil, opt:get_lr())
+    if o.eval_every > 0 and step % o.eval_every == 0 and step < o.iters then evaluate(step) end
+  end
+  gp.sync()
+  local tps = o.iters * B * Tn / (gp.train.now() - t_start - excluded)
+  log:finish()
+  -- final evaluation, with the expert load counted over its batches
+  local layers = nn.moe_layers(model)
+  for _, l in ipairs(layers) do l:track_load(true) end
+  local va = evaluate(o.iters)
+  local tr = gp.no_grad(function() model:eval(); local r = estimate(model, 'train', 8); model:train(); return r end)
+  local loads, worst = {}, 0
+  for i, l in ipairs(layers) do
+    local c = l.load:to('f64'):cpu():totable()
+    local sum = 0
+    for _, v in ipairs(c) do sum = sum + v end
+    local rel = {}
+    for e, v in ipairs(c) do
+      rel[e] = v * #c / math.max(sum, 1)
+      worst = math.max(worst, math.abs(rel[e] - 1))
+    end
+    loads[i] = rel
+    l:track_load(false)
+  end
+  return {kind = kind, val = va, best = best, train = tr, tps = tps, loads = loads, worst = worst}
+end
+
+local results = {}
+for _, kind in ipairs {'dense', 'moe'} do
+  if o.only == '' or o.only == kind then results[#results + 1] = train(kind) end
+end
+
+print('')
+for _, r in ipairs(results) do
+  print(string.format('%s: val loss %.4f (best %.4f) | train loss %.4f | %.0f tokens/s', r.kind, r.val, r.best, r.train,
+    r.tps))
+  for i, rel in ipairs(r.loads) do
+    local cells = {}
+    for e, v in ipairs(rel) do cells[e] = string.format('%.2f', v) end
+    print(string.format('  layer %d load (share x E, 1 = uniform): %s', i, table.concat(cells, ' ')))
+  end
+  if #r.loads > 0 then
+    print(string.format('  largest deviation from uniform: %.1f%% (%s 20%%)', 100 * r.worst, r.worst <= 0.2 and 'within' or 'OUTSIDE'))
+  end
+end
+if #results == 2 then
+  local d, m = results[1], results[2]
+  print(string.format('moe - dense: val %+.4f, best val %+.4f (negative: MoE better); tokens/s ratio %.2f',
+    m.val - d.val, m.best - d.best, m.tps / d.tps))
+end
