@@ -217,13 +217,14 @@ function T.bind(g)
     local B, Tn = x:size(1), x:size(2)
     return x:reshape {B, Tn, self.heads, self.head_dim}:transpose(2, 3):reshape {B * self.heads, Tn, self.head_dim}
   end
-  -- (B, T, 3H) gate logits -> theta (B*H, T), eta and alpha (B*H, T) constant per chunk
-  function NeuralMemory:gate_values(x)
+  -- theta (B*H, T), eta and alpha (B*H, T) constant per chunk: sigmoids of linear maps of x (eta, alpha: of the chunk mean)
+  -- (x in the model's dtype; the gates are computed in mdt)
+  function NeuralMemory:gate_values(x, mdt)
     local B, Tn, H, b = x:size(1), x:size(2), self.heads, self.chunk
     local nc = Tn / b
-    local th = self.gates(x):narrow(3, 1, H):sigmoid()
+    local th = self.gates(x):narrow(3, 1, H):to(mdt):sigmoid()
     local mean = x:reshape {B, nc, b, self.dim}:mean(3) -- (B, nc, C)
-    local ea = self.gates(mean):narrow(3, H + 1, 2 * H):sigmoid() -- (B, nc, 2H)
+    local ea = self.gates(mean):narrow(3, H + 1, 2 * H):to(mdt):sigmoid() -- (B, nc, 2H)
     ea = ea:reshape {B, nc, 1, 2 * H}:expand {B, nc, b, 2 * H}:reshape {B, Tn, 2 * H}
     local function heads(t) return t:transpose(2, 3):reshape {B * H, Tn} end
     return heads(th), heads(ea:narrow(3, 1, H)), heads(ea:narrow(3, H + 1, H))
@@ -248,7 +249,6 @@ function T.bind(g)
     end
     local dt = x.dtype
     local mdt = dt == 'f64' and 'f64' or 'f32' -- the memory's dtype
-    local xf = x:to(mdt)
     local function proj(lin, conv)
       local y = lin(x)
       if conv then y = causal_conv(y, conv) end
@@ -257,7 +257,7 @@ function T.bind(g)
     local k = T.l2norm(proj(self.wk, self.conv_k))
     local v = proj(self.wv, self.conv_v)
     local q = T.l2norm(proj(self.wq, self.conv_q))
-    local theta, eta, alpha = self:gate_values(xf)
+    local theta, eta, alpha = self:gate_values(x, mdt)
     local y = T.memory_scan {kind = self.kind, init = self:init_state(B, mdt), k = k, v = v, q = q, theta = theta, eta = eta,
                              alpha = alpha, chunk = self.chunk}
     y = y:reshape {B, self.heads, Tn, self.head_dim}:transpose(2, 3):reshape {B, Tn, self.dim}
