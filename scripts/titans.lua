@@ -28,6 +28,7 @@ local o = gp.args.parse(arg, {
   {'num-heads', -1, 'attention heads (default: 8 for lm, 2 for recall)'},
   {'mem-heads', -1, 'memory heads (default: num-heads)'},
   {'persistent', 4, 'persistent-memory tokens per MAC segment'},
+  {'conv', true, 'causal depthwise convolution (width 4) on the memory keys, values and queries (--no-conv: off)'},
   {'chunk-size', -1, 'memory chunk = MAC segment = SWA window (default: 512 for lm, 32 for recall)'},
   {'seq-len', -1, 'tokens per sequence (default: 4096 for lm, 256 for recall)'},
   {'batch-size', -1, 'sequences per micro-batch (default: 4 for lm, 32 for recall)'},
@@ -57,7 +58,7 @@ local function pick(v, lm, rc, tiny) if v ~= -1 then return v end; if o.tiny the
 local cfg = {
   dim = pick(o.dim, 320, 128, 16), num_layers = pick(o.num_layers, 6, 2, 2), num_heads = pick(o.num_heads, 8, 2, 2),
   chunk = pick(o.chunk_size, 512, 32, 8), seq_len = pick(o.seq_len, 4096, 256, 32),
-  persistent = o.persistent, memory = o.memory,
+  persistent = o.persistent, memory = o.memory, conv = o.conv,
 }
 cfg.mem_heads = o.mem_heads > 0 and o.mem_heads or cfg.num_heads
 local B, accum = pick(o.batch_size, 4, 32, 2), pick(o.gradient_accumulation_steps, 32, 1, 1)

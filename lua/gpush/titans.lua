@@ -295,7 +295,7 @@ function T.bind(g)
     return y:transpose(2, 3):reshape {Bp, L, H * hd}
   end
 
-  -- nn.MACBlock{dim=, heads=, chunk=, persistent=4, memory='linear'|'mlp'}:
+  -- nn.MACBlock{dim=, heads=, chunk=, persistent=4, memory='linear'|'mlp', conv=true}:
   -- per segment of `chunk` tokens: h = memory retrieval (state after the
   -- segments before), causal attention over [persistent || h_1 x_1 h_2 x_2 ...]
   -- (h_t interleaved before x_t, so token t sees the retrievals of tokens <= t
@@ -310,7 +310,7 @@ function T.bind(g)
     self.dim, self.heads, self.chunk, self.n_persistent = C, H, cfg.chunk, cfg.persistent or 4
     self.ln_m = nn.RMSNorm(C, o)
     self.memory = NeuralMemory {dim = C, heads = cfg.mem_heads or H, chunk = cfg.chunk, kind = cfg.memory or 'linear',
-                                conv = cfg.conv, dtype = cfg.dtype, device = cfg.device}
+                                conv = cfg.conv ~= false, dtype = cfg.dtype, device = cfg.device}
     self.ln1 = nn.RMSNorm(C, o)
     self.qkv = Linear(C, 3 * C, {bias = false, dtype = o.dtype, device = o.device})
     self.proj = Linear(C, C, {bias = false, dtype = o.dtype, device = o.device})
@@ -417,7 +417,7 @@ function T.bind(g)
   doc(nn.NeuralMemory, "nn.NeuralMemory{dim=, heads=1, chunk=64, kind='linear'|'mlp', hidden=4*head_dim, conv=false}",
     'Titans long-term memory: x (B, T, dim) -> retrievals (B, T, dim); SiLU k, v, q (k, q L2-normalized), ' ..
     'theta per token, eta and alpha per chunk (sigmoids of linear maps), chunked updates (gp.titans.memory_scan)')
-  doc(nn.MACBlock, "nn.MACBlock{dim=, heads=, chunk=, persistent=4, memory='linear'}",
+  doc(nn.MACBlock, "nn.MACBlock{dim=, heads=, chunk=, persistent=4, memory='linear', mem_heads=heads, conv=true}",
     'memory-as-context block: attention per segment over [persistent || retrievals interleaved with tokens], gated by the memory')
   doc(nn.SWABlock, 'nn.SWABlock{dim=, heads=, window=}', 'pre-norm block with causal sliding-window attention')
   doc(nn.TitansLM, "nn.TitansLM{model='mac'|'swa', seq_len=, dim=, num_layers=, num_heads=, chunk=, vocab_size=256}",

@@ -193,7 +193,7 @@ T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', fun
     local a = gp.rand({33, L}) * 0.1
     local w, c, p = gp.titans_coef(e, a)
     local wg, cg, pg = gp.titans_coef(e:cuda(), a:cuda())
-    for _, pr in ipairs {{w, wg}, {c, cg}, {p, pg}} do T.ok(T.relnorm(pr[2]:cpu(), pr[1]) < 1e-5, 'coef L ' .. L) end
+    for _, pr in ipairs {{w, wg}, {c, cg}, {p, pg}} do T.ok(T.relnorm(pr[2]:cpu(), pr[1]) < 1e-4, 'coef L ' .. L) end
     local dw, dc, dp = gp.randn {33, L}, gp.randn {33, L}, gp.randn {33, 3}
     local de, da = gp.empty {33, L}, gp.empty {33, L}
     gp.k.titans_coef_backward(de, da, e, a, w, c, dw, dc, dp)
