@@ -73,6 +73,45 @@ def memory_scan(kind, init, k, v, q, theta, eta, alpha, b):
     return torch.cat(ys, 1), st
 
 
+def make_inputs(kind, N, T, d, h, b, dev, seed=0):
+    g = torch.Generator(device=dev).manual_seed(seed)
+
+    def rn(*s):
+        return torch.randn(*s, device=dev, generator=g)
+    k = F.normalize(rn(N, T, d), dim=-1)
+    q = F.normalize(rn(N, T, d), dim=-1)
+    v = rn(N, T, d)
+    theta = torch.rand(N, T, device=dev, generator=g) * 0.2
+    eta = torch.rand(N, T // b, device=dev, generator=g) * 0.5 + 0.45
+    alpha = torch.rand(N, T // b, device=dev, generator=g) * 0.05
+    init = {'M': rn(N, d, d) * d ** -0.5} if kind == 'linear' else \
+        {'W1': rn(N, h, d) * d ** -0.5, 'W2': rn(N, d, h) * h ** -0.5}
+    for t in [k, q, v, theta, eta, alpha] + list(init.values()):
+        t.requires_grad_(True)
+    return init, k, v, q, theta, eta, alpha
+
+
+def make_steps(kind, N, T, d, h, b, dev, compiled=False):
+    """fwd() (no grad) and fwdbwd() of the memory update over one sequence"""
+    init, k, v, q, theta, eta, alpha = make_inputs(kind, N, T, d, h, b, dev)
+    fn = torch.compile(memory_scan) if compiled else memory_scan
+
+    def fwd():
+        with torch.no_grad():
+            fn(kind, init, k, v, q, theta, eta, alpha, b)
+
+    def fwdbwd():
+        y, st = fn(kind, init, k, v, q, theta, eta, alpha, b)
+        loss = y.square().sum()
+        for n in init:
+            loss = loss + st[n].square().sum()
+        loss.backward()
+        for t in [k, q, v, theta, eta, alpha] + list(init.values()):
+            t.grad = None
+
+    return fwd, fwdbwd
+
+
 def time_ms(fn, iters=20, warmup=3):
     for _ in range(warmup):
         fn()
@@ -102,40 +141,9 @@ def main():
     a = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit('torch_titans: no CUDA GPU')
-    dev = 'cuda'
-    N, T, d, b = a.batch * a.heads, a.seq, a.head_dim, a.chunk
-    h = a.hidden or 4 * d
-    g = torch.Generator(device=dev).manual_seed(0)
-    kinds = ['linear', 'mlp'] if a.kind == 'both' else [a.kind]
-    for kind in kinds:
-        def rn(*s):
-            return torch.randn(*s, device=dev, generator=g)
-        k = F.normalize(rn(N, T, d), dim=-1)
-        q = F.normalize(rn(N, T, d), dim=-1)
-        v = rn(N, T, d)
-        theta = torch.rand(N, T, device=dev, generator=g) * 0.2
-        eta = torch.rand(N, T // b, device=dev, generator=g) * 0.5 + 0.45
-        alpha = torch.rand(N, T // b, device=dev, generator=g) * 0.05
-        init = {'M': rn(N, d, d) * d ** -0.5} if kind == 'linear' else \
-            {'W1': rn(N, h, d) * d ** -0.5, 'W2': rn(N, d, h) * h ** -0.5}
-        leaves = [k, q, v, theta, eta, alpha] + list(init.values())
-        for t in leaves:
-            t.requires_grad_(True)
-        fn = memory_scan
-        if a.compile:
-            fn = torch.compile(memory_scan)
-
-        def fwd():
-            with torch.no_grad():
-                fn(kind, init, k, v, q, theta, eta, alpha, b)
-
-        def fwdbwd():
-            y, st = fn(kind, init, k, v, q, theta, eta, alpha, b)
-            loss = y.square().sum()
-            for n in init:
-                loss = loss + st[n].square().sum()
-            loss.backward()
-
+    N, h = a.batch * a.heads, a.hidden or 4 * a.head_dim
+    for kind in (['linear', 'mlp'] if a.kind == 'both' else [a.kind]):
+        fwd, fwdbwd = make_steps(kind, N, a.seq, a.head_dim, h, a.chunk, 'cuda', a.compile)
         print(json.dumps({'kind': kind, 'fwd_ms': time_ms(fwd), 'fwdbwd_ms': time_ms(fwdbwd),
                           'compile': a.compile}), flush=True)
 
