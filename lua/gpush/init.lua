@@ -305,7 +305,7 @@ doc(gp.where, 'gp.where(mask, a, b)', 'mask ? a : b elementwise (a, b tensors or
 ---------------------------------------------------------------------------
 -- op families: each lua/gpush/ops/<name>.lua returns function(gp, tensor)
 -- that adds its tensor methods (tensor.Tensor) and gp functions
-for _, name in ipairs {'index', 'loss', 'select', 'random', 'reduce', 'rows', 'fused', 'matmul', 'sample', 'attention', 'moe'} do
+for _, name in ipairs {'index', 'loss', 'select', 'random', 'reduce', 'rows', 'fused', 'matmul', 'sample', 'attention', 'moe', 'titans'} do
   require('gpush.ops.' .. name)(gp, tensor)
 end
 
@@ -333,6 +333,8 @@ gp.gradcheck = doc(autograd.gradcheck, 'gp.gradcheck(fn, {x, y, ...}, {eps=1e-6,
 -- nn: modules (after autograd, which they rely on)
 gp.nn = require('gpush.nn').bind(gp)
 require('gpush.moe')(gp) -- nn.MoE
+-- Titans memory and the MAC model (registers nn.NeuralMemory, nn.MACBlock, nn.SWABlock, nn.TitansLM)
+gp.titans = require('gpush.titans').bind(gp)
 
 -- training: optimizers, data, command-line flags, progress and logs
 gp.optim = require 'gpush.optim'

@@ -383,6 +383,46 @@ local function run_div(c)
   return ms
 end
 
+-- the Titans memory update over a sequence (gp.titans.memory_scan), forward + backward, f32
+local TITANS = S({batch = 4, heads = 8, seq = 4096, head_dim = 40, chunk = 512}, {batch = 1, heads = 2, seq = 64,
+  head_dim = 8, chunk = 16})
+local function titans_cases()
+  local r = {}
+  for _, kind in ipairs {'linear', 'mlp'} do
+    local p = {kind = kind, hidden = 4 * TITANS.head_dim, compile = false}
+    for k, v in pairs(TITANS) do p[k] = v end
+    for k, v in pairs(TRAIN_IT) do p[k] = v end
+    r[#r + 1] = {row = 'Titans step', p = p, shape = string.format('%s memory f+b N%d T%d d%d c%d', kind,
+      p.batch * p.heads, p.seq, p.head_dim, p.chunk)}
+  end
+  return r
+end
+
+local function run_titans(c)
+  local p = c.p
+  local N, Tn, d, b, h = p.batch * p.heads, p.seq, p.head_dim, p.chunk, p.hidden
+  local nc = Tn / b
+  gp.manual_seed(0)
+  local k, q = gp.titans.l2norm(gp.randn {N, Tn, d}), gp.titans.l2norm(gp.randn {N, Tn, d})
+  local v, theta = gp.randn {N, Tn, d}, gp.rand {N, Tn} * 0.2
+  local eta, alpha = gp.rand {N, nc} * 0.5 + 0.45, gp.rand {N, nc} * 0.05
+  local init = p.kind == 'linear' and {M = gp.randn {N, d, d} / math.sqrt(d)} or
+    {W1 = gp.randn {N, h, d} / math.sqrt(d), W2 = gp.randn {N, d, h} / math.sqrt(h)}
+  local leaves = {k, q, v, theta, eta, alpha}
+  for _, w in pairs(init) do leaves[#leaves + 1] = w end
+  for _, t in ipairs(leaves) do t:requires_grad() end
+  local function per_chunk(t) return t:reshape {N, nc, 1}:expand {N, nc, b}:reshape {N, Tn} end
+  local ms = gp.time(function()
+    local y, st = gp.titans.memory_scan {kind = p.kind, init = init, k = k, v = v, q = q, theta = theta,
+                                         eta = per_chunk(eta), alpha = per_chunk(alpha), chunk = b}
+    local loss = (y * y):sum()
+    for _, n in ipairs(gp.titans.NAMES[p.kind]) do loss = loss + (st[n] * st[n]):sum() end
+    loss:backward()
+    for _, t in ipairs(leaves) do t:zero_grad() end
+  end, p)
+  return ms, string.format('%.0f tokens/s', p.batch * Tn / ms * 1e3)
+end
+
 -- rows whose gpush side is not written yet: the entry's run must be filled in when the function lands
 local function todo(name)
   return function() error(name .. ' exists now: write its run function in scripts/bench/suite.lua', 0) end
@@ -427,8 +467,7 @@ local WORKLOADS = {
   {name = 'decode', needs = {'gp.attention_decode'}, cases = dec_cases, run = run_dec},
   {name = 'moe', needs = {'gp.nn.MoE'}, cases = moe_cases, run = run_moe},
   {name = 'diversity', needs = {'gp.k.diversity'}, cases = div_cases, run = run_div},
-  {name = 'titans', needs = {'gp.titans'}, run = todo('gp.titans'),
-   cases = function() return {{row = 'Titans step', shape = '-', p = {}}} end},
+  {name = 'titans', needs = {'gp.titans'}, cases = titans_cases, run = run_titans},
   {name = 'polychromic', needs = {'gp.polychromic'}, run = todo('gp.polychromic'),
    cases = function() return {{row = 'polychromic step', shape = '-', p = {}}} end},
   {name = 'dispatch', cases = dispatch_cases, run = run_dispatch},

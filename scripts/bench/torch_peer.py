@@ -310,6 +310,16 @@ def build_diversity(case, dev, compiled):
     return rotating(maybe_compile(diversity, compiled), sets)
 
 
+def build_titans(case, dev, compiled):
+    # the chunked Titans memory update over a sequence, forward + backward (scripts/bench/torch_titans.py)
+    import os
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import torch_titans
+    _, fwdbwd = torch_titans.make_steps(case["kind"], case["batch"] * case["heads"], case["seq"], case["head_dim"],
+                                        case["hidden"], case["chunk"], dev, compiled)
+    return fwdbwd
+
+
 def build_missing(case, dev, compiled):
     raise NotImplementedError("no PyTorch peer for this workload yet (write one in scripts/bench/torch_peer.py)")
 
@@ -340,7 +350,7 @@ def run_dispatch(case, dev, compiled):
 WORKLOADS = {
     "elementwise": build_elementwise, "matmul": build_matmul, "cross_entropy": build_cross_entropy,
     "adamw": build_adamw, "train": build_train, "attention": build_attention, "decode": build_decode,
-    "moe": build_moe, "diversity": build_diversity, "titans": build_missing, "polychromic": build_missing,
+    "moe": build_moe, "diversity": build_diversity, "titans": build_titans, "polychromic": build_missing,
 }
 HOST_TIMED = {"dispatch": run_dispatch}
 

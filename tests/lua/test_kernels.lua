@@ -146,6 +146,14 @@ KCASES.moe = {
   {name = '3000x8 k2 cap800', shape = {1}, syms = {N = 3000, E = 8, K = 2, S = 6400, C = 768}, big = true},
 }
 KTOL.moe = {f32 = 1e-4}
+-- titans: chunk weights over rows of L tokens; eta, alpha drawn positive (0.1..3
+-- for `+`) would overflow long products, so short rows and the default fill
+KCASES.titans = {
+  {name = '1x1', shape = {1}, syms = {N = 1, L = 1}},
+  {name = '7x5', shape = {1}, syms = {N = 7, L = 5}},
+  {name = '33x9', shape = {1}, syms = {N = 33, L = 9}},
+}
+KTOL.titans = {f32 = 1e-4, f16 = 3e-3, bf16 = 2e-2}
 SCALARS_FOR.attn_bwd = {scale = 0.05}
 
 local function rand_fill(dst, positive)

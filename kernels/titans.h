@@ -1,0 +1,55 @@
+/* titans.h: the serial scans of titans_coef and its backward over one row,
+ * shared by the CPU reference (double) and the CUDA kernels (float in shared
+ * memory). R is the real type; QUAL the function qualifiers. Indices are
+ * 0-based here: token s of the text is s - 1. */
+#ifndef GP_TITANS_H
+#define GP_TITANS_H
+#include "../src/internal.h"
+
+#define GP_TITANS_SCANS(PREFIX, R, QUAL)                                                                           \
+  /* w[s] = prod_{r>s} eta[r]; b[s] = prod_{r>s} (1 - alpha[r]); c[s] = b[s] + eta[s+1] c[s+1]; p = (eta[0] w[0], \
+   * (1 - alpha[0]) b[0], eta[0] c[0]) */                                                                       \
+  QUAL void PREFIX##_coef(int64_t L, const R *eta, const R *alpha, R *w, R *c, R *b, R *p) {                    \
+    R wn = 1, bn = 1, cn = 1;                                                                                   \
+    w[L - 1] = 1; b[L - 1] = 1; c[L - 1] = 1;                                                                   \
+    for (int64_t s = L - 2; s >= 0; s--) {                                                                      \
+      const R e = eta[s + 1];                                                                                   \
+      bn = (1 - alpha[s + 1]) * bn;                                                                             \
+      cn = bn + e * cn;                                                                                         \
+      wn = e * wn;                                                                                              \
+      w[s] = wn; b[s] = bn; c[s] = cn;                                                                          \
+    }                                                                                                           \
+    p[0] = eta[0] * w[0];                                                                                       \
+    p[1] = (1 - alpha[0]) * b[0];                                                                               \
+    p[2] = eta[0] * c[0];                                                                                       \
+  }                                                                                                             \
+  /* adjoint of the reverse recurrence, run forward; b (from PREFIX##_coef) is read at index s + 1 before the  \
+   * same index of dalpha is written, so b may alias dalpha */                                                  \
+  QUAL void PREFIX##_coef_backward(int64_t L, const R *eta, const R *alpha, const R *w, const R *c, const R *b,  \
+                                   const R *dw, const R *dc, const R *dp, R *deta, R *dalpha) {                 \
+    R gw = dw[0] + dp[0] * eta[0], gc = dc[0] + dp[2] * eta[0], gb = dp[1] * (1 - alpha[0]);                  \
+    const R de0 = dp[0] * w[0] + dp[2] * c[0], db0 = dp[1] * b[0];                                            \
+    deta[0] = de0;                                                                                              \
+    dalpha[0] = -db0;                                                                                           \
+    for (int64_t s = 0; s + 1 < L; s++) {                                                                       \
+      const R e = eta[s + 1], be = 1 - alpha[s + 1], bn = b[s + 1];                                            \
+      gb += gc;                                                    /* c[s] = b[s] + e c[s+1] */                \
+      deta[s + 1] = gw * w[s + 1] + gc * c[s + 1];                 /* w[s] = e w[s+1] */                       \
+      dalpha[s + 1] = -gb * bn;                                    /* b[s] = be b[s+1] */                      \
+      gw = dw[s + 1] + gw * e;                                                                                  \
+      gc = dc[s + 1] + gc * e;                                                                                  \
+      gb = gb * be;                                                                                             \
+    }                                                                                                           \
+  }
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+int gp_cuda_titans_coef(gp_tensor *w, gp_tensor *c, gp_tensor *p, const gp_tensor *eta, const gp_tensor *alpha);
+int gp_cuda_titans_coef_backward(gp_tensor *deta, gp_tensor *dalpha, const gp_tensor *eta, const gp_tensor *alpha,
+                                 const gp_tensor *w, const gp_tensor *c, const gp_tensor *dw, const gp_tensor *dc,
+                                 const gp_tensor *dp);
+#ifdef __cplusplus
+}
+#endif
+#endif

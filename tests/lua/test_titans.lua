@@ -1,0 +1,276 @@
+-- Titans memory: the chunk-weight kernels (gradcheck, CPU vs CUDA), the
+-- chunked memory against a plain-Lua f64 reference of the definition (chunk 1
+-- is the token-by-token recurrence), gradchecks of the whole update chain for
+-- both memory kinds, the MAC and SWA models, and a recall smoke run of
+-- scripts/titans.lua.
+local T = require 'lib'
+local gp = require 'gpush'
+local titans = gp.titans
+
+local F64 = {dtype = 'f64', device = 'cpu'}
+
+-- plain Lua helpers on nested tables
+local function tab(t) return t:totable() end
+local function matvec(M, x)
+  local r = {}
+  for i = 1, #M do
+    local s = 0
+    for j = 1, #x do s = s + M[i][j] * x[j] end
+    r[i] = s
+  end
+  return r
+end
+local function matTvec(M, x) -- M^T x
+  local r = {}
+  for j = 1, #M[1] do
+    local s = 0
+    for i = 1, #M do s = s + M[i][j] * x[i] end
+    r[j] = s
+  end
+  return r
+end
+local function sig(z) return 1 / (1 + math.exp(-z)) end
+local function silu(z) return z * sig(z) end
+local function dsilu(z) local s = sig(z); return s * (1 + z * (1 - s)) end
+local function zeros(r, c)
+  local m = {}
+  for i = 1, r do m[i] = {}; for j = 1, c do m[i][j] = 0 end end
+  return m
+end
+local function copy(m)
+  local r = {}
+  for i = 1, #m do r[i] = {unpack(m[i])} end
+  return r
+end
+
+-- the definition, token by token inside each chunk, in doubles: gradients of
+-- ||M(k_t) - v_t||^2 at the chunk's starting weights, S_t = eta_t S_{t-1} -
+-- theta_t grad, W_t = (1 - alpha_t) W_{t-1} + S_t, y_t = M_start(q_t)
+local function reference(kind, init, k, v, q, theta, eta, alpha, b)
+  local K, V, Q, TH, E, A = tab(k), tab(v), tab(q), tab(theta), tab(eta), tab(alpha)
+  local names = kind == 'linear' and {'M'} or {'W1', 'W2'}
+  local Y, FIN = {}, {}
+  for n = 1, #K do
+    local W, S = {}, {}
+    for _, nm in ipairs(names) do
+      W[nm] = copy(tab(init[nm])[n])
+      S[nm] = zeros(#W[nm], #W[nm][1])
+    end
+    Y[n] = {}
+    local Tn = #K[n]
+    local t0 = 1
+    while t0 <= Tn do
+      local t1 = math.min(Tn, t0 + b - 1)
+      local W0 = {}
+      for _, nm in ipairs(names) do W0[nm] = copy(W[nm]) end
+      for t = t0, t1 do
+        local kt, vt, qt = K[n][t], V[n][t], Q[n][t]
+        local grads = {}
+        if kind == 'linear' then
+          Y[n][t] = matvec(W0.M, qt)
+          local o = matvec(W0.M, kt)
+          local g = zeros(#o, #kt)
+          for i = 1, #o do for j = 1, #kt do g[i][j] = 2 * (o[i] - vt[i]) * kt[j] end end
+          grads.M = g
+        else
+          local hq = matvec(W0.W1, qt)
+          for i = 1, #hq do hq[i] = silu(hq[i]) end
+          Y[n][t] = matvec(W0.W2, hq)
+          local z = matvec(W0.W1, kt)
+          local a = {}
+          for i = 1, #z do a[i] = silu(z[i]) end
+          local o = matvec(W0.W2, a)
+          local e = {}
+          for i = 1, #o do e[i] = 2 * (o[i] - vt[i]) end
+          local g2 = zeros(#o, #a)
+          for i = 1, #o do for j = 1, #a do g2[i][j] = e[i] * a[j] end end
+          local da = matTvec(W0.W2, e)
+          local g1 = zeros(#z, #kt)
+          for i = 1, #z do for j = 1, #kt do g1[i][j] = da[i] * dsilu(z[i]) * kt[j] end end
+          grads.W1, grads.W2 = g1, g2
+        end
+        for _, nm in ipairs(names) do
+          local s, w, g = S[nm], W[nm], grads[nm]
+          for i = 1, #s do
+            for j = 1, #s[1] do
+              s[i][j] = E[n][t] * s[i][j] - TH[n][t] * g[i][j]
+              w[i][j] = (1 - A[n][t]) * w[i][j] + s[i][j]
+            end
+          end
+        end
+      end
+      t0 = t1 + 1
+    end
+    FIN[n] = {W = W, S = S}
+  end
+  return Y, FIN
+end
+
+local function inputs(kind, N, Tn, d, h, dt, dev)
+  local o = {dtype = dt or 'f64', device = dev or 'cpu'}
+  local r = {
+    k = titans.l2norm(gp.randn({N, Tn, d}, o)), v = gp.randn({N, Tn, d}, o), q = titans.l2norm(gp.randn({N, Tn, d}, o)),
+    theta = gp.rand({N, Tn}, o) * 0.5, eta = gp.rand({N, Tn}, o) * 0.5 + 0.4, alpha = gp.rand({N, Tn}, o) * 0.2,
+  }
+  if kind == 'linear' then r.init = {M = gp.randn({N, d, d}, o) * 0.5}
+  else r.init = {W1 = gp.randn({N, h, d}, o) * 0.5, W2 = gp.randn({N, d, h}, o) * 0.5} end
+  return r
+end
+local function run_scan(kind, x, b)
+  return titans.memory_scan {kind = kind, init = x.init, k = x.k, v = x.v, q = x.q, theta = x.theta, eta = x.eta,
+                             alpha = x.alpha, chunk = b}
+end
+
+for _, kind in ipairs {'linear', 'mlp'} do
+  for _, b in ipairs {1, 3, 4, 11} do
+    T.test(string.format('titans %s memory, chunk %d: equals the plain-Lua definition%s', kind, b,
+      b == 1 and ' (the token-by-token recurrence)' or ''), function()
+      gp.manual_seed(7 + b)
+      local N, Tn, d, h = 2, 10, 3, 5
+      local x = inputs(kind, N, Tn, d, h)
+      local y, st = run_scan(kind, x, b)
+      local Y, FIN = reference(kind, x.init, x.k, x.v, x.q, x.theta, x.eta, x.alpha, b)
+      local tol = 1e-12
+      T.same(y:totable(), Y, tol, 'y')
+      for _, nm in ipairs(titans.NAMES[kind]) do
+        local W, S = st[nm]:totable(), st['S_' .. nm]:totable()
+        for n = 1, N do
+          T.same(W[n], FIN[n].W[nm], tol, nm)
+          T.same(S[n], FIN[n].S[nm], tol, 'S_' .. nm)
+        end
+      end
+    end)
+  end
+
+  T.test('titans ' .. kind .. ' memory: gradcheck of the update chain (f64, chunk 2 with a tail)', function()
+    gp.manual_seed(3)
+    local N, Tn, d, h = 2, 5, 2, 3
+    local x = inputs(kind, N, Tn, d, h)
+    local names = titans.NAMES[kind]
+    local list = {x.k, x.v, x.q, x.theta, x.eta, x.alpha}
+    for _, nm in ipairs(names) do list[#list + 1] = x.init[nm]:contiguous() end
+    for i, t in ipairs(list) do list[i] = t:detach():contiguous() end
+    T.ok(gp.gradcheck(function(k, v, q, th, e, a, w1, w2)
+      local init = kind == 'linear' and {M = w1} or {W1 = w1, W2 = w2}
+      local y, st = titans.memory_scan {kind = kind, init = init, k = k, v = v, q = q, theta = th, eta = e, alpha = a,
+                                        chunk = 2}
+      local parts = {y:reshape {-1}}
+      for _, nm in ipairs(names) do
+        parts[#parts + 1] = st[nm]:reshape {-1}
+        parts[#parts + 1] = st['S_' .. nm]:reshape {-1}
+      end
+      return gp.cat(parts, 1)
+    end, list))
+  end)
+end
+
+T.test('titans_coef: gradcheck and chunk weights of a hand example', function()
+  gp.manual_seed(5)
+  local e = gp.rand({3, 6}, F64) * 0.8 + 0.1
+  local a = gp.rand({3, 6}, F64) * 0.5
+  T.ok(gp.gradcheck(function(e_, a_) local w, c, p = gp.titans_coef(e_, a_); return gp.cat({w, c * 0.5, p}, 2) end, {e, a}))
+  -- L = 2: w = (eta2, 1), c = ((1-alpha2) + eta2, 1), p = (eta1 eta2, (1-a1)(1-a2), eta1 c1)
+  local w, c, p = gp.titans_coef(gp.tensor({{0.5, 0.25}}, F64), gp.tensor({{0.1, 0.2}}, F64))
+  T.same(w:totable(), {{0.25, 1}}, 1e-15)
+  T.same(c:totable(), {{1.05, 1}}, 1e-15)
+  T.same(p:totable(), {{0.125, 0.72, 0.525}}, 1e-15)
+end)
+
+T.test('titans_coef: bad input', function()
+  T.raises(function() gp.titans_coef(gp.rand {3, 4}, gp.rand {3, 5}) end, 'titans_coef', '(3,4)', '(3,5)')
+  T.raises(function() gp.titans_coef(gp.rand {3}, gp.rand {3}) end, 'titans_coef', '(N, L)')
+  T.raises(function() gp.titans_coef(gp.empty {3, 0}, gp.empty {3, 0}) end, 'titans_coef', 'at least one token')
+  T.raises(function() titans.memory_scan {kind = 'conv'} end, 'memory_scan', 'kind')
+  local x = inputs('linear', 2, 4, 3, 0, 'f32')
+  x.theta = gp.rand {2, 5}
+  T.raises(function() run_scan('linear', x, 2) end, 'memory_scan', 'theta must be (2, 4)')
+end)
+
+T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', function()
+  T.cuda()
+  for _, L in ipairs {1, 7, 64, 512, 2000} do
+    local e = gp.rand({33, L}) * 0.6 + 0.35
+    local a = gp.rand({33, L}) * 0.1
+    local w, c, p = gp.titans_coef(e, a)
+    local wg, cg, pg = gp.titans_coef(e:cuda(), a:cuda())
+    for _, pr in ipairs {{w, wg}, {c, cg}, {p, pg}} do T.ok(T.relnorm(pr[2]:cpu(), pr[1]) < 1e-4, 'coef L ' .. L) end
+    local dw, dc, dp = gp.randn {33, L}, gp.randn {33, L}, gp.randn {33, 3}
+    local de, da = gp.empty {33, L}, gp.empty {33, L}
+    gp.k.titans_coef_backward(de, da, e, a, w, c, dw, dc, dp)
+    local deg, dag = gp.empty({33, L}, {device = 'cuda'}), gp.empty({33, L}, {device = 'cuda'})
+    gp.k.titans_coef_backward(deg, dag, e:cuda(), a:cuda(), w:cuda(), c:cuda(), dw:cuda(), dc:cuda(), dp:cuda())
+    T.ok(T.relnorm(deg:cpu(), de) < 1e-4, 'coef backward deta L ' .. L)
+    T.ok(T.relnorm(dag:cpu(), da) < 1e-4, 'coef backward dalpha L ' .. L)
+  end
+  for _, kind in ipairs {'linear', 'mlp'} do
+    gp.manual_seed(11)
+    local x = inputs(kind, 6, 96, 16, 32, 'f32')
+    local function leaves(dev)
+      local r = {}
+      for key, t in pairs(x) do
+        if key == 'init' then
+          r.init = {}
+          for nm, w in pairs(t) do r.init[nm] = w:to(dev):requires_grad() end
+        else r[key] = t:to(dev):requires_grad() end
+      end
+      return r
+    end
+    local xc, xg = leaves('cpu'), leaves('cuda')
+    local yc, sc = run_scan(kind, xc, 32)
+    local yg, sg = run_scan(kind, xg, 32)
+    T.ok(T.relnorm(yg:cpu(), yc) < 1e-4, kind .. ' y')
+    local nm = titans.NAMES[kind][1]
+    T.ok(T.relnorm(sg[nm]:cpu(), sc[nm]) < 1e-4, kind .. ' state')
+    local pc = gp.randn(yc.shape)
+    ;(yc * pc):sum():backward()
+    ;(yg * pc:cuda()):sum():backward()
+    for _, key in ipairs {'k', 'v', 'theta', 'eta', 'alpha'} do
+      T.ok(T.relnorm(xg[key].grad:cpu(), xc[key].grad) < 1e-3, kind .. ' grad ' .. key)
+    end
+  end
+end)
+
+local function tiny_lm(model, memory, dt)
+  return gp.nn.TitansLM {model = model, memory = memory, seq_len = 16, dim = 16, num_layers = 2, num_heads = 2, chunk = 4,
+                         persistent = 2, device = 'cpu', dtype = dt}
+end
+
+T.test('titans: NeuralMemory, MAC and SWA models run forward and backward (cpu)', function()
+  gp.manual_seed(1)
+  local nm = gp.nn.NeuralMemory {dim = 8, heads = 2, chunk = 4, kind = 'mlp', conv = true, device = 'cpu'}
+  local x = gp.randn({2, 8, 8}, {device = 'cpu'})
+  local y = nm(x)
+  T.eq(table.concat(y.shape, 'x'), '2x8x8')
+  y:sum():backward()
+  T.ok(nm.W1_0.grad ~= nil and nm.gates.weight.grad ~= nil and nm.conv_k.grad ~= nil)
+  T.raises(function() nm(gp.randn({2, 6, 8}, {device = 'cpu'})) end, 'NeuralMemory', 'multiple of the chunk size 4')
+  for _, cfg in ipairs {{'mac', 'linear'}, {'mac', 'mlp'}, {'swa'}} do
+    local m = tiny_lm(cfg[1], cfg[2])
+    local idx = gp.randint(0, 256, {2, 16}, {device = 'cpu'})
+    local logits, loss = m(idx, idx)
+    T.eq(table.concat(logits.shape, 'x'), '2x16x256')
+    loss:backward()
+    for _, p in ipairs(m:parameters()) do T.ok(p.grad ~= nil, cfg[1] .. ': a parameter got no gradient') end
+  end
+end)
+
+T.test('titans: MAC is causal (changing a later token leaves earlier logits unchanged)', function()
+  gp.manual_seed(2)
+  local m = tiny_lm('mac', 'mlp', 'f64')
+  local idx = gp.randint(0, 256, {1, 16}, {device = 'cpu'})
+  local a = m(idx):totable()
+  local t = idx:totable()
+  t[1][10] = (t[1][10] + 7) % 256
+  local b = m(gp.tensor(t, {dtype = 'i64', device = 'cpu'})):totable()
+  T.same(b[1][9], a[1][9], 1e-12, 'logits before the change')
+  T.same(b[1][2], a[1][2], 1e-12, 'logits of the first segment')
+  local diff = 0
+  for j = 1, 256 do diff = diff + math.abs(b[1][10][j] - a[1][10][j]) end
+  T.ok(diff > 0, 'the changed token changes its own logits')
+end)
+
+T.test('titans.lua: recall task smoke run (tiny, cpu)', function()
+  local out, rc = T.sh('build/gpush --device cpu scripts/titans.lua --task recall --tiny')
+  if rc ~= 0 then error('titans.lua failed:\n' .. out) end
+  T.ok(out:find('recall accuracy: mac', 1, true) and out:find('swa', 1, true), out)
+end)
