@@ -305,7 +305,7 @@ doc(gp.where, 'gp.where(mask, a, b)', 'mask ? a : b elementwise (a, b tensors or
 ---------------------------------------------------------------------------
 -- op families: each lua/gpush/ops/<name>.lua returns function(gp, tensor)
 -- that adds its tensor methods (tensor.Tensor) and gp functions
-for _, name in ipairs {'index', 'loss', 'select', 'random', 'reduce', 'rows', 'fused', 'matmul', 'sample', 'attention'} do
+for _, name in ipairs {'index', 'loss', 'select', 'random', 'reduce', 'rows', 'fused', 'matmul', 'sample', 'attention', 'diversity'} do
   require('gpush.ops.' .. name)(gp, tensor)
 end
 
