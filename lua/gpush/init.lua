@@ -333,6 +333,7 @@ gp.gradcheck = doc(autograd.gradcheck, 'gp.gradcheck(fn, {x, y, ...}, {eps=1e-6,
 -- nn: modules (after autograd, which they rely on)
 gp.nn = require('gpush.nn').bind(gp)
 gp.lora = require('gpush.lora').bind(gp) -- nn.LoRA and the adapter helpers
+gp.polychromic = require('gpush.polychromic').bind(gp) -- set-level RL (scripts/polychromic.lua)
 
 -- training: optimizers, data, command-line flags, progress and logs
 gp.optim = require 'gpush.optim'
