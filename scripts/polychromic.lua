@@ -33,6 +33,8 @@ local o = gp.args.parse(arg, {
   {'subset-size', 0, 'poly/additive subset size m (0: n/2, at least 2)'},
   {'max-subsets', 64, 'subsets per prompt (all of them when C(n, m) is at most this)'},
   {'adv-norm', 'batch', 'advantage scaling: batch | set | none'},
+  {'floor', 0.5, 'poly: f = mean reward * (floor + diversity) (0: the paper\'s pure product)'},
+  {'valid-only', true, 'poly/additive: a pair counts toward diversity with weight r_i r_j (diversity among rewarded replies; --no-valid-only: every pair)'},
   {'eval-n', 8, 'samples per prompt in the evaluation (pass@eval-n)'},
   {'max-new', 0, 'longest reply in tokens (0: from the task)'},
   {'data', '', 'JSONL file of {"prompt": ..., "reply": ...} pairs (default: the built-in sum task)'},
@@ -41,8 +43,8 @@ local o = gp.args.parse(arg, {
   {'checkpoint', '', 'a base model checkpoint (gp.save of an nn.GPT with its config and vocab in the metadata)'},
   {'save-base', '', 'write the pretrained base here'},
   {'save-adapters', '', 'write the fine-tuned adapters here (gp.lora.save)'},
-  {'pretrain-steps', 0, 'pretraining steps of the base (0: 250 on the CPU, 1500 on the GPU)'},
-  {'n-embd', 0, 'base width (0: 48 on the CPU, 128 on the GPU)'},
+  {'pretrain-steps', 0, 'pretraining steps of the base (0: 300 on the CPU, 1500 on the GPU)'},
+  {'n-embd', 0, 'base width (0: 32 on the CPU, 128 on the GPU)'},
   {'n-layer', 2, 'base blocks'},
   {'n-head', 0, 'base heads (0: 2 on the CPU, 2 on the GPU: head dim 64 takes flash attention)'},
   {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
@@ -57,8 +59,8 @@ local on_gpu = gp.device() == 'cuda'
 local function pick(v, cpu, gpu) if v ~= 0 then return v end; return on_gpu and gpu or cpu end
 o.steps = pick(o.steps, 60, 150)
 o.prompts_per_step = pick(o.prompts_per_step, 8, 32)
-o.pretrain_steps = pick(o.pretrain_steps, 250, 1500)
-o.n_embd = pick(o.n_embd, 48, 128)
+o.pretrain_steps = pick(o.pretrain_steps, 300, 1500)
+o.n_embd = pick(o.n_embd, 32, 128)
 o.n_head = pick(o.n_head, 2, 2)
 local OBJ = {poly = true, additive = true, rl = true, sft = true}
 if not OBJ[o.objective] then error('--objective must be poly, additive, rl or sft, got ' .. o.objective) end
@@ -126,7 +128,7 @@ local function run(objective)
   local r = P.finetune(m, tok, task, {objective = objective, steps = o.steps, n = o.n, prompts_per_step = o.prompts_per_step,
     temperature = o.temperature, top_p = o.top_p, lambda = o.lambda, kl = o.kl, clip = o.clip, lr = o.lr,
     epochs = o.epochs, adv_norm = o.adv_norm, subset_size = o.subset_size > 0 and o.subset_size or nil,
-    max_subsets = o.max_subsets, max_new = max_new, seed = o.seed, log_every = o.log_every, log = print})
+    max_subsets = o.max_subsets, floor = o.floor, valid_only = o.valid_only, max_new = max_new, seed = o.seed, log_every = o.log_every, log = print})
   gp.manual_seed(o.seed + 3) -- the same evaluation draws for every objective
   r.eval = P.evaluate(m, tok, task, eval_opts)
   r.model = m

@@ -328,41 +328,57 @@ function M.bind(gp)
     local m = math.max(2, math.min(n, opts.subset_size or math.max(2, math.floor(n / 2))))
     local subs = P.subsets(n, m, opts.max_subsets or 64, opts.rand or math.random)
     local K = #subs
-    -- every subset of every prompt: one (B K, m, D) gather and one kernel launch
+    -- the distance of every pair of every prompt's samples: one (B C(n,2), 2, D)
+    -- gather and one kernel launch; a subset's diversity is the mean of its pairs'
+    local pid, pairs = {}, {}
+    for i = 1, n do pid[i] = {} end
+    for i = 1, n do
+      for j = i + 1, n do pairs[#pairs + 1] = {i, j}; pid[i][j] = #pairs end
+    end
+    local NP = #pairs
     local idx = {}
     for b = 1, B do
-      for _, s in ipairs(subs) do
-        for _, i in ipairs(s) do idx[#idx + 1] = (b - 1) * n + i - 1 end
+      for _, pr in ipairs(pairs) do
+        idx[#idx + 1] = (b - 1) * n + pr[1] - 1
+        idx[#idx + 1] = (b - 1) * n + pr[2] - 1
       end
     end
     local t0 = gp.train.now()
     local D = emb:size(2)
     local it = gp.tensor(idx, {dtype = 'i64', device = emb.device})
-    local sets = emb:index_select(1, it):view {B * K, m, D}
-    local div = gp.set_diversity(sets:float()):totable()
+    local dist = gp.set_diversity(emb:index_select(1, it):view {B * NP, 2, D}:float()):totable()
     stats.kernel_s = gp.train.now() - t0
-    local lam = opts.lambda or 0.3
+    local lam, floor, valid_only = opts.lambda or 0.3, opts.floor or 0, opts.valid_only
+    local npair = m * (m - 1) / 2
     for b = 1, B do
+      local o = (b - 1) * n
       local fsum, contain, cnt = 0, {}, {}
       for i = 1, n do contain[i], cnt[i] = 0, 0 end
-      for k, s in ipairs(subs) do
-        local r = 0
-        for _, i in ipairs(s) do r = r + rewards[(b - 1) * n + i] end
-        r = r / m
-        local d = div[(b - 1) * K + k]
-        local f = objective == 'poly' and r * d or r + lam * d
+      for _, sub in ipairs(subs) do
+        local r, d = 0, 0
+        for a = 1, m do
+          local i = sub[a]
+          r = r + rewards[o + i]
+          for c = a + 1, m do
+            local j = sub[c]
+            local w = valid_only and rewards[o + i] * rewards[o + j] or 1
+            d = d + w * dist[(b - 1) * NP + pid[i][j]]
+          end
+        end
+        r, d = r / m, d / npair
+        local f = objective == 'poly' and r * (floor + d) or r + lam * d
         fsum = fsum + f
-        for _, i in ipairs(s) do contain[i] = contain[i] + f; cnt[i] = cnt[i] + 1 end
+        for _, i in ipairs(sub) do contain[i] = contain[i] + f; cnt[i] = cnt[i] + 1 end
       end
       local mean = fsum / K
-      for i = 1, n do adv[(b - 1) * n + i] = cnt[i] > 0 and contain[i] / cnt[i] - mean or 0 end
+      for i = 1, n do adv[o + i] = cnt[i] > 0 and contain[i] / cnt[i] - mean or 0 end
     end
     stats.subsets = K
     stats.subset_size = m
     return adv, stats
   end
-  doc(P.advantages, "gp.polychromic.advantages('poly'|'additive'|'rl', rewards, emb, B, n, {subset_size=n/2, max_subsets=64, lambda=0.3})",
-    'per-sample advantages: poly/additive score subsets of each prompt\'s n samples (f = mean r * diversity, or mean r + lambda * diversity; all subsets in one set_diversity launch) and give each sample the mean score of its subsets minus the mean of all; rl: r - mean r of the set')
+  doc(P.advantages, "gp.polychromic.advantages('poly'|'additive'|'rl', rewards, emb, B, n, {subset_size=n/2, max_subsets=64, lambda=0.3, floor=0, valid_only=false})",
+    'per-sample advantages: poly/additive score subsets of each prompt\'s n samples (f = mean r * (floor + diversity), or mean r + lambda * diversity; diversity = mean pair distance 1 - cos, every pair of every prompt in one set_diversity launch; valid_only weights a pair by r_i r_j) and give each sample the mean score of its subsets minus the mean of all; rl: r - mean r of the set')
 
   -- scale advantages by the std over the batch ('batch'), per set ('set'), or not ('none')
   function P.normalize(adv, B, n, how)
@@ -507,7 +523,7 @@ function M.bind(gp)
         -- diversity: embeddings (also for rl, to report it), advantages
         local emb = embed(policy, ro)
         local adv, st = P.advantages(o.objective, rewards, emb, B, n, {subset_size = o.subset_size,
-          max_subsets = o.max_subsets, lambda = o.lambda, rand = rand})
+          max_subsets = o.max_subsets, lambda = o.lambda, floor = o.floor, valid_only = o.valid_only, rand = rand})
         local sdiv = gp.set_diversity(emb:float():view {B, n, emb:size(2)}):mean():item()
         adv = P.normalize(adv, B, n, o.adv_norm or 'batch')
         local base_logp
