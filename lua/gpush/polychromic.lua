@@ -11,8 +11,11 @@
 --   additive  the same with f(S') = mean reward(S') + lambda * diversity(S')
 --   rl        advantage(i) = r_i - mean r of its set
 --   sft       no sampling for the loss: cross-entropy on valid (prompt, reply) pairs
--- The diversity of every subset of every prompt comes from one launch of the
--- set_diversity kernel. The update is the PPO clipped surrogate on the
+-- The distance of every pair of every prompt's samples comes from one launch
+-- of the set_diversity kernel; a subset's diversity is the mean of its pairs'.
+-- The script's defaults add a floor (f = mean r * (floor + diversity)) and
+-- count only rewarded pairs (valid_only); floor = 0 without valid_only is the
+-- paper's product. The update is the PPO clipped surrogate on the
 -- sampled tokens' log-probabilities (a teacher-forced forward of the policy
 -- over prompt + reply; prompt and post-stop positions masked), plus an
 -- optional KL penalty (k3 estimator) to the base model (the adapters off).
