@@ -1,6 +1,6 @@
 # gpush build. `make` builds build/gpush (with the CUDA backend when nvcc is
 # found), `make test` installs what is missing, builds and runs every test,
-# `make check` runs the tests of an existing build, `make run` runs the main job,
+# `make check` runs the tests of an existing build, `make run` runs the main job (scripts/polychromic.lua),
 # `make bench` runs the benchmark suite beside PyTorch on an existing build.
 
 BUILD   ?= build
@@ -117,9 +117,11 @@ check:
 bench:
 	$(Q)$(BUILD)/gpush scripts/bench/suite.lua $(BENCH_ARGS)
 
+# polychromic RL fine-tuning with its defaults: on the GPU when one is usable,
+# else a small CPU configuration (a few minutes)
 run: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush
-	$(Q)$(BUILD)/gpush examples/01_tensors.lua
+	$(Q)$(BUILD)/gpush scripts/polychromic.lua
 
 clean:
 	rm -rf $(BUILD)

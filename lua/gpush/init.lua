@@ -305,7 +305,7 @@ doc(gp.where, 'gp.where(mask, a, b)', 'mask ? a : b elementwise (a, b tensors or
 ---------------------------------------------------------------------------
 -- op families: each lua/gpush/ops/<name>.lua returns function(gp, tensor)
 -- that adds its tensor methods (tensor.Tensor) and gp functions
-for _, name in ipairs {'index', 'loss', 'select', 'random', 'reduce', 'rows', 'fused', 'matmul', 'sample', 'attention', 'moe', 'titans'} do
+for _, name in ipairs {'index', 'loss', 'select', 'random', 'reduce', 'rows', 'fused', 'matmul', 'sample', 'attention', 'moe', 'titans', 'diversity'} do
   require('gpush.ops.' .. name)(gp, tensor)
 end
 
@@ -335,6 +335,8 @@ gp.nn = require('gpush.nn').bind(gp)
 require('gpush.moe')(gp) -- nn.MoE
 -- Titans memory and the MAC model (registers nn.NeuralMemory, nn.MACBlock, nn.SWABlock, nn.TitansLM)
 gp.titans = require('gpush.titans').bind(gp)
+gp.lora = require('gpush.lora').bind(gp) -- nn.LoRA and the adapter helpers
+gp.polychromic = require('gpush.polychromic').bind(gp) -- set-level RL (scripts/polychromic.lua)
 
 -- training: optimizers, data, command-line flags, progress and logs
 gp.optim = require 'gpush.optim'

@@ -378,8 +378,8 @@ end
 local function run_div(c)
   local p = c.p
   local e = gp.randn({p.prompts, p.samples, p.d}):to(p.dtype)
-  local out = gp.empty({p.prompts})
-  local ms = gp.time(function() gp.k.diversity(out, e) end, p)
+  local out = gp.empty({p.prompts}, {dtype = p.dtype})
+  local ms = gp.time(function() gp.k.set_diversity(out, e, 1e-8) end, p)
   return ms
 end
 
@@ -423,9 +423,27 @@ local function run_titans(c)
   return ms, string.format('%.0f tokens/s', p.batch * Tn / ms * 1e3)
 end
 
--- rows whose gpush side is not written yet: the entry's run must be filled in when the function lands
-local function todo(name)
-  return function() error(name .. ' exists now: write its run function in scripts/bench/suite.lua', 0) end
+-- one polychromic fine-tuning step (generation, diversity, PPO update) of a small GPT with LoRA
+local POLY = S({prompts = 32, samples = 4, d = 128, iters = 5}, {prompts = 2, samples = 2, d = 16, iters = 1})
+local function poly_cases()
+  local p = {}
+  for k, v in pairs(POLY) do p[k] = v end
+  return {{row = 'polychromic step', p = p, shape = string.format('P%d n%d d%d', p.prompts, p.samples, p.d)}}
+end
+
+local function run_poly(c)
+  local p, P = c.p, gp.polychromic
+  local task = P.sum_task {max = 12}
+  local tok = P.char_tokenizer(task.chars)
+  local m = gp.nn.GPT {vocab_size = tok.vocab_size, block_size = 12, n_embd = p.d, n_layer = 2, n_head = 2}
+  gp.lora.apply(m, {rank = 8})
+  local o = {objective = 'poly', steps = 1, n = p.samples, prompts_per_step = p.prompts, max_new = 6, seed = 1}
+  P.finetune(m, tok, task, o)
+  gp.sync()
+  local t0 = gp.train.now()
+  for _ = 1, p.iters do P.finetune(m, tok, task, o) end
+  gp.sync()
+  return (gp.train.now() - t0) * 1e3 / p.iters
 end
 
 local function dispatch_cases()
@@ -466,10 +484,9 @@ local WORKLOADS = {
    cases = function() return {att_cases(false)[1], att_cases(true)[1]} end},
   {name = 'decode', needs = {'gp.attention_decode'}, cases = dec_cases, run = run_dec},
   {name = 'moe', needs = {'gp.nn.MoE'}, cases = moe_cases, run = run_moe},
-  {name = 'diversity', needs = {'gp.k.diversity'}, cases = div_cases, run = run_div},
+  {name = 'diversity', needs = {'gp.k.set_diversity'}, cases = div_cases, run = run_div},
   {name = 'titans', needs = {'gp.titans'}, cases = titans_cases, run = run_titans},
-  {name = 'polychromic', needs = {'gp.polychromic'}, run = todo('gp.polychromic'),
-   cases = function() return {{row = 'polychromic step', shape = '-', p = {}}} end},
+  {name = 'polychromic', needs = {'gp.polychromic'}, cases = poly_cases, run = run_poly},
   {name = 'dispatch', cases = dispatch_cases, run = run_dispatch},
 }
 

@@ -1,0 +1,91 @@
+-- gp.polychromic: the built-in task's reward, subsets, advantages by hand,
+-- the PPO loss gradient, and a few steps of every objective on a tiny model.
+local T = require 'lib'
+local gp = require 'gpush'
+local P = gp.polychromic
+
+local cpu = {device = 'cpu'}
+
+T.test('polychromic: sum task reward and tokenizer', function()
+  local task = P.sum_task {max = 5}
+  T.eq(#task.prompts, 11)
+  T.eq(task.reward('7=', '3+4'), 1)
+  T.eq(task.reward('7=', '2+5'), 1)
+  T.eq(task.reward('7=', '03+4'), 0) -- leading zero
+  T.eq(task.reward('7=', '1+6'), 0)  -- 6 > max
+  T.eq(task.reward('7=', '3+3'), 0)
+  T.eq(task.reward('7=', '3+4x'), 0)
+  T.eq(#task.valid['5='], 6)
+  local tok = P.char_tokenizer(task.chars)
+  T.eq(tok:decode(tok:encode('12=3+9\n')), '12=3+9\n')
+  T.eq(tok:decode({tok.stop}), '\n')
+  T.raises(function() tok:encode('a') end, 'not in the vocabulary')
+end)
+
+T.test('polychromic: subsets and advantages by hand', function()
+  local all = P.subsets(4, 2, 64, math.random)
+  T.eq(#all, 6)
+  local some = P.subsets(10, 3, 7, function(n) return math.random(n) end)
+  T.eq(#some, 7)
+  -- rl: r - mean r per set
+  local adv = P.advantages('rl', {1, 0, 0, 0, 1, 1, 0, 0}, nil, 2, 4)
+  T.same(adv, {0.75, -0.25, -0.25, -0.25, 0.5, 0.5, -0.5, -0.5}, 1e-12)
+  -- poly with m = 2 over orthogonal embeddings (every pair distance 1):
+  -- f(pair) = mean r; sample 1 (r = 1): pairs (1,2),(1,3),(1,4) score 0.5 each
+  local emb = gp.tensor({{1, 0, 0, 0}, {0, 1, 0, 0}, {0, 0, 1, 0}, {0, 0, 0, 1}}, cpu)
+  local a = P.advantages('poly', {1, 0, 0, 0}, emb, 1, 4, {subset_size = 2})
+  T.same(a, {0.25, -0.25 / 3, -0.25 / 3, -0.25 / 3}, 1e-6)
+  -- identical embeddings: no diversity, every score 0
+  local same = gp.ones({4, 3}, cpu)
+  T.same(P.advantages('poly', {1, 1, 0, 1}, same, 1, 4, {subset_size = 3}), {0, 0, 0, 0}, 1e-6)
+  -- at equal reward, leave-one-out scores: f(without 1) = f(without 2) =
+  -- f(without 3) = 4/3, f(without 4) = 2/3, mean 7/6; adv = (mean - f(without i)) / 3
+  local e2 = gp.tensor({{1, 0}, {1, 0}, {0, 1}, {-1, 0}}, cpu)
+  local a2 = P.advantages('poly', {1, 1, 1, 1}, e2, 1, 4, {subset_size = 3})
+  T.same(a2, {-1 / 18, -1 / 18, -1 / 18, 1 / 6}, 1e-6)
+  -- additive = rl-like reward part + lambda * diversity part
+  local a3 = P.advantages('additive', {1, 0, 0, 0}, same, 1, 4, {subset_size = 2, lambda = 0.3})
+  T.same(a3, {0.25, -0.25 / 3, -0.25 / 3, -0.25 / 3}, 1e-6)
+  T.raises(function() P.advantages('nope', {1}, emb, 1, 1) end, 'unknown objective')
+  T.same(P.normalize({1, -1, 3, -3}, 2, 2, 'set'), {1 / 1.0001, -1 / 1.0001, 3 / 3.0001, -3 / 3.0001}, 1e-9)
+end)
+
+T.test('polychromic: the PPO loss gradient at ratio 1 is -A mask / tokens', function()
+  local logp = gp.randn({2, 3}, {dtype = 'f64', device = 'cpu'}):requires_grad()
+  local old = logp:detach()
+  local adv = gp.tensor({2, -1}, {dtype = 'f64', device = 'cpu'})
+  local mask = gp.tensor({{1, 1, 0}, {0, 1, 1}}, {dtype = 'f64', device = 'cpu'})
+  P.ppo_loss(logp, old, adv, mask, {clip = 0.2}):backward()
+  T.same(logp.grad:totable(), {{-2 / 4, -2 / 4, 0}, {0, 1 / 4, 1 / 4}}, 1e-12)
+  -- clipped: a ratio above 1 + clip with A > 0 gives no gradient
+  local lp = (old + 1):detach():requires_grad()
+  P.ppo_loss(lp, old, adv, mask, {clip = 0.2}):backward()
+  T.same(lp.grad:select(1, 1):totable(), {0, 0, 0}, 1e-12)
+  -- the KL term: zero value and zero gradient when policy = base
+  local l2 = logp:detach():requires_grad()
+  local with = P.ppo_loss(l2, old, adv, mask, {kl = 0.5, base_logp = old})
+  T.near(with:item(), P.ppo_loss(old, old, adv, mask):item(), 1e-12)
+end)
+
+T.test('polychromic: a few steps of every objective on a tiny model', function()
+  gp.manual_seed(7)
+  local task = P.sum_task {max = 3}
+  local tok = P.char_tokenizer(task.chars)
+  local m = gp.nn.GPT {vocab_size = tok.vocab_size, block_size = 10, n_embd = 16, n_layer = 1, n_head = 2, device = 'cpu'}
+  P.pretrain(m, task, tok, {steps = 2, batch = 4})
+  gp.lora.apply(m, {rank = 2})
+  local ro = P.rollout(m, tok, {'3=', '5='}, {n = 3, max_new = 4})
+  T.eq(ro.R, 6)
+  T.eq(ro.full:size(1), 6)
+  T.eq(ro.targets:size(2), ro.full:size(2) - 1)
+  local e = P.base_embed(m, ro)
+  T.eq(e:size(1), 6)
+  for _, obj in ipairs {'poly', 'additive', 'rl', 'sft'} do
+    local r = P.finetune(m, tok, task, {objective = obj, steps = 2, n = 3, prompts_per_step = 2, max_new = 4, kl = 0.1,
+      epochs = 2, seed = 3})
+    T.eq(#r.history, 2)
+    T.ok(r.history[2].loss == r.history[2].loss, obj .. ': finite loss')
+  end
+  local ev = P.evaluate(m, tok, task, {eval_n = 2, max_new = 4})
+  T.ok(ev.pass_at_n >= 0 and ev.pass_at_n <= 1 and ev.set_diversity >= 0)
+end)
