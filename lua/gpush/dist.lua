@@ -278,7 +278,7 @@ function M.DDP(model, opts)
   if type(params) ~= 'table' or #params == 0 then raise('dist.DDP: needs a module or a list of parameter tensors') end
   local self = setmetatable({model = model, params = params, require_sync = true, overlap = opts.overlap ~= false,
                              bucket_bytes = (opts.bucket_mb or 25) * 1048576, buckets = {}, bucket_of = {},
-                             world = M.world_size()}, DDP)
+                             world = M.world_size(), stats = {in_backward = 0, in_sync = 0, in_place = 0, copied = 0}}, DDP)
   if self.world > 1 then need_init('DDP') end
   for i, p in ipairs(params) do
     if not is_tensor(p) then raise(string.format('dist.DDP: parameter %d is a %s', i, type(p))) end
@@ -410,8 +410,10 @@ function DDP:_launch(b)
     end)
     region = b.buf
     b.copy_back = true
+    self.stats.copied = self.stats.copied + 1
   else
     b.copy_back = false
+    self.stats.in_place = self.stats.in_place + 1
   end
   if b.device == 'cuda' then
     -- the communication stream starts after the work queued so far
@@ -431,6 +433,7 @@ function DDP:_launch_ready()
     local b = self.buckets[self.next_launch]
     if b.nready < #b.params then return end
     self:_launch(b)
+    self.stats.in_backward = self.stats.in_backward + 1
     self.next_launch = self.next_launch + 1
   end
 end
@@ -456,6 +459,7 @@ function DDP:sync()
   if self.world == 1 then return end
   while self.next_launch <= #self.buckets do
     self:_launch(self.buckets[self.next_launch])
+    self.stats.in_sync = self.stats.in_sync + 1
     self.next_launch = self.next_launch + 1
   end
   if self.cuda then
