@@ -286,12 +286,19 @@ function M.DDP(model, opts)
   if self.world == 1 then return self end
   -- the same start everywhere: rank 0's parameters
   if opts.broadcast ~= false then
-    gp().no_grad(function()
-      for i, p in ipairs(params) do
-        if not p:is_contiguous() then raise(string.format('dist.DDP: parameter %d is not contiguous', i)) end
-        core.call(C.gp_dist_broadcast, p.c, 0, nil)
-      end
-    end)
+    for i, p in ipairs(params) do
+      if not p:is_contiguous() then raise(string.format('dist.DDP: parameter %d is not contiguous', i)) end
+    end
+    -- cuda parameters in one NCCL group (one launch), cpu ones one by one over TCP
+    local cuda = {}
+    for _, p in ipairs(params) do
+      if p.device == 'cuda' then cuda[#cuda + 1] = p else core.call(C.gp_dist_broadcast, p.c, 0, nil) end
+    end
+    if #cuda > 0 then
+      M.group(function()
+        for _, p in ipairs(cuda) do core.call(C.gp_dist_broadcast, p.c, 0, nil) end
+      end)
+    end
   end
   -- buckets, walking backwards; one open bucket per (device, dtype)
   local open = {}

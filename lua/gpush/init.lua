@@ -401,6 +401,8 @@ do
   doc(D.DDP, 'gp.dist.DDP(model, {bucket_mb=25, overlap=true, broadcast=true})',
     "data parallel: rank 0's parameters everywhere; during backward the gradients are averaged over ranks in buckets (NCCL on a side stream); call ddp:sync() before opt:step()")
   doc(D.DDP_class.sync, 'ddp:sync()', 'after the last backward of a step: launch the remaining buckets and wait for them (grads are the mean over ranks)')
+  doc(D.DDP_class.parameters, 'ddp:parameters()', 'the parameters it synchronizes')
+  doc(D.DDP_class.remove_hooks, 'ddp:remove_hooks()', 'stop launching all-reduces from backward (ddp:sync() then does them all)')
   doc(D.DDP_class.no_sync, 'ddp:no_sync(fn)', 'run fn (forward and backward of a micro-batch) without synchronizing gradients')
 end
 gp.autograd_hook = doc(autograd.register_post_accumulate_hook, 'gp.autograd_hook(t, fn)',

@@ -212,6 +212,13 @@ T.test('DDP with one process is a no-op', function()
   T.same(m.bias.grad:totable(), {1, 1})
 end)
 
+T.test('the scaling benchmark runs (cpu, tiny)', function()
+  local out, rc = sh(exe .. ' ' .. root .. "/scripts/bench/dist.lua --n-embd 16 --n-layer 1 --n-head 2 --block 8 " ..
+    "--batch 2 --iters 4 --log-every 2 --no-bf16 --model-flags '--device cpu'")
+  T.eq(rc, 0, out)
+  T.ok(out:find('"scaling":', 1, true) and out:find('scaling [%d.]+x'), out)
+end)
+
 T.test('NCCL: collectives of 2 GPUs against the CPU (f32, bf16; 1, 7, 1000003)', function()
   two_gpus()
   local out, rc = sh(exe .. ' --nproc 2 ' .. here .. '/dist_worker.lua cuda 1 7 1000003')
