@@ -105,6 +105,20 @@ static int try_wheels(void) {
       if (access(buf, R_OK) == 0 && try_open(buf)) return 1;
     }
   }
+  /* the python3 on PATH knows where its packages are (a venv, PyTorch's image) */
+  FILE *py = popen("python3 -c \"import sys, glob; print('\\n'.join(f for p in sys.path for f in "
+                   "glob.glob(p + '/nvidia/nccl/lib/libnccl.so.2')))\" 2>/dev/null",
+                   "r");
+  if (py) {
+    char line[600];
+    int ok = 0;
+    while (!ok && fgets(line, sizeof line, py)) {
+      line[strcspn(line, "\n")] = 0;
+      if (line[0]) ok = try_open(line);
+    }
+    pclose(py);
+    if (ok) return 1;
+  }
   for (size_t i = 0; i < sizeof pats / sizeof pats[0]; i++) {
     glob_t g;
     if (glob(pats[i], 0, NULL, &g) == 0 && g.gl_pathc > 0) {
