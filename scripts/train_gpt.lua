@@ -6,6 +6,14 @@
 --   gpush scripts/train_gpt.lua --data input.txt --iters 5000 --bf16 --out gpt.safetensors
 --   gpush scripts/train_gpt.lua --help                -- every flag
 --
+--   gpush scripts/train_gpt.lua --nproc 2 --bf16      -- data parallel on 2 GPUs (gp.dist, NCCL)
+--
+-- Data parallel (--nproc N, or run under gpush --nproc N): --batch is per
+-- rank, the global batch is N x batch. Every rank draws the same global batch
+-- (same seed) and keeps its own rows, so N ranks x batch B see exactly the
+-- data of one GPU with batch N x B; gradients are averaged over the ranks in
+-- buckets during backward (gp.dist.DDP). Only rank 0 prints, logs and saves.
+--
 -- The loss stays on the device; the host reads it every --log-every steps.
 -- At the end: train and validation loss, tokens/s, and the unigram baseline
 -- (the entropy of the byte distribution: what a model that ignores context
@@ -43,9 +51,21 @@ local o = gp.args.parse(arg, {
   {'log', '', 'write a JSONL record of every logged step here'},
   {'model', '', 'a Lua file returning function(gp, config) -> model (default: gp.nn.GPT)'},
   {'quiet', false, 'no progress lines'},
+  {'nproc', 1, 'data parallel over N processes, one GPU each (re-runs this script under gpush --nproc N)'},
+  {'bucket-mb', 25, 'data parallel: gradient bucket size in MB'},
 }, {usage = 'gpush scripts/train_gpt.lua [flags]', description = 'Train a character-level GPT.'})
 
+local dist = gp.dist
+if o.nproc > 1 and not dist.launched() then
+  os.exit(dist.launch(o.nproc, dist.script_argv(arg, {nproc = true})))
+end
+
 if o.device ~= '' then gp.set_device(o.device) end
+local world = dist.world_size()
+if world > 1 then dist.init {backend = gp.device() == 'cuda' and 'nccl' or 'tcp'} end
+local rank, main = dist.rank(), dist.rank() == 0
+if not main then o.quiet = true end
+local say = main and print or function() end
 gp.manual_seed(o.seed)
 
 local data_path = o.data ~= '' and o.data or (script_dir .. '/../data/corpus.txt')
@@ -65,30 +85,50 @@ else
   model = gp.nn.GPT(config)
 end
 if o.bf16 then gp.optim.mixed_precision(model) end
+-- data parallel: rank 0's parameters everywhere, gradients averaged in buckets during backward
+local ddp = world > 1 and dist.DDP(model, {bucket_mb = o.bucket_mb}) or nil
+
+-- a batch of this rank: the global batch (world x B rows, the same on every
+-- rank: same seed) and this rank's B rows of it
+local function batch(split)
+  local x, y = ds:batch(split, B * world, T)
+  if world > 1 then x, y = dist.shard(x), dist.shard(y) end
+  return x, y
+end
+-- the mean over ranks of a device scalar (for the log: the global batch's loss)
+local function global_mean(loss)
+  local l = gp.no_grad(function() return loss:detach():to('f32'):reshape {1}:clone() end)
+  if world > 1 then dist.allreduce(l, 'avg') end
+  return l
+end
 
 local nparams = 0
 for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
-print(string.format('train_gpt: %s, %d bytes, vocab %d, %d parameters, device %s%s', data_path, ds.text_len,
+say(string.format('train_gpt: %s, %d bytes, vocab %d, %d parameters, device %s%s', data_path, ds.text_len,
   ds.vocab_size, nparams, gp.device(), o.bf16 and ', bf16' or ''))
-print(string.format('  n_layer %d, n_head %d, n_embd %d, block %d, batch %d x %d accum, %d steps, lr %g',
+say(string.format('  n_layer %d, n_head %d, n_embd %d, block %d, batch %d x %d accum, %d steps, lr %g',
   o.n_layer, o.n_head, o.n_embd, T, B, accum, o.iters, o.lr))
+if world > 1 then
+  say(string.format('  data parallel: %d ranks (%s), global batch %d, %s', world, dist.backend(), B * world, tostring(ddp)))
+end
 
 local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, 0.95}, weight_decay = o.weight_decay})
 local warmup = o.warmup >= 0 and o.warmup or math.min(100, math.floor(o.iters / 10))
 local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.min_lr >= 0 and o.min_lr or o.lr / 10, warmup = warmup,
                                          max_steps = o.iters}
-local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * T * accum,
-                             file = o.log ~= '' and o.log or nil, print = not o.quiet}
+local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * world * T * accum,
+                             file = (main and o.log ~= '') and o.log or nil, print = not o.quiet}
 
 -- mean loss over eval_iters batches of a split, read once
 local function estimate(split)
   local acc
   for _ = 1, o.eval_iters do
-    local x, y = ds:batch(split, B, T)
+    local x, y = batch(split)
     local _, loss = model(x, y)
     loss = loss:to('f32'):reshape {1}
     acc = acc and acc + loss or loss
   end
+  if world > 1 then dist.allreduce(acc:contiguous(), 'avg') end
   return acc:item() / o.eval_iters
 end
 
@@ -105,13 +145,17 @@ local t_start = gp.train.now()
 local excluded = 0
 for step = 1, o.iters do
   opt:zero_grad()
-  for _ = 1, accum do
-    local x, y = ds:batch('train', B, T)
-    local _, loss = model(x, y)
-    log:add(loss)
-    if accum > 1 then loss = loss / accum end
-    loss:backward()
+  for micro = 1, accum do
+    local function run()
+      local x, y = batch('train')
+      local _, loss = model(x, y)
+      log:add(world > 1 and global_mean(loss) or loss)
+      if accum > 1 then loss = loss / accum end
+      loss:backward()
+    end
+    if ddp and micro < accum then ddp:no_sync(run) else run() end
   end
+  if ddp then ddp:sync() end
   if o.grad_clip > 0 then gp.optim.clip_grad_norm(opt, o.grad_clip) end
   opt:set_lr(sched(step))
   opt:step()
@@ -126,19 +170,28 @@ for step = 1, o.iters do
 end
 gp.sync()
 local train_time = gp.train.now() - t_start - excluded
-local tokens_per_s = o.iters * B * T * accum / train_time
+local tokens_per_s = o.iters * B * world * T * accum / train_time
 
 local tr, va = evaluate()
 log:write {step = o.iters, train_loss = tr, val_loss = va, tokens_per_s = tokens_per_s,
            unigram_entropy = ds.unigram_entropy, final = true}
 log:finish()
-print(string.format('final: train loss %.4f | val loss %s | unigram baseline %.4f nats | %.0f tokens/s | %.1f s',
+say(string.format('final: train loss %.4f | val loss %s | unigram baseline %.4f nats | %.0f tokens/s | %.1f s',
   tr, va and string.format('%.4f', va) or '-', ds.unigram_entropy, tokens_per_s, train_time))
 
-if o.out ~= '' then
+if main and o.out ~= '' then
   local vocab = {}
   for i = 0, ds.vocab_size - 1 do vocab[i + 1] = ds.itos[i] end
   gp.save(o.out, model:state_dict(), {config = config, step = o.iters, vocab = vocab, train_loss = tr, val_loss = va,
                                       seed = o.seed})
   print('checkpoint: ' .. o.out)
+end
+if ddp then
+  local st = ddp.stats
+  say(string.format('data parallel: %d bucket all-reduces launched during backward, %d at sync; %d in place, %d copied',
+    st.in_backward, st.in_sync, st.in_place, st.copied))
+end
+if world > 1 then
+  dist.barrier()
+  dist.destroy()
 end

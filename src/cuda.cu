@@ -1,6 +1,7 @@
 /* cuda.cu: the CUDA runtime side of the host: device discovery, the stream,
  * raw allocation and copies, error checks. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cuda_internal.h"
 
@@ -10,8 +11,39 @@ static cudaStream_t g_stream;  /* gpush's own default stream */
 static cudaStream_t g_cur;     /* the current stream: g_stream unless gp.with_stream set another */
 static int g_sms = 80;
 static int g_streams_used;     /* a user stream was current since the last device-wide sync */
+static int g_dev;              /* the device of this process (one per process under gpush --nproc) */
 
 extern "C" int gp_cuda_compiled(void) { return 1; }
+
+/* One GPU per process: $GPUSH_CUDA_DEVICE (must exist), else $LOCAL_RANK
+ * (set by gpush --nproc and other launchers; ignored when out of range: gp.dist
+ * reports that), else device 0. Not CUDA_VISIBLE_DEVICES: NCCL needs every
+ * GPU visible for CUDA IPC between the processes. */
+static cudaError_t pick_device(int n) {
+  const char *s = getenv("GPUSH_CUDA_DEVICE");
+  int strict = s && *s;
+  if (!strict) s = getenv("LOCAL_RANK");
+  if (!s || !*s) return cudaSuccess;
+  int d = atoi(s);
+  if (d < 0 || d >= n) {
+    if (!strict) return cudaSuccess;
+    g_dev = d;
+    return cudaErrorInvalidDevice;
+  }
+  g_dev = d;
+  return cudaSetDevice(d);
+}
+
+extern "C" int gp_cuda_device_count(void) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+extern "C" int gp_cuda_current_device(void) { return g_dev; }
 
 extern "C" int gp_cuda_init(void) {
   if (g_state < 0) {
@@ -22,11 +54,15 @@ extern "C" int gp_cuda_init(void) {
                e != cudaSuccess ? cudaGetErrorString(e) : "no device");
       cudaGetLastError();
       g_state = 0;
+    } else if ((e = pick_device(n)) != cudaSuccess) {
+      snprintf(g_why, sizeof g_why, "cannot use CUDA device %d of %d (%s)", g_dev, n, cudaGetErrorString(e));
+      cudaGetLastError();
+      g_state = 0;
     } else if ((e = cudaStreamCreateWithFlags(&g_stream, cudaStreamNonBlocking)) != cudaSuccess) {
       snprintf(g_why, sizeof g_why, "CUDA stream creation failed (%s)", cudaGetErrorString(e));
       g_state = 0;
     } else {
-      cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0);
+      cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, g_dev);
       g_cur = g_stream;
       g_state = 1;
     }
@@ -96,7 +132,7 @@ extern "C" int gp_cuda_runtime_info(char *buf, int n) {
     return GP_OK;
   }
   cudaDeviceProp p;
-  cudaGetDeviceProperties(&p, 0);
+  cudaGetDeviceProperties(&p, g_dev);
   snprintf(buf, (size_t)n, "CUDA runtime %d.%d, driver %d.%d, GPU %s (sm_%d%d, %d SMs, %.1f GiB)", rt / 1000,
            rt % 1000 / 10, drv / 1000, drv % 1000 / 10, p.name, p.major, p.minor, p.multiProcessorCount,
            (double)p.totalGlobalMem / (1 << 30));
@@ -239,7 +275,7 @@ extern "C" int gp_last_launch(gp_launch_info *out) {
   }
   if (g_attr[h].fn != fn) return GP_OK; /* table full */
   int maxt = 2048;
-  cudaDeviceGetAttribute(&maxt, cudaDevAttrMaxThreadsPerMultiProcessor, 0);
+  cudaDeviceGetAttribute(&maxt, cudaDevAttrMaxThreadsPerMultiProcessor, g_dev);
   out->fn = fn;
   out->block = g_attr[h].block;
   out->regs = g_attr[h].regs;

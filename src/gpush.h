@@ -196,6 +196,36 @@ int gp_matmul_option(const char *name, int value, int *old);
  * timed with CUDA events. Contiguous 2-D or 3-D tensors on the GPU. */
 int gp_bench_cublas_gemm(double *ms, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, int iters);
 
+/* ---- several processes (src/dist.c, src/launch.c): gp.dist ----
+ * NCCL is loaded at run time (dlopen), never linked. Collectives dispatch on
+ * the tensor's device: cuda tensors through NCCL, queued on `stream` (NULL:
+ * the current stream); cpu tensors over the TCP links of the rendezvous
+ * (blocking). Tensors must be contiguous. The GPU of a process is chosen when
+ * CUDA starts: $GPUSH_CUDA_DEVICE, else $LOCAL_RANK (when in range), else 0. */
+enum { GP_DIST_TCP = 0, GP_DIST_NCCL = 1 };
+enum { GP_RED_SUM = 0, GP_RED_PROD = 1, GP_RED_MAX = 2, GP_RED_MIN = 3, GP_RED_AVG = 4 };
+int gp_cuda_device_count(void);       /* CUDA devices visible (0 without CUDA) */
+int gp_cuda_current_device(void);     /* the one this process uses */
+int gp_dist_nccl_load(int *version, char *path, int n);  /* NCCL's version code and file; GP_ERR says why not */
+/* Rendezvous at addr:port (rank 0 listens; the others connect, retrying, and
+ * receive a 128-byte id), then ncclCommInitRank for GP_DIST_NCCL. Every wait
+ * ends after timeout_s seconds with an error naming the missing rank. */
+int gp_dist_init(int backend, int rank, int world, const char *addr, int port, double timeout_s);
+int gp_dist_finalize(void);
+int gp_dist_info(int *backend, int *rank, int *world);   /* 1 when initialized */
+int gp_dist_uid(uint8_t *out);                           /* the 128 bytes rank 0 handed out */
+int gp_dist_allreduce(gp_tensor *t, int op, void *stream);              /* in place */
+int gp_dist_broadcast(gp_tensor *t, int root, void *stream);            /* in place, from rank root */
+int gp_dist_allgather(gp_tensor *out, const gp_tensor *in, void *stream);  /* out: world x in, rank order */
+int gp_dist_reduce_scatter(gp_tensor *out, const gp_tensor *in, int op, void *stream); /* in: world x out */
+int gp_dist_group(int start);                            /* ncclGroupStart (1) / ncclGroupEnd (0) */
+int gp_dist_barrier(void);                               /* host-side: every rank reached it */
+/* Run argv (argv[0] ignored: this gpush) as nproc processes with RANK,
+ * WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT set; output prefixed
+ * "[rank] "; one failing stops the others. *exit_code: the launcher's status. */
+int gp_dist_launch(int *exit_code, int nproc, int nnodes, int node_rank, const char *addr, int port, int argc,
+                   const char *const *argv);
+
 /* ---- kernel registry ---- */
 typedef struct gp_kernel_info {
   const char *name;

@@ -26,6 +26,10 @@ static const char *usage =
     "  -e 'code'           run a string of Lua (may be repeated)\n"
     "  -i                  enter the interactive prompt after running the script or -e code\n"
     "  --device cpu|cuda   the default device for new tensors\n"
+    "  --nproc N           run N processes (one per GPU) for gp.dist: RANK, WORLD_SIZE, LOCAL_RANK,\n"
+    "                      MASTER_ADDR, MASTER_PORT set; output lines prefixed \"[rank] \"\n"
+    "  --nnodes M --node-rank I --master-addr HOST --master-port P\n"
+    "                      several machines: run the same command on each (I = 0..M-1)\n"
     "  --version           print the gpush, LuaJIT and CUDA versions and the GPU seen\n"
     "  --help              this text\n"
     "With no script, a terminal gets the interactive prompt; otherwise the script is read from stdin.\n";
@@ -108,8 +112,76 @@ static void make_arg(lua_State *L, char **argv, int argc, int script) {
   lua_setglobal(L, "arg");
 }
 
+/* gpush --nproc N [--nnodes M --node-rank I --master-addr H --master-port P] ...:
+ * the launcher (src/launch.c) runs the rest of the command line N times */
+static int launcher(int argc, char **argv) {
+  int nproc = 0, nnodes = 1, node_rank = 0, port = 0;
+  const char *addr = NULL;
+  const char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  int nrest = 0, i = 1;
+  if (!rest) return 1;
+  rest[nrest++] = argv[0];
+  for (; i < argc; i++) {
+    const char *a = argv[i];
+    const char *names[] = {"--nproc", "--nnodes", "--node-rank", "--master-addr", "--master-port"};
+    int which = -1;
+    const char *val = NULL;
+    for (int k = 0; k < 5; k++) {
+      size_t n = strlen(names[k]);
+      if (!strcmp(a, names[k])) {
+        if (i + 1 >= argc) {
+          fprintf(stderr, "gpush: %s needs a value\n", names[k]);
+          free(rest);
+          return 2;
+        }
+        which = k, val = argv[++i];
+      } else if (!strncmp(a, names[k], n) && a[n] == '=') {
+        which = k, val = a + n + 1;
+      }
+    }
+    if (which < 0) {
+      /* the script and its arguments are the children's, untouched */
+      if (!strcmp(a, "-") || a[0] != '-') break;
+      rest[nrest++] = a;
+      if (!strcmp(a, "-e") || !strcmp(a, "--device")) {
+        if (i + 1 < argc) rest[nrest++] = argv[++i];
+      }
+      continue;
+    }
+    char *end;
+    long v = which == 3 ? 0 : strtol(val, &end, 10);
+    if (which != 3 && (*val == 0 || *end != 0)) {
+      fprintf(stderr, "gpush: %s needs a number, got '%s'\n", names[which], val);
+      free(rest);
+      return 2;
+    }
+    if (which == 0) nproc = (int)v;
+    else if (which == 1) nnodes = (int)v;
+    else if (which == 2) node_rank = (int)v;
+    else if (which == 3) addr = val;
+    else port = (int)v;
+  }
+  for (; i < argc; i++) rest[nrest++] = argv[i];
+  int code = 1;
+  if (gp_dist_launch(&code, nproc, nnodes, node_rank, addr, port, nrest, rest) != GP_OK) {
+    fprintf(stderr, "gpush: %s\n", gp_last_error());
+    if (!code) code = 1;
+  }
+  free(rest);
+  return code;
+}
+
 int main(int argc, char **argv) {
   const char *device = NULL;
+  /* launcher options come before the script */
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--nproc") || !strncmp(a, "--nproc=", 8)) return launcher(argc, argv);
+    if (!strcmp(a, "-e") || !strcmp(a, "--device")) i++;
+    else if (!strcmp(a, "-") || a[0] != '-') break;
+  }
+  /* a rank under the launcher: its lines reach the launcher as they are printed */
+  if (getenv("GPUSH_LAUNCHED")) setvbuf(stdout, NULL, _IOLBF, 0);
   int interactive = 0, script = 0, ran_e = 0;
   const char *exprs[64];
   int nexpr = 0;

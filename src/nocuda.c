@@ -3,6 +3,8 @@
 #include "internal.h"
 
 int gp_cuda_compiled(void) { return 0; }
+int gp_cuda_device_count(void) { return 0; }
+int gp_cuda_current_device(void) { return 0; }
 int gp_cuda_init(void) { return gp_error("cuda: this gpush was built without CUDA (nvcc was not found)"); }
 int gp_cuda_malloc(void **p, size_t n) {
   (void)n;

@@ -27,8 +27,8 @@ extern "C" int gp_rtc_version(int *major, int *minor) {
 extern "C" int gp_rtc_arch(char *buf, int n) {
   GP_TRY(gp_cuda_init());
   int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, gp_cuda_current_device());
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, gp_cuda_current_device());
   snprintf(buf, (size_t)n, "sm_%d%d", major, minor);
   return GP_OK;
 }

@@ -14,6 +14,7 @@ local tensor = require 'gpush.tensor'
 local Tensor, is_tensor, raise = tensor.Tensor, tensor.is_tensor, core.raise
 
 local A = {enabled = true, rules = {}}
+local run_hooks, each_leaf, count_hooked
 
 local function needs(t) return is_tensor(t) and (rawget(t, '_rg') or rawget(t, '_node')) ~= nil end
 A.needs = needs
@@ -148,6 +149,52 @@ local function accumulate(grads, a, g)
   end
 end
 
+-- hooks run after a leaf's gradient is complete in a backward: fn(t), with
+-- t.grad final (gp.dist's data-parallel helper launches all-reduces from them)
+A.hooked = setmetatable({}, {__mode = 'k'})  -- leaf -> true while it has hooks
+
+function A.register_post_accumulate_hook(t, fn)
+  if not is_tensor(t) then raise('register_post_accumulate_hook: needs a tensor') end
+  if type(fn) ~= 'function' then raise('register_post_accumulate_hook: needs a function') end
+  local hs = rawget(t, '_pahooks')
+  if not hs then hs = {}; rawset(t, '_pahooks', hs) end
+  hs[#hs + 1] = fn
+  A.hooked[t] = true
+  return {remove = function()
+    for i = #hs, 1, -1 do if hs[i] == fn then table.remove(hs, i) end end
+    if #hs == 0 then rawset(t, '_pahooks', nil); A.hooked[t] = nil end
+  end}
+end
+
+function run_hooks(t)
+  for _, fn in ipairs(rawget(t, '_pahooks') or {}) do fn(t) end
+end
+
+-- the tensor arguments of a node that are leaves needing grad, once per use
+function each_leaf(node, f)
+  for k = 1, node.args.n do
+    local a = node.args[k]
+    if is_tensor(a) then
+      if rawget(a, '_rg') and not rawget(a, '_node') then f(a) end
+    elseif type(a) == 'table' then
+      for _, x in pairs(a) do
+        if is_tensor(x) and rawget(x, '_rg') and not rawget(x, '_node') then f(x) end
+      end
+    end
+  end
+end
+
+-- how many uses each hooked leaf has among the nodes of this backward
+function count_hooked(order)
+  local pending, any = {}, false
+  for _, node in ipairs(order) do
+    each_leaf(node, function(t)
+      if rawget(t, '_pahooks') then pending[t] = (pending[t] or 0) + 1; any = true end
+    end)
+  end
+  return any and pending or nil
+end
+
 function A.backward(root, grad, opts)
   opts = opts or {}
   if not needs(root) then raise('backward: the tensor does not require grad (call :requires_grad() on an input)') end
@@ -173,7 +220,13 @@ function A.backward(root, grad, opts)
   visit(root)
   local grads = {}
   accumulate(grads, root, grad)
-  if not rawget(root, '_node') then return end
+  if not rawget(root, '_node') then
+    if rawget(root, '_pahooks') then run_hooks(root) end
+    return
+  end
+  -- post-accumulate hooks: a leaf's hooks run once its last contribution in
+  -- this backward is added (the node that uses it earliest in the forward)
+  local pending = next(A.hooked) and count_hooked(order) or nil
   A.no_grad(function()
     for i = #order, 1, -1 do
       local node = order[i]
@@ -185,6 +238,14 @@ function A.backward(root, grad, opts)
       if any then
         local gins = {node.rule(gouts, node.args, node.outs, node.saved)}
         for k = 1, node.args.n do accumulate(grads, node.args[k], gins[k]) end
+      end
+      if pending then
+        each_leaf(node, function(t)
+          local c = pending[t]
+          if c then
+            if c == 1 then pending[t] = nil; run_hooks(t) else pending[t] = c - 1 end
+          end
+        end)
       end
     end
   end)

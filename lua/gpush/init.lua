@@ -379,6 +379,42 @@ doc(gp.train.logger, 'gp.train.logger{steps=, every=10, tokens_per_step=, file=}
   'progress lines (\\r on a terminal) and a JSONL log; log:step(step, loss, lr) reads the loss only every `every` steps')
 
 ---------------------------------------------------------------------------
+-- several processes: collectives, the launcher, data-parallel gradients
+gp.dist = require 'gpush.dist'
+do
+  local D = gp.dist
+  doc(D.init, "gp.dist.init{backend='nccl'|'tcp', rank=, world_size=, addr=, port=, timeout=300}",
+    'join the process group: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment (gpush --nproc sets them); rank 0 listens, the others connect and get the NCCL id; tcp: cpu tensors only, no NCCL needed')
+  doc(D.destroy, 'gp.dist.destroy()', 'leave the process group (NCCL communicator and sockets)')
+  doc(D.is_initialized, 'gp.dist.is_initialized()', 'true after gp.dist.init()')
+  doc(D.rank, 'gp.dist.rank()', 'this process rank, 0-based (from init, else $RANK, else 0)')
+  doc(D.world_size, 'gp.dist.world_size()', 'the number of ranks (from init, else $WORLD_SIZE, else 1)')
+  doc(D.local_rank, 'gp.dist.local_rank()', 'the rank on this node ($LOCAL_RANK); it picks the GPU')
+  doc(D.backend, 'gp.dist.backend()', "'nccl', 'tcp', or nil before init")
+  doc(D.is_main, 'gp.dist.is_main()', 'true on rank 0 (the one that logs and saves)')
+  doc(D.launched, 'gp.dist.launched()', 'true in a process started by gpush --nproc (RANK and WORLD_SIZE set)')
+  doc(D.nccl, 'gp.dist.nccl()', "NCCL's version code and file, or nil and why it cannot be loaded ($GP_NCCL_LIB overrides the path)")
+  doc(D.uid, 'gp.dist.uid()', 'the 128 bytes rank 0 handed out at the rendezvous (the NCCL unique id), as a string')
+  doc(D.allreduce, "gp.dist.allreduce(t, 'sum'|'avg'|'max'|'min'|'prod', {stream=})", 'in place over the ranks; cuda: NCCL on the current stream, cpu: over TCP')
+  doc(D.broadcast, 'gp.dist.broadcast(t, root=0, {stream=})', "in place: every rank gets rank root's t")
+  doc(D.allgather, 'gp.dist.allgather(t[, out], {stream=})', "the ranks' t concatenated along dim 1 in rank order")
+  doc(D.reduce_scatter, "gp.dist.reduce_scatter(t, 'sum'[, out], {stream=})", "the reduction over ranks, then this rank's 1/world part of dim 1")
+  doc(D.barrier, 'gp.dist.barrier()', "wait for this rank's GPU work, then for every rank to get here")
+  doc(D.group, 'gp.dist.group(fn)', 'run fn with its NCCL collectives in one group (ncclGroupStart/End)')
+  doc(D.shard, 'gp.dist.shard(x, dim=1)', "this rank's equal part of a global batch: rows rank*n+1 .. (rank+1)*n")
+  doc(D.launch, 'gp.dist.launch(nproc, {script, args...}, {nnodes=, node_rank=, addr=, port=})', 'run a script as nproc ranks (gpush --nproc); returns the exit status')
+  doc(D.script_argv, 'gp.dist.script_argv(arg, {nproc=true})', "this script's command line for gp.dist.launch, without the named flags")
+  doc(D.DDP, 'gp.dist.DDP(model, {bucket_mb=25, overlap=true, broadcast=true})',
+    "data parallel: rank 0's parameters everywhere; during backward the gradients are averaged over ranks in buckets (NCCL on a side stream); call ddp:sync() before opt:step()")
+  doc(D.DDP_class.sync, 'ddp:sync()', 'after the last backward of a step: launch the remaining buckets and wait for them (grads are the mean over ranks)')
+  doc(D.DDP_class.parameters, 'ddp:parameters()', 'the parameters it synchronizes')
+  doc(D.DDP_class.remove_hooks, 'ddp:remove_hooks()', 'stop launching all-reduces from backward (ddp:sync() then does them all)')
+  doc(D.DDP_class.no_sync, 'ddp:no_sync(fn)', 'run fn (forward and backward of a micro-batch) without synchronizing gradients')
+end
+gp.autograd_hook = doc(autograd.register_post_accumulate_hook, 'gp.autograd_hook(t, fn)',
+  "fn(t) runs in loss:backward() once t's gradient is complete; returns {remove = function}")
+
+---------------------------------------------------------------------------
 -- help
 
 function gp.kernels()
