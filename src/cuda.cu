@@ -10,6 +10,23 @@ static cudaStream_t g_stream;  /* gpush's own default stream */
 static cudaStream_t g_cur;     /* the current stream: g_stream unless gp.with_stream set another */
 static int g_sms = 80;
 static int g_streams_used;     /* a user stream was current since the last device-wide sync */
+static int g_capturing;        /* a CUDA graph capture is under way on g_cur (gp.graph) */
+
+/* ---- deferred index checks (kernels/bad_index.cuh) ----
+ * One device flag [id, value]; ids name a descriptor (op, kind, size, what)
+ * in a host table that only grows (the same descriptor keeps its id, so ids
+ * baked into CUDA graphs stay valid). The flag is read at synchronization
+ * points, when a launch armed it since the last read. */
+#define NBAD 4096
+static unsigned long long *g_bad; /* device [2] */
+static int g_bad_armed;
+static struct bad_desc {
+  const char *op, *kind, *what;
+  int64_t size;
+} g_bad_tab[NBAD];
+static int g_nbad;
+
+static int bad_poll(const char *where);
 
 extern "C" int gp_cuda_compiled(void) { return 1; }
 
@@ -28,7 +45,13 @@ extern "C" int gp_cuda_init(void) {
     } else {
       cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, 0);
       g_cur = g_stream;
-      g_state = 1;
+      if ((e = cudaMalloc((void **)&g_bad, 2 * sizeof *g_bad)) != cudaSuccess ||
+          (e = cudaMemset(g_bad, 0, 2 * sizeof *g_bad)) != cudaSuccess) {
+        snprintf(g_why, sizeof g_why, "CUDA allocation of the index flag failed (%s)", cudaGetErrorString(e));
+        g_state = 0;
+      } else {
+        g_state = 1;
+      }
     }
   }
   return g_state == 1 ? GP_OK : gp_error("%s", g_why);
@@ -51,31 +74,87 @@ extern "C" int gp_cuda_malloc(void **p, size_t n) {
 
 extern "C" void gp_cuda_free(void *p) { cudaFree(p); }
 
+static int no_sync_in_capture(const char *op) {
+  return gp_error("%s: cannot wait for the GPU or copy between host and device while a CUDA graph is being captured "
+                  "(gp.graph): host reads (item, totable, print), gp.sync, host-to-device tensors and synchronizing "
+                  "calls must stay outside the captured function", op);
+}
+
 extern "C" int gp_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
   GP_TRY(gp_cuda_init());
+  if (g_capturing && kind != 3) return no_sync_in_capture(kind == 2 ? "to (device to host)" : "to (host to device)");
   cudaMemcpyKind k = kind == 1 ? cudaMemcpyHostToDevice : kind == 2 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
   cudaError_t e = cudaMemcpyAsync(dst, src, n, k, g_cur);
   if (e == cudaSuccess && kind == 2) e = cudaStreamSynchronize(g_cur);
   if (e != cudaSuccess) return gp_error("to: copy of %zu bytes failed: %s", n, cudaGetErrorString(e));
-  return GP_OK;
+  return kind == 2 ? bad_poll("to") : GP_OK;
 }
 
 extern "C" int gp_cuda_sync(const char *op) {
   if (g_state != 1) return GP_OK;
+  if (g_capturing) return no_sync_in_capture(op);
   cudaError_t e = cudaStreamSynchronize(g_cur);
   if (e != cudaSuccess) return gp_error("%s: CUDA error: %s", op, cudaGetErrorString(e));
-  return GP_OK;
+  return bad_poll(op);
 }
 
 /* Wait for every stream; blocks the allocator held back for multi-stream
  * safety become reusable. */
 extern "C" int gp_cuda_device_sync(const char *op) {
   if (g_state != 1) return GP_OK;
+  if (g_capturing) return no_sync_in_capture(op);
   cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess) return gp_error("%s: CUDA error: %s", op, cudaGetErrorString(e));
   g_streams_used = g_cur != g_stream;
   gp_alloc_release_pending();
-  return GP_OK;
+  return bad_poll(op);
+}
+
+/* ---- deferred index checks ---- */
+
+int gp_cuda_bad_ref(gp_bad_ref *out, const char *op, const char *kind, int64_t size, const char *what) {
+  out->flag = g_bad;
+  out->id = NBAD + 1; /* the table is full: reported without the details */
+  g_bad_armed = 1;
+  unsigned h = (unsigned)((((uintptr_t)op >> 3) * 31u + ((uintptr_t)what >> 3) * 7u + (uint64_t)size * 2654435761u) % NBAD);
+  for (int probe = 0; probe < NBAD; probe++, h = (h + 1) % NBAD) {
+    bad_desc &d = g_bad_tab[h];
+    if (!d.op) {
+      d.op = op;
+      d.kind = kind;
+      d.what = what;
+      d.size = size;
+      g_nbad++;
+      out->id = h + 1;
+      break;
+    }
+    if (d.op == op && d.kind == kind && d.what == what && d.size == size) {
+      out->id = h + 1;
+      break;
+    }
+  }
+  return g_bad ? GP_OK : gp_error("%s: the CUDA backend is not initialized", op);
+}
+
+/* after a synchronization: the first bad index recorded since the last read */
+static int bad_poll(const char *where) {
+  (void)where;
+  if (!g_bad_armed || g_capturing || !g_bad) return GP_OK;
+  g_bad_armed = 0;
+  unsigned long long h[2] = {0, 0};
+  /* the legacy stream does not wait for gpush's non-blocking streams */
+  cudaError_t e = cudaMemcpy(h, g_bad, sizeof h, cudaMemcpyDeviceToHost);
+  if (e != cudaSuccess) return gp_error("%s: CUDA error reading the index flag: %s", where, cudaGetErrorString(e));
+  if (!h[0]) return GP_OK;
+  cudaMemset(g_bad, 0, sizeof h);
+  if (h[0] >= 1 && h[0] <= NBAD && g_bad_tab[h[0] - 1].op) {
+    const bad_desc &d = g_bad_tab[h[0] - 1];
+    return gp_error("%s: %s %lld is out of range for %s of size %lld (on the GPU; nothing outside the tensors was "
+                    "touched; reported at the next synchronization)",
+                    d.op, d.kind, (long long)(int64_t)h[1], d.what, (long long)d.size);
+  }
+  return gp_error("an index op on the GPU: index %lld is out of range (reported at the next synchronization)",
+                  (long long)(int64_t)h[1]);
 }
 
 extern "C" int gp_cuda_streams_used(void) { return g_streams_used || g_cur != g_stream; }
@@ -114,9 +193,11 @@ extern "C" int gp_cuda_event_record(void *ev) {
   return e == cudaSuccess ? GP_OK : gp_error("event_record: %s", cudaGetErrorString(e));
 }
 extern "C" int gp_cuda_event_elapsed(float *ms, void *a, void *b) {
+  if (g_capturing) return no_sync_in_capture("event_elapsed");
   cudaError_t e = cudaEventSynchronize((cudaEvent_t)b);
   if (e == cudaSuccess) e = cudaEventElapsedTime(ms, (cudaEvent_t)a, (cudaEvent_t)b);
-  return e == cudaSuccess ? GP_OK : gp_error("event_elapsed: %s", cudaGetErrorString(e));
+  if (e != cudaSuccess) return gp_error("event_elapsed: %s", cudaGetErrorString(e));
+  return bad_poll("event_elapsed");
 }
 
 /* ---- streams: gp.stream(), gp.with_stream(s, fn) ---- */
@@ -147,6 +228,7 @@ extern "C" int gp_stream_set_current(void *s) {
   GP_TRY(gp_cuda_init());
   cudaStream_t next = s ? (cudaStream_t)s : g_stream;
   if (next == g_cur) return GP_OK;
+  if (g_capturing) return gp_error("with_stream: the current stream cannot change while a CUDA graph is being captured (gp.graph)");
   if (next != g_stream) {
     cudaEvent_t ev;
     cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
@@ -162,8 +244,10 @@ extern "C" int gp_stream_set_current(void *s) {
 
 extern "C" int gp_stream_synchronize(void *s) {
   if (g_state != 1) return GP_OK;
+  if (g_capturing) return no_sync_in_capture("stream:synchronize");
   cudaError_t e = cudaStreamSynchronize(s ? (cudaStream_t)s : g_stream);
-  return e == cudaSuccess ? GP_OK : gp_error("stream:synchronize: %s", cudaGetErrorString(e));
+  if (e != cudaSuccess) return gp_error("stream:synchronize: %s", cudaGetErrorString(e));
+  return bad_poll("stream:synchronize");
 }
 
 extern "C" int gp_stream_query(void *s) {
@@ -187,12 +271,15 @@ extern "C" int gp_cuda_event_wait(void *s, void *ev) {
 }
 
 extern "C" int gp_cuda_event_sync(void *ev, int query) {
+  if (g_capturing) return -no_sync_in_capture(query ? "event:query" : "event:synchronize");
   cudaError_t e = query ? cudaEventQuery((cudaEvent_t)ev) : cudaEventSynchronize((cudaEvent_t)ev);
   if (e == cudaErrorNotReady) {
     cudaGetLastError();
     return 0;
   }
-  return e == cudaSuccess ? 1 : -gp_error("event: %s", cudaGetErrorString(e));
+  if (e != cudaSuccess) return -gp_error("event: %s", cudaGetErrorString(e));
+  if (!query && bad_poll("event:synchronize") != GP_OK) return -GP_ERR;
+  return 1;
 }
 
 /* ---- launch notes for gp.profile: registers and occupancy ---- */
