@@ -1,6 +1,7 @@
 /* cuda.cu: the CUDA runtime side of the host: device discovery, the stream,
  * raw allocation and copies, error checks. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cuda_internal.h"
 
@@ -333,4 +334,185 @@ extern "C" int gp_last_launch(gp_launch_info *out) {
   out->blocks_per_sm = g_attr[h].blocks_per_sm;
   out->occupancy = maxt > 0 ? (double)g_attr[h].blocks_per_sm * g_attr[h].block / maxt : 0;
   return GP_OK;
+}
+
+/* ---- CUDA graphs: gp.graph(fn) ----
+ * gp_graph_begin starts a capture of gpush's current stream (relaxed mode, so
+ * the caching allocator may still cudaMalloc), makes a graph-private pool of
+ * the allocator current, and queues a one-thread kernel as the graph's first
+ * node: it writes the generator's seed and the replay's offset base into the
+ * graph's device slot, which every RNG kernel of the graph reads (offsets
+ * reserved during the capture are relative to that base). gp_graph_replay
+ * reserves the graph's draws from the host generator, patches the head
+ * kernel's arguments (cudaGraphExecKernelNodeSetParams) and launches: a
+ * replay draws exactly what the same calls would draw eagerly at that point. */
+
+__global__ void k_graph_head(unsigned long long *slot, unsigned long long seed, unsigned long long base) {
+  slot[0] = seed;
+  slot[1] = base;
+}
+
+struct gp_graph {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  cudaGraphNode_t head;
+  gp_pool *pool;
+  unsigned long long *rng;  /* device [2]: seed, offset base */
+  uint64_t rng_count;       /* Philox counters one replay uses */
+  cudaStream_t stream;      /* the stream captured */
+  gp_graph *next_zombie;    /* freed during another capture: destroyed when it ends */
+  unsigned long long a_seed, a_base;
+  unsigned long long *a_slot;
+  void *args[3];
+};
+
+static gp_graph *g_cap;    /* the graph being captured */
+static gp_graph *g_zombie; /* graphs freed during a capture */
+
+extern "C" int gp_cuda_capturing(void) { return g_capturing; }
+
+extern "C" int gp_cuda_capture_rng(uint64_t *rel, uint64_t n) {
+  if (!g_capturing || !g_cap) return 0;
+  *rel = g_cap->rng_count;
+  g_cap->rng_count += (n + 3) / 4;
+  return 1;
+}
+
+const unsigned long long *gp_cuda_rng_slot(void) { return g_capturing && g_cap ? g_cap->rng : NULL; }
+
+static void graph_destroy(gp_graph *g) {
+  if (!g) return;
+  if (g->exec) cudaGraphExecDestroy(g->exec);
+  if (g->graph) cudaGraphDestroy(g->graph);
+  if (g->rng) cudaFree(g->rng);
+  gp_pool_release(g->pool);
+  free(g);
+}
+
+extern "C" int gp_graph_begin(gp_graph **out) {
+  *out = NULL;
+  GP_TRY(gp_cuda_init());
+  if (g_capturing) return gp_error("graph: a capture is already under way (gp.graph calls do not nest)");
+  gp_graph *g = (gp_graph *)calloc(1, sizeof *g);
+  if (!g) return gp_error_oom("graph: out of host memory");
+  g->pool = gp_pool_new();
+  cudaError_t e = g->pool ? cudaMalloc((void **)&g->rng, 2 * sizeof(unsigned long long)) : cudaErrorMemoryAllocation;
+  if (e == cudaSuccess) e = cudaMemset(g->rng, 0, 2 * sizeof(unsigned long long));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    graph_destroy(g);
+    return gp_error("graph: cannot allocate the graph's random-number slot: %s", cudaGetErrorString(e));
+  }
+  g->stream = g_cur;
+  e = cudaStreamBeginCapture(g_cur, cudaStreamCaptureModeRelaxed);
+  if (e == cudaSuccess) {
+    k_graph_head<<<1, 1, 0, g_cur>>>(g->rng, 0, 0);
+    e = cudaGetLastError();
+    if (e != cudaSuccess) {
+      cudaGraph_t tmp = NULL;
+      cudaStreamEndCapture(g_cur, &tmp);
+      if (tmp) cudaGraphDestroy(tmp);
+    }
+  }
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    graph_destroy(g);
+    return gp_error("graph: cudaStreamBeginCapture failed: %s", cudaGetErrorString(e));
+  }
+  g_cap = g;
+  g_capturing = 1;
+  gp_pool_set_current(g->pool);
+  *out = g;
+  return GP_OK;
+}
+
+/* ok = 0: the captured function failed; the capture is ended and dropped. */
+extern "C" int gp_graph_end(gp_graph *g, int ok) {
+  if (!g || g != g_cap) return gp_error("graph: no capture of this graph is under way");
+  g_capturing = 0;
+  g_cap = NULL;
+  gp_pool_set_current(NULL);
+  cudaError_t e = cudaStreamEndCapture(g->stream, &g->graph);
+  cudaError_t last = cudaGetLastError(); /* clear what the capture left (a refused call invalidates it) */
+  while (g_zombie) {
+    gp_graph *z = g_zombie;
+    g_zombie = z->next_zombie;
+    graph_destroy(z);
+  }
+  if (!ok) {
+    graph_destroy(g);
+    return GP_OK;
+  }
+  if (e == cudaSuccess && !g->graph) e = cudaErrorStreamCaptureInvalidated;
+  if (e != cudaSuccess) {
+    graph_destroy(g);
+    return gp_error("graph: the capture failed: %s%s%s (a call in the captured function is not capturable: host "
+                    "reads, syncs and host copies must stay outside it)",
+                    cudaGetErrorString(e), last != cudaSuccess ? "; " : "",
+                    last != cudaSuccess ? cudaGetErrorString(last) : "");
+  }
+  e = cudaGraphInstantiate(&g->exec, g->graph, 0);
+  /* the head node: the graph's only root (everything after it was captured in stream order) */
+  size_t nroot = 0;
+  if (e == cudaSuccess) e = cudaGraphGetRootNodes(g->graph, NULL, &nroot);
+  if (e == cudaSuccess) {
+    cudaGraphNode_t roots[8];
+    size_t n = nroot < 8 ? nroot : 8;
+    if (n) e = cudaGraphGetRootNodes(g->graph, roots, &n);
+    for (size_t i = 0; e == cudaSuccess && i < n && !g->head; i++) {
+      cudaGraphNodeType ty;
+      if (cudaGraphNodeGetType(roots[i], &ty) != cudaSuccess || ty != cudaGraphNodeTypeKernel) continue;
+      cudaKernelNodeParams p;
+      if (cudaGraphKernelNodeGetParams(roots[i], &p) == cudaSuccess && p.func == (void *)k_graph_head) g->head = roots[i];
+    }
+  }
+  if (e != cudaSuccess || !g->head) {
+    cudaGetLastError();
+    graph_destroy(g);
+    return gp_error("graph: instantiating the captured graph failed: %s",
+                    e != cudaSuccess ? cudaGetErrorString(e) : "its first node is missing");
+  }
+  return GP_OK;
+}
+
+extern "C" int gp_graph_replay(gp_graph *g) {
+  if (!g || !g->exec) return gp_error("graph:replay: the graph was freed or never captured");
+  if (g_capturing) return gp_error("graph:replay: cannot replay a graph while another is being captured");
+  if (g->rng_count) {
+    g->a_slot = g->rng;
+    g->a_seed = gp_seed();
+    g->a_base = gp_rng_reserve(g->rng_count * 4);
+    g->args[0] = &g->a_slot;
+    g->args[1] = &g->a_seed;
+    g->args[2] = &g->a_base;
+    cudaKernelNodeParams p = {};
+    p.func = (void *)k_graph_head;
+    p.gridDim = dim3(1);
+    p.blockDim = dim3(1);
+    p.sharedMemBytes = 0;
+    p.kernelParams = g->args;
+    p.extra = NULL;
+    cudaError_t e = cudaGraphExecKernelNodeSetParams(g->exec, g->head, &p);
+    if (e != cudaSuccess) return gp_error("graph:replay: cannot set the random-number base: %s", cudaGetErrorString(e));
+  }
+  cudaError_t e = cudaGraphLaunch(g->exec, g_cur);
+  if (e != cudaSuccess) return gp_error("graph:replay: cudaGraphLaunch failed: %s", cudaGetErrorString(e));
+  g_bad_armed = 1; /* its index checks are read at the next synchronization */
+  return GP_OK;
+}
+
+extern "C" void gp_graph_free(gp_graph *g) {
+  if (!g) return;
+  if (g == g_cap) {
+    gp_graph_end(g, 0);
+    return;
+  }
+  if (g_capturing) { /* cudaFree is not allowed during a capture */
+    g->next_zombie = g_zombie;
+    g_zombie = g;
+    return;
+  }
+  /* replays still queued finish first: the pool's blocks are reused only by
+   * work queued after them on the stream (as for every cached block) */
+  graph_destroy(g);
 }
