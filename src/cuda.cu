@@ -356,6 +356,7 @@ struct gp_graph {
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   cudaGraphNode_t head;
+  cudaKernelNodeParams hp;  /* the head node's parameters as captured */
   gp_pool *pool;
   unsigned long long *rng;  /* device [2]: seed, offset base */
   uint64_t rng_count;       /* Philox counters one replay uses */
@@ -459,12 +460,19 @@ extern "C" int gp_graph_end(gp_graph *g, int ok) {
     cudaGraphNode_t roots[8];
     size_t n = nroot < 8 ? nroot : 8;
     if (n) e = cudaGraphGetRootNodes(g->graph, roots, &n);
-    for (size_t i = 0; e == cudaSuccess && i < n && !g->head; i++) {
-      cudaGraphNodeType ty;
-      if (cudaGraphNodeGetType(roots[i], &ty) != cudaSuccess || ty != cudaGraphNodeTypeKernel) continue;
-      cudaKernelNodeParams p;
-      if (cudaGraphKernelNodeGetParams(roots[i], &p) == cudaSuccess && p.func == (void *)k_graph_head) g->head = roots[i];
-    }
+    /* the head kernel: matched by function, else the single root kernel node */
+    for (int pass = 0; pass < 2 && e == cudaSuccess && !g->head; pass++)
+      for (size_t i = 0; i < n && !g->head; i++) {
+        cudaGraphNodeType ty;
+        if (cudaGraphNodeGetType(roots[i], &ty) != cudaSuccess || ty != cudaGraphNodeTypeKernel) continue;
+        cudaKernelNodeParams p;
+        if (cudaGraphKernelNodeGetParams(roots[i], &p) != cudaSuccess) continue;
+        if (pass == 0 ? p.func == (void *)k_graph_head : n == 1) {
+          g->head = roots[i];
+          g->hp = p;
+        }
+      }
+    cudaGetLastError();
   }
   if (e != cudaSuccess || !g->head) {
     cudaGetLastError();
@@ -485,11 +493,7 @@ extern "C" int gp_graph_replay(gp_graph *g) {
     g->args[0] = &g->a_slot;
     g->args[1] = &g->a_seed;
     g->args[2] = &g->a_base;
-    cudaKernelNodeParams p = {};
-    p.func = (void *)k_graph_head;
-    p.gridDim = dim3(1);
-    p.blockDim = dim3(1);
-    p.sharedMemBytes = 0;
+    cudaKernelNodeParams p = g->hp; /* as captured: the function, grid and block */
     p.kernelParams = g->args;
     p.extra = NULL;
     cudaError_t e = cudaGraphExecKernelNodeSetParams(g->exec, g->head, &p);
