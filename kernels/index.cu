@@ -8,14 +8,14 @@
 template <typename I> __device__ __forceinline__ int64_t ldi(const I *p, int64_t i) { return (int64_t)p[i]; }
 
 template <typename U, typename I>
-__global__ void k_embedding(U *o, const U *w, const I *idx, int64_t n, int64_t v, int64_t upr) {
+__global__ void k_embedding(U *o, const U *w, const I *idx, int64_t n, int64_t v, int64_t upr, gp_bad_ref bad) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   int64_t total = n * upr;
   for (int64_t u = tid; u < total; u += nth) {
     int64_t i = u / upr, j = u - i * upr;
     int64_t r = ldi(idx, i);
     if (r < 0 || r >= v) {
-      gp_report_bad(r);
+      gp_report_bad(bad, r);
       o[u] = U{};
     } else {
       o[u] = w[r * upr + j];
@@ -24,38 +24,39 @@ __global__ void k_embedding(U *o, const U *w, const I *idx, int64_t n, int64_t v
 }
 
 template <typename U> static void launch_embedding(gp_tensor *out, const gp_tensor *weight, const gp_tensor *idx, int64_t n,
-                                                   int64_t v, int64_t upr) {
+                                                   int64_t v, gp_bad_ref bad, int64_t upr) {
   int64_t total = n * upr;
   unsigned g = gp_grid(total, 256);
   if (idx->dtype == GP_I32)
     k_embedding<U, int32_t><<<g, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(weight),
-                                                               (const int32_t *)gp_ptr(idx), n, v, upr);
+                                                               (const int32_t *)gp_ptr(idx), n, v, upr, bad);
   else
     k_embedding<U, int64_t><<<g, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(weight),
-                                                               (const int64_t *)gp_ptr(idx), n, v, upr);
+                                                               (const int64_t *)gp_ptr(idx), n, v, upr, bad);
 }
 
 extern "C" int gp_cuda_embedding(gp_tensor *out, const gp_tensor *weight, const gp_tensor *idx, int64_t n, int64_t v,
                                  int64_t d) {
   if (n == 0 || d == 0) return GP_OK;
-  GP_TRY(gp_bad_clear("embedding"));
+  gp_bad_ref bad;
+  GP_TRY(gp_bad_begin(&bad, "embedding", v, "weight's rows"));
   int64_t rb = d * gp_elsize(out->dtype);
   uintptr_t al = (uintptr_t)gp_ptr(out) | (uintptr_t)gp_ptr(weight) | (uintptr_t)rb;
-  if (al % 16 == 0) launch_embedding<uint4>(out, weight, idx, n, v, rb / 16);
-  else if (al % 8 == 0) launch_embedding<uint2>(out, weight, idx, n, v, rb / 8);
-  else if (al % 4 == 0) launch_embedding<uint32_t>(out, weight, idx, n, v, rb / 4);
-  else if (al % 2 == 0) launch_embedding<uint16_t>(out, weight, idx, n, v, rb / 2);
-  else launch_embedding<uint8_t>(out, weight, idx, n, v, rb);
-  return gp_bad_check("embedding", v, "weight's rows");
+  if (al % 16 == 0) launch_embedding<uint4>(out, weight, idx, n, v, bad, rb / 16);
+  else if (al % 8 == 0) launch_embedding<uint2>(out, weight, idx, n, v, bad, rb / 8);
+  else if (al % 4 == 0) launch_embedding<uint32_t>(out, weight, idx, n, v, bad, rb / 4);
+  else if (al % 2 == 0) launch_embedding<uint16_t>(out, weight, idx, n, v, bad, rb / 2);
+  else launch_embedding<uint8_t>(out, weight, idx, n, v, bad, rb);
+  return gp_bad_end("embedding");
 }
 
 template <typename T, typename I>
-__global__ void k_embedding_bwd(float *acc, const T *g, const I *idx, int64_t n, int64_t v, int64_t d) {
+__global__ void k_embedding_bwd(float *acc, const T *g, const I *idx, int64_t n, int64_t v, int64_t d, gp_bad_ref bad) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   for (int64_t e = tid; e < n * d; e += nth) {
     int64_t i = e / d, j = e - i * d;
     int64_t r = ldi(idx, i);
-    if (r < 0 || r >= v) gp_report_bad(r);
+    if (r < 0 || r >= v) gp_report_bad(bad, r);
     else atomicAdd(acc + r * d + j, ld(g[e]));
   }
 }
@@ -89,7 +90,8 @@ extern "C" int gp_cuda_embedding_backward(gp_tensor *dweight, const gp_tensor *d
   gp_tensor *scratch;
   float *acc;
   GP_TRY(f32_acc(&scratch, &acc, dweight));
-  int rc = gp_bad_clear("embedding_backward");
+  gp_bad_ref bad;
+  int rc = gp_bad_begin(&bad, "embedding_backward", v, "dweight's rows");
   cudaError_t e = cudaMemsetAsync(acc, 0, (size_t)vd * sizeof(float), gp_cuda_stream());
   if (rc == GP_OK && e != cudaSuccess) rc = gp_error("embedding_backward: %s", cudaGetErrorString(e));
   if (rc == GP_OK) {
@@ -97,12 +99,12 @@ extern "C" int gp_cuda_embedding_backward(gp_tensor *dweight, const gp_tensor *d
       unsigned g = gp_grid(n * d, 256);
       GP_FLOAT_SWITCH(dout->dtype, T,
                       if (idx->dtype == GP_I32) k_embedding_bwd<T, int32_t><<<g, 256, 0, gp_cuda_stream()>>>(
-                          acc, (const T *)gp_ptr(dout), (const int32_t *)gp_ptr(idx), n, v, d);
+                          acc, (const T *)gp_ptr(dout), (const int32_t *)gp_ptr(idx), n, v, d, bad);
                       else k_embedding_bwd<T, int64_t><<<g, 256, 0, gp_cuda_stream()>>>(
-                          acc, (const T *)gp_ptr(dout), (const int64_t *)gp_ptr(idx), n, v, d));
+                          acc, (const T *)gp_ptr(dout), (const int64_t *)gp_ptr(idx), n, v, d, bad));
     }
     f32_round(dweight, acc, vd);
-    rc = gp_bad_check("embedding_backward", v, "dweight's rows");
+    rc = gp_bad_end("embedding_backward");
   }
   gp_tensor_free(scratch);
   return rc;
@@ -114,14 +116,14 @@ struct g3 {
 };
 
 template <typename U, typename I>
-__global__ void k_gather(U *o, const U *x, const I *idx, g3 g, int mode) {
+__global__ void k_gather(U *o, const U *x, const I *idx, g3 g, int mode, gp_bad_ref bad) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   int64_t n = g.A * g.K * g.C;
   for (int64_t e = tid; e < n; e += nth) {
     int64_t c = e % g.C, ak = e / g.C, k = ak % g.K, a = ak / g.K;
     int64_t b = ldi(idx, mode == 0 ? e : k);
     if (b < 0 || b >= g.B) {
-      gp_report_bad(b);
+      gp_report_bad(bad, b);
       o[e] = 0;
     } else {
       o[e] = x[a * g.sa + b * g.sb + c * g.sc];
@@ -129,28 +131,30 @@ __global__ void k_gather(U *o, const U *x, const I *idx, g3 g, int mode) {
   }
 }
 
-template <typename U> static void launch_gather(int mode, gp_tensor *out, const gp_tensor *x, const gp_tensor *idx, g3 g) {
+template <typename U>
+static void launch_gather(int mode, gp_tensor *out, const gp_tensor *x, const gp_tensor *idx, g3 g, gp_bad_ref bad) {
   unsigned gr = gp_grid(g.A * g.K * g.C, 256);
   if (idx->dtype == GP_I32)
     k_gather<U, int32_t><<<gr, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(x),
-                                                             (const int32_t *)gp_ptr(idx), g, mode);
+                                                             (const int32_t *)gp_ptr(idx), g, mode, bad);
   else
     k_gather<U, int64_t><<<gr, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(x),
-                                                             (const int64_t *)gp_ptr(idx), g, mode);
+                                                             (const int64_t *)gp_ptr(idx), g, mode, bad);
 }
 
 extern "C" int gp_cuda_gather(int mode, gp_tensor *out, const gp_tensor *x, const gp_tensor *idx) {
   const char *op = mode == 0 ? "gather" : "index_select";
   g3 g = {out->shape[0], out->shape[1], out->shape[2], x->shape[1], x->stride[0], x->stride[1], x->stride[2]};
   if (g.A * g.K * g.C == 0) return GP_OK;
-  GP_TRY(gp_bad_clear(op));
+  gp_bad_ref bad;
+  GP_TRY(gp_bad_begin(&bad, op, g.B, "x's dim 2 (the gathered dim)"));
   switch (gp_elsize(out->dtype)) {
-    case 1: launch_gather<uint8_t>(mode, out, x, idx, g); break;
-    case 2: launch_gather<uint16_t>(mode, out, x, idx, g); break;
-    case 4: launch_gather<uint32_t>(mode, out, x, idx, g); break;
-    default: launch_gather<unsigned long long>(mode, out, x, idx, g); break;
+    case 1: launch_gather<uint8_t>(mode, out, x, idx, g, bad); break;
+    case 2: launch_gather<uint16_t>(mode, out, x, idx, g, bad); break;
+    case 4: launch_gather<uint32_t>(mode, out, x, idx, g, bad); break;
+    default: launch_gather<unsigned long long>(mode, out, x, idx, g, bad); break;
   }
-  return gp_bad_check(op, g.B, "x's dim 2 (the gathered dim)");
+  return gp_bad_end(op);
 }
 
 /* acc[a,b,c] = x[a,b,c] (x strided) */
@@ -164,13 +168,13 @@ template <typename T> __global__ void k_init3(float *acc, const T *x, int64_t A,
 }
 
 template <typename T, typename I>
-__global__ void k_scatter_add(float *acc, const T *src, const I *idx, g3 g) {
+__global__ void k_scatter_add(float *acc, const T *src, const I *idx, g3 g, gp_bad_ref bad) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   int64_t n = g.A * g.K * g.C;
   for (int64_t e = tid; e < n; e += nth) {
     int64_t c = e % g.C, ak = e / g.C, k = ak % g.K, a = ak / g.K;
     int64_t b = ldi(idx, e);
-    if (b < 0 || b >= g.B) gp_report_bad(b);
+    if (b < 0 || b >= g.B) gp_report_bad(bad, b);
     else atomicAdd(acc + (a * g.B + b) * g.C + c, ld(src[a * g.sa + k * g.sb + c * g.sc]));
   }
 }
@@ -181,7 +185,8 @@ extern "C" int gp_cuda_scatter_add(gp_tensor *out, const gp_tensor *x, const gp_
   gp_tensor *scratch;
   float *acc;
   GP_TRY(f32_acc(&scratch, &acc, out));
-  int rc = gp_bad_clear("scatter_add");
+  gp_bad_ref bad;
+  int rc = gp_bad_begin(&bad, "scatter_add", B, "out's dim 2 (the scattered dim)");
   if (rc == GP_OK) {
     GP_FLOAT_SWITCH(x->dtype, T,
                     k_init3<T><<<gp_grid(A * B * C, 256), 256, 0, gp_cuda_stream()>>>(
@@ -191,12 +196,12 @@ extern "C" int gp_cuda_scatter_add(gp_tensor *out, const gp_tensor *x, const gp_
       unsigned gr = gp_grid(A * K * C, 256);
       GP_FLOAT_SWITCH(src->dtype, T,
                       if (idx->dtype == GP_I32) k_scatter_add<T, int32_t><<<gr, 256, 0, gp_cuda_stream()>>>(
-                          acc, (const T *)gp_ptr(src), (const int32_t *)gp_ptr(idx), g);
+                          acc, (const T *)gp_ptr(src), (const int32_t *)gp_ptr(idx), g, bad);
                       else k_scatter_add<T, int64_t><<<gr, 256, 0, gp_cuda_stream()>>>(
-                          acc, (const T *)gp_ptr(src), (const int64_t *)gp_ptr(idx), g));
+                          acc, (const T *)gp_ptr(src), (const int64_t *)gp_ptr(idx), g, bad));
     }
     f32_round(out, acc, A * B * C);
-    rc = gp_bad_check("scatter_add", B, "out's dim 2 (the scattered dim)");
+    rc = gp_bad_end("scatter_add");
   }
   gp_tensor_free(scratch);
   return rc;

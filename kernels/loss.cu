@@ -2,9 +2,10 @@
  * for its max and sum of exponentials (online softmax, f32), pass 2 reads it
  * again and writes dlogits. Rows load in 16-byte vectors when the row length
  * and pointers allow. A target outside [0, V) that is not ignore_index gives
- * a NaN loss and NaN gradient row (no host sync to report it; the CPU
- * reference raises an error). */
-#include "../src/cuda_internal.h"
+ * a NaN loss and NaN gradient row and is reported as an error at the next
+ * synchronization point (kernels/bad_index.cuh: no host sync here; the CPU
+ * reference raises the error at once). */
+#include "bad_index.cuh"
 
 #include <math.h>
 
@@ -80,7 +81,7 @@ __device__ __forceinline__ void block_ms(float &m, float &s) {
 
 template <typename T, typename I>
 __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const I *targets, int64_t v, int64_t ign,
-                                float scale, bool vec) {
+                                float scale, bool vec, gp_bad_ref bad) {
   int64_t row = blockIdx.x;
   const T *x = logits + row * v;
   T *g = dlogits ? dlogits + row * v : nullptr;
@@ -92,7 +93,10 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
   }
   if (t < 0 || t >= v) {
     float nan = __int_as_float(0x7fc00000);
-    if (threadIdx.x == 0) loss[row] = nan;
+    if (threadIdx.x == 0) {
+      loss[row] = nan;
+      gp_report_bad(bad, t);
+    }
     if (g) row_map(g, x, v, vec, [nan](int64_t, float) { return nan; });
     return;
   }
@@ -120,14 +124,17 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   uintptr_t al = (uintptr_t)gp_ptr(logits) | (dlogits ? (uintptr_t)gp_ptr(dlogits) : 0);
   bool vec = (v * es) % 16 == 0 && al % 16 == 0;
   int bs = v >= 16384 ? 1024 : v >= 2048 ? 512 : v >= 256 ? 256 : 64;
+  const char *op = dlogits ? "cross_entropy_fwd_bwd" : "cross_entropy";
+  gp_bad_ref bad;
+  GP_TRY(gp_cuda_bad_ref(&bad, op, "target", v, "the classes (a target that is not ignore_index)"));
   GP_FLOAT_SWITCH(logits->dtype, T,
                   if (targets->dtype == GP_I32) k_cross_entropy<T, int32_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
                       (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
-                      (const int32_t *)gp_ptr(targets), v, ignore, (float)scale, vec);
+                      (const int32_t *)gp_ptr(targets), v, ignore, (float)scale, vec, bad);
                   else k_cross_entropy<T, int64_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
                       (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
-                      (const int64_t *)gp_ptr(targets), v, ignore, (float)scale, vec));
-  return gp_cuda_check_launch(dlogits ? "cross_entropy_fwd_bwd" : "cross_entropy");
+                      (const int64_t *)gp_ptr(targets), v, ignore, (float)scale, vec, bad));
+  return gp_cuda_check_launch(op);
 }
 
 /* one block: out = sum (or mean) of loss over non-ignored rows, in a fixed order */

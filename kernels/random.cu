@@ -4,7 +4,9 @@
 enum { R_UNIFORM, R_NORMAL, R_INT };
 
 template <typename T>
-__global__ void k_random(T *o, int64_t n, int kind, uint64_t seed, uint64_t offset, double a, double b, uint64_t range) {
+__global__ void k_random(T *o, int64_t n, int kind, uint64_t seed, uint64_t offset, double a, double b, uint64_t range,
+                         const unsigned long long *rng) {
+  gp_rng_resolve(rng, seed, offset);
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   int64_t nc = (n + 3) / 4;
   float af = (float)a, bf = (float)b;
@@ -34,12 +36,15 @@ extern "C" int gp_cuda_random(int kind, gp_tensor *out, uint64_t seed, uint64_t 
   uint64_t range = (uint64_t)(int64_t)(b - a);
   GP_ANY_SWITCH(out->dtype, T, GP_NOTE_LAUNCH(k_random<T>, 256, 0);
                 k_random<T><<<gp_grid((n + 3) / 4, 256), 256, 0, gp_cuda_stream()>>>((T *)gp_ptr(out), n, kind, seed,
-                                                                                      offset, a, b, range));
+                                                                                      offset, a, b, range,
+                                                                                      gp_cuda_rng_slot()));
   return gp_cuda_check_launch("random");
 }
 
 template <typename T>
-__global__ void k_dropout(T *o, uint8_t *m, const T *x, int64_t n, uint64_t seed, uint64_t offset, uint32_t thr, float scale) {
+__global__ void k_dropout(T *o, uint8_t *m, const T *x, int64_t n, uint64_t seed, uint64_t offset, uint32_t thr, float scale,
+                          const unsigned long long *rng) {
+  gp_rng_resolve(rng, seed, offset);
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   for (int64_t c = tid; c < (n + 3) / 4; c += nth) {
     gp_u32x4 r = gp_philox(seed, offset + (uint64_t)c);
@@ -60,7 +65,8 @@ extern "C" int gp_cuda_dropout(gp_tensor *out, gp_tensor *mask, const gp_tensor 
   if (n == 0) return GP_OK;
   GP_FLOAT_SWITCH(out->dtype, T,
                   k_dropout<T><<<gp_grid((n + 3) / 4, 256), 256, 0, gp_cuda_stream()>>>(
-                      (T *)gp_ptr(out), (uint8_t *)gp_ptr(mask), (const T *)gp_ptr(x), n, seed, offset, thr, (float)scale));
+                      (T *)gp_ptr(out), (uint8_t *)gp_ptr(mask), (const T *)gp_ptr(x), n, seed, offset, thr, (float)scale,
+                      gp_cuda_rng_slot()));
   return gp_cuda_check_launch("dropout");
 }
 
@@ -68,7 +74,9 @@ extern "C" int gp_cuda_dropout(gp_tensor *out, gp_tensor *mask, const gp_tensor 
  * then thread 0 walks the chunk sums and the chosen chunk in order. Explicit
  * _rn operations keep the compiler from contracting them. */
 template <typename T>
-__global__ void k_multinomial(int64_t *out, const T *w, int64_t v, int64_t ch, uint64_t seed, uint64_t offset) {
+__global__ void k_multinomial(int64_t *out, const T *w, int64_t v, int64_t ch, uint64_t seed, uint64_t offset,
+                              const unsigned long long *rng) {
+  gp_rng_resolve(rng, seed, offset);
   extern __shared__ float cs[];
   int64_t r = blockIdx.x, nc = (v + ch - 1) / ch;
   const T *row = w + r * v;
@@ -111,6 +119,6 @@ extern "C" int gp_cuda_multinomial(gp_tensor *out, const gp_tensor *probs, uint6
   GP_FLOAT_SWITCH(probs->dtype, T,
                   k_multinomial<T><<<(unsigned)n, 128, bytes, gp_cuda_stream()>>>((int64_t *)gp_ptr(out),
                                                                                  (const T *)gp_ptr(probs), v, ch, seed,
-                                                                                 offset));
+                                                                                 offset, gp_cuda_rng_slot()));
   return gp_cuda_check_launch("multinomial");
 }

@@ -86,7 +86,8 @@ template <typename T> struct SampleRow {
 template <typename T>
 __global__ void __launch_bounds__(512) k_sample(int64_t *out, T *probs, const T *logits, int64_t V, uint64_t seed,
                                                 uint64_t offset, float inv_t, int greedy, int64_t top_k, float top_p,
-                                                double lmin) {
+                                                double lmin, const unsigned long long *rng) {
+  gp_rng_resolve(rng, seed, offset);
   __shared__ float shf[32];
   __shared__ uint32_t shu[32];
   __shared__ long long shi[32];
@@ -168,7 +169,7 @@ extern "C" int gp_cuda_sample(gp_tensor *out, gp_tensor *probs, const gp_tensor 
   GP_FLOAT_SWITCH(logits->dtype, T, GP_NOTE_LAUNCH(k_sample<T>, block, 0);
                   k_sample<T><<<(unsigned)n, block, 0, gp_cuda_stream()>>>(
                       (int64_t *)gp_ptr(out), (T *)gp_ptr(probs), (const T *)gp_ptr(logits), v, seed, offset, inv_t,
-                      greedy, top_k, (float)top_p, lmin));
+                      greedy, top_k, (float)top_p, lmin, gp_cuda_rng_slot()));
   return gp_cuda_check_launch("sample");
 }
 

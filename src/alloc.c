@@ -11,7 +11,17 @@
  * on a pending list instead of the cache until the next device-wide sync
  * (gp.sync(), or one forced here when memory runs short or the pending bytes
  * pile up). Entering a stream also makes it wait for the enclosing stream, so
- * blocks cached before are safe on it (src/cuda.cu). */
+ * blocks cached before are safe on it (src/cuda.cu).
+ *
+ * CUDA graphs: while a graph is captured (gp.graph), a graph-private pool is
+ * current: allocations come from its free lists (else from the shared cache,
+ * adopted into the pool, else cudaMalloc) and every block freed during the
+ * capture joins the pool, so the addresses the graph's kernels use are never
+ * handed to anything else. After the capture, blocks of a live pool that are
+ * freed go back to that pool only. gp_pool_release (the graph is freed)
+ * returns the pool's cached blocks to the shared cache; blocks still held by
+ * tensors follow when they are freed. A hash map from pointer to pool tells
+ * gp_free which blocks belong to a pool. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -43,6 +53,103 @@ static size_t size_class(size_t n, int *cls) {
   return k * step;
 }
 
+/* ---- graph pools ---- */
+struct gp_pool {
+  block *free_list[NCLASS];
+  int64_t live; /* blocks of the pool held by tensors */
+  int dead;     /* released (its graph is gone): blocks go back to the shared cache when freed */
+};
+static gp_pool *cur_pool;
+
+/* pointer -> pool, open addressing with linear probing (deletion by backward shift) */
+static struct pm_entry {
+  void *ptr;
+  gp_pool *pool;
+} *pm;
+static size_t pm_cap, pm_n;
+
+static size_t pm_hash(void *p) { return (size_t)(((uintptr_t)p >> 9) * 0x9E3779B97F4A7C15ull); }
+
+static gp_pool *pm_get(void *p) {
+  if (!pm_n) return NULL;
+  for (size_t i = pm_hash(p) & (pm_cap - 1);; i = (i + 1) & (pm_cap - 1)) {
+    if (!pm[i].ptr) return NULL;
+    if (pm[i].ptr == p) return pm[i].pool;
+  }
+}
+
+static int pm_put(void *p, gp_pool *pool) {
+  if ((pm_n + 1) * 2 > pm_cap) {
+    size_t nc = pm_cap ? pm_cap * 2 : 256;
+    struct pm_entry *n = calloc(nc, sizeof *n);
+    if (!n) return GP_ERR_OOM;
+    for (size_t i = 0; i < pm_cap; i++)
+      if (pm[i].ptr) {
+        size_t j = pm_hash(pm[i].ptr) & (nc - 1);
+        while (n[j].ptr) j = (j + 1) & (nc - 1);
+        n[j] = pm[i];
+      }
+    free(pm);
+    pm = n;
+    pm_cap = nc;
+  }
+  size_t i = pm_hash(p) & (pm_cap - 1);
+  while (pm[i].ptr && pm[i].ptr != p) i = (i + 1) & (pm_cap - 1);
+  if (!pm[i].ptr) pm_n++;
+  pm[i].ptr = p;
+  pm[i].pool = pool;
+  return GP_OK;
+}
+
+static void pm_del(void *p) {
+  if (!pm_n) return;
+  size_t i = pm_hash(p) & (pm_cap - 1);
+  while (pm[i].ptr && pm[i].ptr != p) i = (i + 1) & (pm_cap - 1);
+  if (!pm[i].ptr) return;
+  pm[i].ptr = NULL;
+  pm_n--;
+  for (size_t j = (i + 1) & (pm_cap - 1); pm[j].ptr; j = (j + 1) & (pm_cap - 1)) {
+    size_t h = pm_hash(pm[j].ptr) & (pm_cap - 1);
+    /* move j back to i when its home is not in (i, j] (cyclically) */
+    if ((i <= j) ? (h <= i || h > j) : (h <= i && h > j)) {
+      pm[i] = pm[j];
+      pm[j].ptr = NULL;
+      i = j;
+    }
+  }
+}
+
+gp_pool *gp_pool_new(void) { return calloc(1, sizeof(gp_pool)); }
+void gp_pool_set_current(gp_pool *p) { cur_pool = p; }
+
+static block *node_for(void *ptr, int cls) {
+  block *b = spare_nodes;
+  if (b) spare_nodes = b->next;
+  else if (!(b = malloc(sizeof *b))) return NULL;
+  b->ptr = ptr;
+  b->cls = cls;
+  return b;
+}
+
+void gp_pool_release(gp_pool *p) {
+  if (!p) return;
+  if (cur_pool == p) cur_pool = NULL;
+  for (int c = 0; c < NCLASS; c++)
+    while (p->free_list[c]) {
+      block *b = p->free_list[c];
+      p->free_list[c] = b->next;
+      pm_del(b->ptr);
+      b->next = free_list[c];
+      free_list[c] = b;
+      S.cached_blocks++;
+    }
+  if (p->live == 0) {
+    free(p);
+    return;
+  }
+  p->dead = 1; /* the blocks tensors still hold leave the pool in gp_free */
+}
+
 static double mib(int64_t b) { return (double)b / (1024.0 * 1024.0); }
 
 int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device) {
@@ -50,6 +157,9 @@ int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device) {
   *alloc_bytes = 0;
   if (nbytes == 0) return GP_OK;
   if (device == GP_CPU) {
+    if (cur_pool)
+      return gp_error("graph: a cpu tensor cannot be made while a CUDA graph is being captured (host work is not "
+                      "captured: make host tensors before gp.graph)");
     if (S.limit && S.host_in_use + (int64_t)nbytes > S.limit)
       return gp_error_oom("out of memory: %.1f MiB asked for on cpu, %.1f MiB in use, limit %.1f MiB",
                           mib((int64_t)nbytes), mib(S.host_in_use), mib(S.limit));
@@ -69,6 +179,18 @@ int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device) {
   size_t r = size_class(nbytes, &cls);
   if (cls >= NCLASS) return gp_error_oom("out of memory: %.1f MiB asked for on cuda", mib((int64_t)nbytes));
   S.allocs++;
+  if (cur_pool) { /* capturing a graph: the pool's own blocks first */
+    block *pb = cur_pool->free_list[cls];
+    if (pb) {
+      cur_pool->free_list[cls] = pb->next;
+      *ptr = pb->ptr;
+      pb->next = spare_nodes;
+      spare_nodes = pb;
+      S.cache_hits++;
+      cur_pool->live++;
+      goto done;
+    }
+  }
   block *b = free_list[cls];
   if (!b && pending && S.pending_bytes >= PENDING_MAX && gp_cuda_device_sync("alloc") == GP_OK) b = free_list[cls];
   if (b) {
@@ -93,7 +215,7 @@ int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device) {
         spare_nodes = b;
         S.cache_hits++;
         S.cached_blocks--;
-        goto done;
+        goto adopt;
       }
       gp_empty_cache();
       rc = gp_cuda_malloc(ptr, r);
@@ -105,6 +227,23 @@ int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device) {
     }
     S.device_mallocs++;
     S.reserved += (int64_t)r;
+  }
+adopt:
+  if (cur_pool) { /* the block joins the pool */
+    if (pm_put(*ptr, cur_pool) != GP_OK) {
+      block *nb = node_for(*ptr, cls);
+      if (nb) {
+        nb->next = free_list[cls];
+        free_list[cls] = nb;
+        S.cached_blocks++;
+      } else {
+        gp_cuda_free(*ptr);
+        S.reserved -= (int64_t)r;
+      }
+      *ptr = NULL;
+      return gp_error_oom("out of host memory for the graph pool's table");
+    }
+    cur_pool->live++;
   }
 done:
   *alloc_bytes = r;
@@ -122,6 +261,37 @@ void gp_free(void *ptr, size_t alloc_bytes, int device) {
   }
   int cls;
   size_class(alloc_bytes, &cls);
+  gp_pool *pool = pm_get(ptr);
+  if (pool) {
+    pool->live--;
+    if (pool->dead) {
+      pm_del(ptr);
+      if (pool->live == 0) free(pool);
+    } else { /* back to its graph's pool only */
+      block *pb = node_for(ptr, cls);
+      if (pb) {
+        pb->next = pool->free_list[cls];
+        pool->free_list[cls] = pb;
+        S.in_use -= (int64_t)alloc_bytes;
+        S.frees++;
+        return;
+      }
+      pm_del(ptr); /* no node: leak it to the shared path below */
+    }
+  } else if (cur_pool) { /* freed during a capture: the graph may use it, so it joins the pool */
+    block *pb = node_for(ptr, cls);
+    if (pb && pm_put(ptr, cur_pool) == GP_OK) {
+      pb->next = cur_pool->free_list[cls];
+      cur_pool->free_list[cls] = pb;
+      S.in_use -= (int64_t)alloc_bytes;
+      S.frees++;
+      return;
+    }
+    if (pb) {
+      pb->next = spare_nodes;
+      spare_nodes = pb;
+    }
+  }
   block *b = spare_nodes;
   if (b) {
     spare_nodes = b->next;

@@ -13,6 +13,29 @@
 cudaStream_t gp_cuda_stream(void);
 int gp_cuda_sm_count(void);
 
+/* Deferred index checks (kernels/bad_index.cuh): a kernel that finds a bad
+ * index writes its ref's id and the value into a device flag; the flag is read
+ * at the next synchronization point. */
+struct gp_bad_ref {
+  unsigned long long *flag; /* [0]: id of the first bad launch (0: none), [1]: the value */
+  unsigned long long id;
+};
+/* op, what: string literals (kept by pointer); kind: "index" or "target" */
+int gp_cuda_bad_ref(gp_bad_ref *out, const char *op, const char *kind, int64_t size, const char *what);
+
+/* Graph-safe random numbers: under CUDA graph capture, RNG kernels add the
+ * generator state of the replay, read from the device (rng[0] seed, rng[1]
+ * offset base), to the offset reserved at capture (relative to the graph);
+ * outside capture rng is NULL and the host seed and offset are used as they
+ * are. */
+const unsigned long long *gp_cuda_rng_slot(void);
+__device__ __forceinline__ void gp_rng_resolve(const unsigned long long *rng, uint64_t &seed, uint64_t &offset) {
+  if (rng) {
+    seed = rng[0];
+    offset += rng[1];
+  }
+}
+
 /* a grid for n items, capped so that grid-stride loops cover the rest */
 static inline unsigned gp_grid(int64_t n, int block) {
   int64_t g = (n + block - 1) / block, cap = (int64_t)gp_cuda_sm_count() * 32;

@@ -127,6 +127,18 @@ int gp_event_synchronize(gp_event *e);
 int gp_event_query(gp_event *e);               /* 1 done, 0 pending, -1 error */
 int gp_device_sync(void);                      /* every stream */
 
+/* ---- CUDA graphs (gp.graph): capture the current stream, replay ----
+ * gp_graph_begin starts capturing gpush's current stream (allocations come
+ * from a graph-private pool of the caching allocator); gp_graph_end(g, ok)
+ * ends it and instantiates the graph (ok = 0, or any failure: the capture is
+ * dropped and g freed). gp_graph_replay launches it on the current stream;
+ * gp_graph_free releases it and its pool. */
+typedef struct gp_graph gp_graph;
+int gp_graph_begin(gp_graph **out);
+int gp_graph_end(gp_graph *g, int ok);
+int gp_graph_replay(gp_graph *g);
+void gp_graph_free(gp_graph *g);
+
 /* ---- profiling: what the last CUDA launch ran (launchers note it) ---- */
 typedef struct gp_launch_info {
   const void *fn;       /* NULL when no launch was noted since the last call */

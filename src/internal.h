@@ -182,6 +182,19 @@ void gp_cuda_note_launch(const void *fn, int block, int smem);
 /* alloc.c: blocks freed while streams were in use become reusable */
 void gp_alloc_release_pending(void);
 
+/* ---- CUDA graphs (src/cuda.cu, gp.graph) ---- */
+/* under capture: reserve n draws relative to the graph's base, return 1; else 0 */
+int gp_cuda_capture_rng(uint64_t *rel, uint64_t n);
+int gp_cuda_capturing(void);
+/* alloc.c: a graph-private pool. While a pool is current (during capture),
+ * allocations come from it (or from the shared cache, adopted) and every
+ * block freed joins it; its blocks are never handed to other allocations
+ * until gp_pool_release (the graph is freed). */
+typedef struct gp_pool gp_pool;
+gp_pool *gp_pool_new(void);
+void gp_pool_set_current(gp_pool *p); /* NULL: the shared cache */
+void gp_pool_release(gp_pool *p);
+
 #ifdef __cplusplus
 }
 #endif

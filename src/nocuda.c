@@ -112,3 +112,23 @@ int gp_rtc_version(int *major, int *minor) {
   *major = *minor = 0;
   return no_rtc();
 }
+
+/* CUDA graphs and the capture hooks of the random generator */
+int gp_cuda_capturing(void) { return 0; }
+int gp_cuda_capture_rng(uint64_t *rel, uint64_t n) {
+  (void)rel, (void)n;
+  return 0;
+}
+int gp_graph_begin(gp_graph **out) {
+  *out = 0;
+  return gp_cuda_init();
+}
+int gp_graph_end(gp_graph *g, int ok) {
+  (void)g, (void)ok;
+  return gp_cuda_init();
+}
+int gp_graph_replay(gp_graph *g) {
+  (void)g;
+  return gp_cuda_init();
+}
+void gp_graph_free(gp_graph *g) { (void)g; }

@@ -349,6 +349,9 @@ int gp_from_doubles(gp_tensor *out, const double *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) gp_store(p, out->dtype, i, src[i]);
     return GP_OK;
   }
+  if (gp_cuda_capturing())
+    return gp_error("tensor: a tensor from host values (host to device copy) cannot be made while a CUDA graph is "
+                    "being captured (gp.graph): make it before the capture and update it in place");
   gp_tensor *h;
   GP_TRY(gp_tensor_empty(&h, out->dtype, GP_CPU, out->ndim, out->shape));
   int rc = gp_from_doubles(h, src, n);
@@ -368,6 +371,9 @@ int gp_to_doubles(double *out, const gp_tensor *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) out[i] = gp_load(p, src->dtype, i);
     return GP_OK;
   }
+  if (gp_cuda_capturing())
+    return gp_error("item/totable/print: cannot wait for the GPU to read values while a CUDA graph is being captured "
+                    "(gp.graph): read them after a replay");
   gp_tensor *h;
   GP_TRY(gp_tensor_empty(&h, src->dtype, GP_CPU, src->ndim, src->shape));
   int rc = gp_transfer(h, src);
@@ -594,6 +600,8 @@ void gp_manual_seed(uint64_t seed) {
 uint64_t gp_seed(void) { return g_seed; }
 uint64_t gp_rng_offset(void) { return g_offset; }
 uint64_t gp_rng_reserve(uint64_t n) {
+  uint64_t rel;
+  if (gp_cuda_compiled() && gp_cuda_capture_rng(&rel, n)) return rel; /* relative to the replay's base */
   uint64_t o = g_offset;
   g_offset += (n + 3) / 4;
   return o;

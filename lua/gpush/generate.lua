@@ -11,14 +11,17 @@
 --
 -- A decode step queues only kernels: the penalty and sampling kernels write
 -- into buffers made before the loop, the prompt override, the token write and
--- the stop-token bookkeeping are elementwise kernels on device tensors
--- (lengths in a device tensor filled by a kernel), and nothing is read on the
--- host unless a callback is given or the stop check is due (every
--- `check_every` steps). The model's own forward still allocates its
--- intermediates from the caching allocator, and the sampling kernel takes the
--- Philox counter as a launch argument, so the step is NOT yet captured as a
--- CUDA graph (gpush has no graph API yet): that needs fixed buffers for the
--- forward and the counter in device memory.
+-- the stop-token bookkeeping are kernels on device tensors, and nothing is
+-- read on the host unless a callback is given or the stop check is due
+-- (every `check_every` steps). With a model that takes device positions
+-- (nn.GPT with head dim 64 or 128 and a gp.KVCache), the step reads its
+-- position from a device scalar (KV-cache writes, the position embedding,
+-- the decode-attention lengths, the token column), so on the GPU it is
+-- captured once per generate call as a CUDA graph (gp.graph) after one eager
+-- warm-up step, and replayed per token; random draws come from the seeded
+-- generator as the eager step would take them, so opts.graph = false (the
+-- same step run eagerly) gives the same tokens. opts.device_pos = false
+-- takes the older host-position loop.
 local core = require 'gpush.core'
 local tensor = require 'gpush.tensor'
 local raise, is_tensor, shape_str = core.raise, tensor.is_tensor, tensor.shape_str
@@ -141,19 +144,81 @@ function M.generate(gp, model, prompts, opts)
 
   local was_training = model.training
   model:eval()
+  local use_graph = opts.graph
+  if use_graph == nil then use_graph = true end
+  local device_pos = opts.device_pos ~= false and model.supports_device_positions ~= nil and
+    model:supports_device_positions(cache)
+  local stats = {graph = false, steps = 0}
+  -- the penalty (lens: the history length, set by set_lens) and the draw into nxt
+  local function draw(x, set_lens)
+    if penalized then
+      set_lens(lens)
+      gp.k.repetition_penalty(penalized, x, tokens, lens, pen)
+      x = penalized
+    end
+    gp.k.sample(nxt, probs, x, temp, top_k, top_p, min_p)
+  end
   local ok, err = pcall(gp.no_grad, function()
     local logits = model:forward_cached(tokens:narrow(2, 1, lmin), cache, 0)
     local last = logits:select(2, lmin):contiguous()
+    if device_pos then
+      -- The decode step reads its position from device memory (pos, i64 [1]:
+      -- the position being filled), so the same queued kernels serve every
+      -- token: on the GPU the step is captured once as a CUDA graph and
+      -- replayed per token (opts.graph = false runs it eagerly: the same
+      -- kernels, the same numbers).
+      local pos = gp.full({1}, lmin, {dtype = 'i64', device = dev})
+      local tok3, tok4 = tokens:view {R, total, 1}, tokens:view {R, 1, total, 1}
+      local mask3 = mask:view {R, total, 1}
+      local tcol, mcol = gp.empty({R, 1, 1}, {dtype = 'i64', device = dev}), gp.empty({R, 1, 1}, {dtype = 'u8', device = dev})
+      local tcol1, mcol1, nxt4 = tcol:view {R}, mcol:view {R}, nxt:view {R, 1, 1, 1}
+      -- sample position pos from logits x, apply the prompt and stop rules, write the token
+      local function set_lens(l) gp.k.copy(l, pos) end
+      local function sample_at(x)
+        draw(x, set_lens)
+        gp.k.index_select(tcol, tok3, pos)
+        gp.k.index_select(mcol, mask3, pos)
+        gp.k.where(nxt, mcol1, tcol1, nxt) -- rows still in their prompt
+        gp.k.where(nxt, done, pad, nxt)    -- finished rows
+        gp.k.write_at(tok4, nxt4, pos)
+        for _, st in ipairs(stops) do
+          gp.k.eq_s(hit, nxt, st)
+          gp.k.where(hit, mcol1, zero8, hit)
+          gp.k.maximum(done, done, hit)
+        end
+      end
+      -- one token: the forward of nxt at pos, then the next position sampled
+      local function step()
+        local lg = model:forward_cached(nxt:view {R, 1}, cache, pos):view {R, V}
+        gp.k.add_s(pos, pos, 1)
+        sample_at(lg)
+      end
+      sample_at(last)
+      local cur, g = lmin, nil
+      while true do
+        stats.steps = cur - lmin + 1
+        if callback then callback(stats.steps, nxt:totable()) end
+        if cur == total - 1 then break end
+        if #stops > 0 and stats.steps % check_every == 0 and done:min():item() == 1 then break end
+        cur = cur + 1
+        if g then
+          g:replay()
+        elseif use_graph and dev == 'cuda' and cur > lmin + 1 then -- after one eager step (warm-up)
+          g = gp.graph(step)
+          g:replay()
+          stats.graph = true
+        else
+          step()
+        end
+      end
+      if g then g:free() end
+      if cache.set_len then cache:set_len(cur) end
+      return
+    end
     local step = 0
     for cur = lmin, total - 1 do -- cur: the 0-based position being filled
       step = step + 1
-      local x = last
-      if penalized then
-        gp.k.fill(lens, cur)
-        gp.k.repetition_penalty(penalized, last, tokens, lens, pen)
-        x = penalized
-      end
-      gp.k.sample(nxt, probs, x, temp, top_k, top_p, min_p)
+      draw(last, function(l) gp.k.fill(l, cur) end)
       local tcol, mcol = tokens:select(2, cur + 1), mask:select(2, cur + 1)
       if cur < lmax then gp.k.where(nxt, mcol, tcol, nxt) end -- rows still in their prompt
       gp.k.where(nxt, done, pad, nxt)                            -- finished rows
@@ -177,7 +242,8 @@ function M.generate(gp, model, prompts, opts)
   local all = tokens:cpu():totable()
   local stopset = {}
   for _, s in ipairs(stops) do stopset[s] = true end
-  local out = {tokens = tokens:cpu(), lists = {}, text = {}, prompt_lens = {}, n = n}
+  local out = {tokens = tokens:cpu(), lists = {}, text = {}, prompt_lens = {}, n = n, graph = stats.graph,
+               device_positions = device_pos}
   for r = 1, R do
     local plen = #lists[math.floor((r - 1) / n) + 1]
     local g = {}

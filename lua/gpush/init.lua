@@ -79,6 +79,7 @@ gp.stream = doc(stream.stream, 'gp.stream()', 'a new non-blocking CUDA stream (a
 gp.with_stream = doc(stream.with_stream, 'gp.with_stream(s, fn)', 'run fn with its kernels queued on stream s (s first waits for the work queued before); returns what fn returns')
 gp.current_stream = doc(stream.current, 'gp.current_stream()', 'the stream kernels are queued on now')
 gp.default_stream = doc(stream.default_stream, 'gp.default_stream()', "gpush's own stream, current outside gp.with_stream")
+require('gpush.graph').bind(gp)
 gp.event = doc(stream.event, 'gp.event()', 'an event to record on a stream: s:record(ev), other:wait(ev), ev:synchronize(), ev:query(), a:elapsed(b)')
 
 do

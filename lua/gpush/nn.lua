@@ -535,6 +535,11 @@ function CausalSelfAttention:forward_cached(x, cache, layer, pos)
   local qkv = self.qkv(x)
   local function head(i) return qkv:narrow(3, (i - 1) * C + 1, C):reshape {B, T, H, hd}:transpose(2, 3) end
   local q = head(1)
+  if type(pos) == 'table' then -- device positions (one token; see GPT:forward_cached): nothing read on the host
+    cache:append_at(layer, head(2), head(3), pos.pos)
+    local y = cache:attend_at(layer, q:reshape {B, H, hd}, pos.lens, {scale = 1 / math.sqrt(hd)})
+    return self.proj(y:reshape {B, H, 1, hd}:transpose(2, 3):reshape {B, T, C})
+  end
   cache:append(layer, head(2), head(3))
   local keys, vals = cache:keys(layer), cache:values(layer)
   local S = keys:size(3)
@@ -677,6 +682,7 @@ function GPT:forward_cached(idx, cache, pos)
       (is_tensor(idx) and (idx.dtype .. ' ' .. shape_str(idx.shape)) or type(idx)))
   end
   if type(cache) ~= 'table' or not cache.append then raise('GPT:forward_cached: needs a KV cache (gp.KVCache{...})') end
+  if is_tensor(pos) then return self:_forward_at(idx, cache, pos) end
   pos = pos or cache:len()
   local T, bs = idx:size(2), self.config.block_size
   if pos + T > bs then
@@ -686,6 +692,38 @@ function GPT:forward_cached(idx, cache, pos)
   for i, b in ipairs(self.h) do x = b:forward_cached(x, cache, i, pos) end
   return self.lm_head(self.ln_f(x))
 end
+-- device positions: one new token per row at the position held by pos (an
+-- i64 [1] tensor on the model's device), so the step reads nothing on the
+-- host and can be captured as a CUDA graph and replayed per token (gp.generate).
+-- The cache must be a gp.KVCache (append_at, attend_at) and the head dim 64
+-- or 128 (decode attention over the whole capacity, lens[b] = pos + 1). The
+-- cache's host count (cache:len()) is not advanced.
+function GPT:supports_device_positions(cache)
+  local c = self.config
+  local hd = c.n_embd / c.n_head
+  return (hd == 64 or hd == 128) and type(cache) == 'table' and cache.append_at ~= nil and gp.attention_decode ~= nil
+end
+function GPT:_forward_at(idx, cache, pos)
+  local B, T = idx:size(1), idx:size(2)
+  if T ~= 1 or pos:numel() ~= 1 or pos.dtype ~= 'i64' or pos.device ~= idx.device then
+    raise(string.format('GPT:forward_cached: with a device position, idx must be (B, 1) and pos an i64 [1] tensor on %s; ' ..
+      'got idx %s, pos %s %s on %s', idx.device, shape_str(idx.shape), pos.dtype, shape_str(pos.shape), pos.device))
+  end
+  if not self:supports_device_positions(cache) then
+    raise('GPT:forward_cached: device positions need a gp.KVCache and a head dim of 64 or 128')
+  end
+  local lens = rawget(cache, '_step_lens')
+  if not lens or lens:size(1) ~= B or lens.device ~= idx.device then
+    lens = gp.empty({B}, {dtype = 'i64', device = idx.device})
+    rawset(cache, '_step_lens', lens)
+  end
+  gp.k.add_s(lens, pos:view {1}, 1) -- every row attends over positions 0..pos
+  local at = {pos = pos, lens = lens}
+  local x = self.wte(idx) + self.wpe(pos:view {1, 1})
+  for i, b in ipairs(self.h) do x = b:forward_cached(x, cache, i, at) end
+  return self.lm_head(self.ln_f(x))
+end
+
 function GPT:extra_repr()
   local c = self.config
   return string.format('vocab_size=%d, block_size=%d, n_embd=%d, n_layer=%d, n_head=%d, mlp=%s, norm=%s',

@@ -158,3 +158,63 @@ T.test('scripts/sample.lua: a train_gpt.lua checkpoint and --random, streamed, t
   out, rc = T.sh(exe .. " --device cpu scripts/sample.lua --random --n-embd 16 --n-layer 1 --n-head 2 --block 8 --max-new 20 'ab'")
   T.ok(rc ~= 0 and out:find('block_size', 1, true), out)
 end)
+
+-- head dim 64: the decode step takes its position from device memory (the
+-- path CUDA graphs capture); it must give the tokens of the host-position loop
+local function gpt64(device)
+  gp.manual_seed(9)
+  local m = nn.GPT {vocab_size = 29, block_size = 20, n_embd = 64, n_layer = 2, n_head = 1, device = device}
+  m:init_weights(0.2)
+  return m:eval()
+end
+
+-- the same seeded sampling run with opts[off] = true (default) and false: equal tokens
+local function sampled_twice(m, prompts, n, off)
+  local o = {n = n, max_new = 8, temperature = 0.9, top_k = 10, top_p = 0.95, repetition_penalty = 1.3, stop = {3},
+             check_every = 2}
+  gp.manual_seed(21)
+  local c = gp.generate(m, prompts, o)
+  gp.manual_seed(21)
+  o[off] = false
+  local d = gp.generate(m, prompts, o)
+  T.same(c.tokens:totable(), d.tokens:totable())
+  return c, d
+end
+
+T.test('generate: the device-position step equals the host-position loop (cpu; greedy, sampling, penalty, stops)', function()
+  local m = gpt64('cpu')
+  T.ok(m:supports_device_positions(gp.KVCache {batch = 1, heads = 1, capacity = 4, head_dim = 64, device = 'cpu'}))
+  local prompts = {{1, 2, 3}, {4, 5, 6, 7, 8}}
+  local a = gp.generate(m, prompts, {greedy = true, max_new = 9, n = 2})
+  local b = gp.generate(m, prompts, {greedy = true, max_new = 9, n = 2, device_pos = false})
+  T.ok(a.device_positions and not b.device_positions)
+  T.same(a.tokens:totable(), b.tokens:totable())
+  local c, d = sampled_twice(m, prompts, 3, 'device_pos')
+  T.same(c.lists, d.lists)
+  -- streaming through the callback
+  local seen = 0
+  gp.generate(m, {{1}}, {greedy = true, max_new = 4, callback = function(step, ids) seen = step; T.eq(#ids, 1) end})
+  T.eq(seen, 4)
+  -- the cache's host count follows the device positions
+  local cache = gp.KVCache {batch = 1, heads = 1, capacity = 20, head_dim = 64, layers = 2, device = 'cpu'}
+  gp.generate(m, {{1, 2}}, {greedy = true, max_new = 5, cache = cache})
+  T.eq(cache:len(), 6)
+  -- a device position past the cache is an error
+  local small = gp.KVCache {batch = 1, heads = 1, capacity = 6, head_dim = 64, layers = 2, device = 'cpu'}
+  local pos = gp.full({1}, 6, {dtype = 'i64', device = 'cpu'})
+  T.raises(function() m:forward_cached(gp.zeros({1, 1}, {dtype = 'i64', device = 'cpu'}), small, pos) end, 'write_at', '6')
+end)
+
+T.test('generate (cuda): the decode step replayed as a CUDA graph equals the eager step exactly', function()
+  T.cuda()
+  local m = gpt64('cuda')
+  local prompts = {{1, 2, 3}, {4, 5, 6, 7, 8}}
+  local a = gp.generate(m, prompts, {greedy = true, max_new = 12, n = 2})
+  T.ok(a.graph, 'captured')
+  local b = gp.generate(m, prompts, {greedy = true, max_new = 12, n = 2, graph = false})
+  T.ok(not b.graph)
+  T.same(a.tokens:totable(), b.tokens:totable())
+  local cpu_m = gpt64('cpu')
+  T.same(gp.generate(cpu_m, prompts, {greedy = true, max_new = 12, n = 2}).tokens:totable(), a.tokens:totable())
+  sampled_twice(m, prompts, 4, 'graph')
+end)

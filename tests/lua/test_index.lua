@@ -123,14 +123,25 @@ T.test('index ops (cuda): match the CPU; an out-of-range index is an error and t
   local w = gp.randn({50, 33}, {device = 'cpu'})
   local idx = gp.randint(0, 50, {7, 9}, {device = 'cpu'})
   T.same(gp.embedding(w:cuda(), idx:cuda()):totable(), gp.embedding(w, idx):totable())
+  -- the GPU does not wait for the index check: the error comes at the next
+  -- synchronization (gp.sync, item, totable, print, ...) and names the op
   local bad = gp.tensor({1, 50, 2}, {dtype = 'i64', device = 'cuda'})
-  T.raises(function() gp.embedding(w:cuda(), bad) end, 'embedding', '50', 'size 50')
+  local later = 'reported at the next synchronization'
+  T.raises(function() gp.embedding(w:cuda(), bad); gp.sync() end, 'embedding', '50', 'size 50', later)
   T.raises(function() gp.embedding(w:cuda(), idx) end, 'embedding', 'cpu', 'cuda')
-  T.raises(function() gp.embedding_backward(gp.randn({3, 33}, {device = 'cuda'}), bad, 50) end, 'embedding_backward', '50')
+  T.raises(function() gp.embedding_backward(gp.randn({3, 33}, {device = 'cuda'}), bad, 50):totable() end,
+    'embedding_backward', '50', later)
   local x = gp.randn({4, 6}, {device = 'cuda'})
-  T.raises(function() x:gather(2, gp.full({4, 2}, -3, {dtype = 'i32', device = 'cuda'})) end, 'gather', '-3', 'size 6')
-  T.raises(function() x:index_select(1, gp.tensor({9}, {dtype = 'i64', device = 'cuda'})) end, 'index_select', '9')
-  T.raises(function() x:scatter_add(2, gp.full({4, 6}, 6, {dtype = 'i64', device = 'cuda'}), x) end, 'scatter_add', '6')
+  T.raises(function() x:gather(2, gp.full({4, 2}, -3, {dtype = 'i32', device = 'cuda'})):item() end, 'gather', '-3', 'size 6')
+  T.raises(function() x:index_select(1, gp.tensor({9}, {dtype = 'i64', device = 'cuda'})); gp.sync() end, 'index_select', '9')
+  T.raises(function() print(x:scatter_add(2, gp.full({4, 6}, 6, {dtype = 'i64', device = 'cuda'}), x)) end, 'scatter_add', '6')
+  -- the first bad launch is the one reported; the flag is cleared after the report
+  T.raises(function()
+    gp.embedding(w:cuda(), bad)
+    x:index_select(1, gp.tensor({9}, {dtype = 'i64', device = 'cuda'}))
+    gp.default_stream():synchronize()
+  end, 'embedding', '50')
+  gp.sync()
   -- still working
   T.same(gp.embedding(w:cuda(), idx:cuda()):totable(), gp.embedding(w, idx):totable())
   local g = gp.randn({7, 9, 33}, {device = 'cpu'})

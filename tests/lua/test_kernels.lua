@@ -25,6 +25,12 @@ local function gather_syms(case)
 end
 SYMS.gather, SYMS.index_select, SYMS.scatter_add = gather_syms, gather_syms, gather_syms
 SYMS.topk = function(case) return {K = math.max(1, math.min(case.sym - 2, 64))} end
+-- write_at: K new entries at a position P values leave room for (pos in [0, C - K])
+SYMS.write_at = function(case)
+  if case.big then return {B = 2, H = 3, C = 1000, K = 7, D = 64, P = 994} end
+  local c = case.sym + 2
+  return {C = c, K = 2, P = c - 1}
+end
 
 -- the out shape for each size case; symbols get these values
 local CASES = {

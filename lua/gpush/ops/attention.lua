@@ -203,6 +203,34 @@ return function(gp, tensor)
     return self
   end
 
+  -- device positions: k, v (B, H, Tnew, D) written at the position held by pos
+  -- (an i32/i64 [1] tensor on the cache's device), read on the device (for
+  -- steps captured as CUDA graphs); the host count (len) is not advanced and
+  -- going past capacity is an error at the next synchronization on the GPU
+  function KVCache:append_at(layer, k, v, pos)
+    self:_layer('append_at', layer)
+    need(pos, 'KVCache:append_at', 'pos')
+    K.write_at(self.k[layer], k, pos)
+    K.write_at(self.v[layer], v, pos)
+    return self
+  end
+  -- decode attention of q (B, H, D) over the first lens[b] positions of layer
+  function KVCache:attend_at(layer, q, lens, opts)
+    layer = self:_layer('attend_at', layer)
+    return gp.attention_decode(q, self.k[layer], self.v[layer], lens, opts)
+  end
+  -- set the host count of every layer (after appends at device positions)
+  function KVCache:set_len(n)
+    if type(n) ~= 'number' or n ~= math.floor(n) or n < 0 or n > self.capacity then
+      raise(string.format('KVCache:set_len: n must be an integer in [0, %d], got %s', self.capacity, tostring(n)))
+    end
+    for l = 1, self.layers do
+      self.fill[l] = n
+      K.fill(self._lens[l], n)
+    end
+    return self
+  end
+
   function KVCache:len(layer) return self.fill[self:_layer('len', layer or 1)] end
   function KVCache:reset()
     for l = 1, self.layers do
@@ -227,6 +255,9 @@ return function(gp, tensor)
   local D = gp.doc
   D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at the next positions of layer, in place; an error past capacity')
   D(KVCache.len, 'cache:len(layer=1)', 'positions filled in layer')
+  D(KVCache.append_at, 'cache:append_at(layer, k, v, pos)', 'write k, v (B, H, Tnew, D) at the position held by the device tensor pos (i64 [1]); for CUDA graphs: nothing read on the host, len not advanced')
+  D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, H, D) over the first lens[b] positions of layer (lens a device tensor)')
+  D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (after append_at)')
   D(KVCache.reset, 'cache:reset()', 'empty every layer (the buffers are kept)')
   D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys')
   D(KVCache.values, 'cache:values(layer=1)', 'view (B, H, len, D) of the filled values')
