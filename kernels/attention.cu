@@ -1,7 +1,8 @@
 /* attention.cu: flash attention on the GPU.
  *
  * attn_fwd, bf16/f16 with 16-byte aligned operands: FlashAttention-2 style.
- * A CTA of 4 warps owns BM = 64 * MT query rows (16 * MT per warp) and walks
+ * A CTA of NW warps owns BM = 16 * MT * NW query rows (16 * MT per warp; 4
+ * warps of 32 rows at D 64, GP_ATTN_IMPL=new8: 8 warps of 16) and walks
  * the visible key tiles of BN = 64 keys: K/V tiles are double-buffered in
  * shared memory with cp.async (128-byte rows XOR-swizzled by 16-byte chunk,
  * so ldmatrix is conflict-free), S = Q K^T and O += P V run on tensor cores
@@ -450,6 +451,20 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+/* tile(mk, t) for a tile loop body specialized on its masking: NEW, the
+ * unmasked body (mk 0) or the masked one (mk 1) by the block-uniform masked;
+ * old (NEW = false), one body that tests its own need_mask (mk 2) */
+template <bool NEW, typename F> __device__ __forceinline__ void run_tile(F &tile, int t, bool masked) {
+  if constexpr (NEW) {
+    if (masked)
+      tile(std::integral_constant<int, 1>(), t);
+    else
+      tile(std::integral_constant<int, 0>(), t);
+  } else {
+    tile(std::integral_constant<int, 2>(), t);
+  }
+}
+
 /* NW warps, MT m-tiles of 16 query rows each: BM = 16 * MT * NW rows a CTA.
  * NEW = false is the first version (kept for A/B, GP_ATTN_IMPL=old). NEW:
  * the row max is taken on the raw scores (the host picks NEW only for scale
@@ -614,16 +629,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1) k_attn_fwd_mma(AttnP
     }
     __syncthreads(); /* the next iteration loads into this stage */
   };
-  for (int t = 0; t < n_tiles; t++) {
-    if constexpr (NEW) {
-      if (tile_masked(P, pmin, pmax, kt.j0(t), BN)) /* block-uniform */
-        tile(std::integral_constant<int, 1>(), t);
-      else
-        tile(std::integral_constant<int, 0>(), t);
-    } else {
-      tile(std::integral_constant<int, 2>(), t);
-    }
-  }
+  for (int t = 0; t < n_tiles; t++) run_tile<NEW>(tile, t, NEW && (tile_masked(P, pmin, pmax, kt.j0(t), BN)));
   cp_async_wait<0>();
 
   T *out = (T *)P.out + (int64_t)bh * P.T * D;
@@ -700,7 +706,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_delta(const T *__restrict__ o,
 
 /* dk, dv: block b holds key tile b / BH (the first key tiles, which most
  * causal queries see, start first) of head b % BH */
-template <typename T, int D, int BQ>
+template <typename T, int D, int BQ, bool NEW>
 __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float *__restrict__ delta, int BH) {
   constexpr int BN = 64, KD = D / 16, NQ = BQ / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
@@ -746,9 +752,15 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
   const float sl2 = P.scale * LOG2E;
+  /* the query tile from i0 holds a row past T or a (query, key) pair to mask */
+  auto q_masked = [&](int i0) {
+    return i0 + BQ > P.T || tile_masked(P, i0 + off, min(i0 + BQ, P.T) - 1 + off, j0, BN);
+  };
   const int wrow = warp * 16, g8 = lane >> 2, t2 = (lane & 3) << 1;
 
-  for (int t = 0; t < n_qt; t++) {
+  /* one query tile; MK: 0 no mask, 1 mask, 2 mask when need_mask (NEW = false) */
+  auto tile = [&](auto mk_tag, int t) {
+    constexpr int MK = decltype(mk_tag)::value;
     const int st = t & 1, i0 = ilo + t * BQ;
     if (t + 1 < n_qt) load_q(st ^ 1, i0 + BQ);
     cp_async_commit();
@@ -779,14 +791,14 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
     }
 
     /* P^T and dS^T; masks only on tiles that touch a boundary */
-    const bool need_mask = i0 + BQ > P.T || tile_masked(P, i0 + off, min(i0 + BQ, P.T) - 1 + off, j0, BN);
+    const bool need_mask = MK == 1 || (MK == 2 && q_masked(i0));
 #pragma unroll
     for (int nt = 0; nt < NQ; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int ic = nt * 8 + t2 + (e & 1);
-        float pv = exp2f(s[nt][e] * sl2 - Lst[ic] * LOG2E);
-        if (need_mask) {
+        float pv = NEW ? ex2(fmaf(s[nt][e], sl2, -Lst[ic] * LOG2E)) : exp2f(s[nt][e] * sl2 - Lst[ic] * LOG2E);
+        if (MK != 0 && need_mask) {
           const int i = i0 + ic, j = j0 + wrow + g8 + ((e >> 1) << 3);
           if (i >= P.T || j >= P.S || !vis(i + off, j, P.win, P.ng, P.causal)) pv = 0.f;
         }
@@ -810,7 +822,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
       }
     }
     __syncthreads(); /* the next iteration loads into this stage */
-  }
+  };
+  for (int t = 0; t < n_qt; t++) run_tile<NEW>(tile, t, NEW && (q_masked(ilo + t * BQ)));
   cp_async_wait<0>();
 
   T *pdk = (T *)P.dk + kb, *pdv = (T *)P.dv + kb;
@@ -828,7 +841,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
 
 /* dq: block b holds query tile (n_mt - 1 - b / BH) (the longest causal rows
  * first) of head b % BH; the key tiles are the forward's */
-template <typename T, int D, int BN>
+template <typename T, int D, int BN, bool NEW>
 __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *__restrict__ delta, int BH) {
   constexpr int BM = 64, KD = D / 16, NT = BN / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
@@ -870,7 +883,9 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
   uint32_t qf[KD][4], gf[KD][4];
   const float sl2 = P.scale * LOG2E;
 
-  for (int t = 0; t < n_tiles; t++) {
+  /* one key tile; MK: 0 no mask, 1 mask, 2 mask when need_mask (NEW = false) */
+  auto tile = [&](auto mk_tag, int t) {
+    constexpr int MK = decltype(mk_tag)::value;
     const int st = t & 1;
     const int j0 = kt.j0(t);
     kv_next<T, D, BN>(Ks, Vs, k, v, kt, t, P.S);
@@ -902,14 +917,14 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
 
     /* dS = P (dP - delta); masks only on tiles that touch a boundary (rows
      * past T are never stored) */
-    const bool need_mask = tile_masked(P, pmin, pmax, j0, BN);
+    const bool need_mask = MK == 1 || (MK == 2 && tile_masked(P, pmin, pmax, j0, BN));
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int h = e >> 1;
-        float pv = exp2f(s[nt][e] * sl2 - L2[h]);
-        if (need_mask) {
+        float pv = NEW ? ex2(fmaf(s[nt][e], sl2, -L2[h])) : exp2f(s[nt][e] * sl2 - L2[h]);
+        if (MK != 0 && need_mask) {
           const int p = i0 + wrow + g8 + h * 8 + off, j = j0 + nt * 8 + t2 + (e & 1);
           if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) pv = 0.f;
         }
@@ -929,7 +944,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
       }
     }
     __syncthreads(); /* the next iteration loads into this stage */
-  }
+  };
+  for (int t = 0; t < n_tiles; t++) run_tile<NEW>(tile, t, NEW && (tile_masked(P, pmin, pmax, kt.j0(t), BN)));
   cp_async_wait<0>();
 
   T *pdq = (T *)P.dq + qb;
@@ -1120,7 +1136,7 @@ template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
 }
 
 /* tensor-core backward: delta, then dk/dv by key tiles, then dq by query tiles */
-template <typename T, int D> int launch_bwd_mma(const AttnP &P, int64_t BH) {
+template <typename T, int D, bool NEW> int launch_bwd_mma(const AttnP &P, int64_t BH) {
   constexpr int BQ = D == 64 ? 64 : 32; /* query tile of the dk/dv kernel */
   constexpr int BN = 64;                /* key tile of the dq kernel */
   const int64_t rows = BH * P.T, n_kt = (P.S + 63) / 64, n_mt = (P.T + 63) / 64;
@@ -1136,16 +1152,20 @@ template <typename T, int D> int launch_bwd_mma(const AttnP &P, int64_t BH) {
   const int smem1 = (2 * 64 + 4 * BQ) * D * (int)sizeof(T) + 4 * BQ * (int)sizeof(float);
   const int smem2 = (2 * 64 + 4 * BN) * D * (int)sizeof(T);
   static bool a1 = false, a2 = false; /* per instantiation */
-  int rc = smem_attr(k_attn_bwd_dkdv_mma<T, D, BQ>, smem1, a1, "attn_bwd");
-  if (rc == GP_OK) rc = smem_attr(k_attn_bwd_dq_mma<T, D, BN>, smem2, a2, "attn_bwd");
+  int rc = smem_attr(k_attn_bwd_dkdv_mma<T, D, BQ, NEW>, smem1, a1, "attn_bwd");
+  if (rc == GP_OK) rc = smem_attr(k_attn_bwd_dq_mma<T, D, BN, NEW>, smem2, a2, "attn_bwd");
   if (rc == GP_OK) {
-    GP_NOTE_LAUNCH((k_attn_bwd_dkdv_mma<T, D, BQ>), 128, smem1);
-    k_attn_bwd_dkdv_mma<T, D, BQ><<<(unsigned)(BH * n_kt), 128, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
-    GP_NOTE_LAUNCH((k_attn_bwd_dq_mma<T, D, BN>), 128, smem2);
-    k_attn_bwd_dq_mma<T, D, BN><<<(unsigned)(BH * n_mt), 128, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
+    GP_NOTE_LAUNCH((k_attn_bwd_dkdv_mma<T, D, BQ, NEW>), 128, smem1);
+    k_attn_bwd_dkdv_mma<T, D, BQ, NEW><<<(unsigned)(BH * n_kt), 128, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
+    GP_NOTE_LAUNCH((k_attn_bwd_dq_mma<T, D, BN, NEW>), 128, smem2);
+    k_attn_bwd_dq_mma<T, D, BN, NEW><<<(unsigned)(BH * n_mt), 128, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
   }
   gp_tensor_free(dl); /* (stream-ordered, as the decode's partials) */
   return rc;
+}
+
+template <typename T, int D> int launch_bwd_tc(const AttnP &P, int64_t BH) {
+  return attn_impl() == IMPL_OLD ? launch_bwd_mma<T, D, false>(P, BH) : launch_bwd_mma<T, D, true>(P, BH);
 }
 
 } // namespace
@@ -1209,9 +1229,9 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
                    aligned16(dq) && aligned16(dk) && aligned16(dv);
   if (mma) {
     if (D == 64) {
-      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_mma<T, 64>(P, BH));
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_tc<T, 64>(P, BH));
     } else {
-      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_mma<T, 128>(P, BH));
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_tc<T, 128>(P, BH));
     }
   } else if (D == 64) {
     GP_FLOAT_SWITCH(q->dtype, T, rc = launch_bwd<T, 64>(P, BH));
