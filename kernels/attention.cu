@@ -1,7 +1,8 @@
 /* attention.cu: flash attention on the GPU.
  *
  * attn_fwd, bf16/f16 with 16-byte aligned operands: FlashAttention-2 style.
- * A CTA of 4 warps owns BM = 64 * MT query rows (16 * MT per warp) and walks
+ * A CTA of NW warps owns BM = 16 * MT * NW query rows (16 * MT per warp; 4
+ * warps of 32 rows at D 64, GP_ATTN_IMPL=new8: 8 warps of 16) and walks
  * the visible key tiles of BN = 64 keys: K/V tiles are double-buffered in
  * shared memory with cp.async (128-byte rows XOR-swizzled by 16-byte chunk,
  * so ldmatrix is conflict-free), S = Q K^T and O += P V run on tensor cores
@@ -17,6 +18,9 @@
  * attn_decode: split-K (flash-decoding): blocks over slices of the cache per
  * (b, h), each a partial (max, sum, acc), then a combine kernel. */
 #include <mma.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "../src/cuda_internal.h"
 
@@ -414,11 +418,11 @@ template <typename T> __device__ __forceinline__ void acc_to_a(uint32_t *a, cons
 template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * D + ((c ^ (r & 7)) << 3); }
 
 /* ROWS rows from global row row0 (rows >= nrows are zero-filled) */
-template <typename T, int D, int ROWS>
+template <typename T, int D, int ROWS, int NTH = 128>
 __device__ __forceinline__ void load_tile(T *sm, const T *g, int row0, int nrows) {
   constexpr int DC = D / 8;
 #pragma unroll
-  for (int e = threadIdx.x; e < ROWS * DC; e += 128) {
+  for (int e = threadIdx.x; e < ROWS * DC; e += NTH) {
     int r = e / DC, c = e % DC, gr = row0 + r;
     bool ok = gr < nrows;
     const T *src = g + (int64_t)(ok ? gr : 0) * D + c * 8;
@@ -428,21 +432,48 @@ __device__ __forceinline__ void load_tile(T *sm, const T *g, int row0, int nrows
 
 /* the K/V pipeline step of key tile t (of kt.n): start loading tile t + 1
  * into the other stage, then wait for tile t (stage t & 1) */
-template <typename T, int D, int BN>
+template <typename T, int D, int BN, int NTH = 128>
 __device__ __forceinline__ void kv_next(T *Ks, T *Vs, const T *k, const T *v, const KvTiles &kt, int t, int S) {
   if (t + 1 < kt.n) {
     const int o = ((t & 1) ^ 1) * BN * D;
-    load_tile<T, D, BN>(Ks + o, k, kt.j0(t + 1), S);
-    load_tile<T, D, BN>(Vs + o, v, kt.j0(t + 1), S);
+    load_tile<T, D, BN, NTH>(Ks + o, k, kt.j0(t + 1), S);
+    load_tile<T, D, BN, NTH>(Vs + o, v, kt.j0(t + 1), S);
   }
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
 }
 
-template <typename T, int D, int MT>
-__global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
-  constexpr int BM = 64 * MT, BN = 64, KD = D / 16, NT = BN / 8, DT = D / 8;
+/* ex2.approx.ftz: one MUFU op (exp2f adds a range fix-up around it) */
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/* tile(mk, t) for a tile loop body specialized on its masking: NEW, the
+ * unmasked body (mk 0) or the masked one (mk 1) by the block-uniform masked;
+ * old (NEW = false), one body that tests its own need_mask (mk 2) */
+template <bool NEW, typename F> __device__ __forceinline__ void run_tile(F &tile, int t, bool masked) {
+  if constexpr (NEW) {
+    if (masked)
+      tile(std::integral_constant<int, 1>(), t);
+    else
+      tile(std::integral_constant<int, 0>(), t);
+  } else {
+    tile(std::integral_constant<int, 2>(), t);
+  }
+}
+
+/* NW warps, MT m-tiles of 16 query rows each: BM = 16 * MT * NW rows a CTA.
+ * NEW = false is the first version (kept for A/B, GP_ATTN_IMPL=old). NEW:
+ * the row max is taken on the raw scores (the host picks NEW only for scale
+ * > 0), p = ex2(s * scale log2e - m * scale log2e) is one FFMA and one MUFU
+ * op, and the masked and unmasked tiles are two specialized loop bodies (no
+ * per-element mask code on the tiles away from the boundaries). */
+template <typename T, int D, int MT, int NW, bool NEW>
+__global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1) k_attn_fwd_mma(AttnP P, int BH) {
+  constexpr int NTH = NW * 32, BM = 16 * MT * NW, BN = 64, KD = D / 16, NT = BN / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
   T *Qs = (T *)attn_smem;
   T *Ks = Qs + BM * D; /* 2 stages */
@@ -459,15 +490,18 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
   const int n_tiles = kt.n;
 
-  load_tile<T, D, BM>(Qs, q, i0, P.T);
+  load_tile<T, D, BM, NTH>(Qs, q, i0, P.T);
   if (n_tiles > 0) {
-    load_tile<T, D, BN>(Ks, k, kt.j0(0), P.S);
-    load_tile<T, D, BN>(Vs, v, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH>(Ks, k, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH>(Vs, v, kt.j0(0), P.S);
   }
   cp_async_commit();
 
+  /* the Q fragments stay in registers (QREG), or are reloaded from shared
+   * memory per k-step where registers are short (8 warps at 2 CTAs an SM) */
+  constexpr bool QREG = NW == 4;
   float o[MT][DT][4], m[MT][2], l[MT][2];
-  uint32_t qf[MT][KD][4];
+  uint32_t qf[MT][QREG ? KD : 1][4];
 #pragma unroll
   for (int mt = 0; mt < MT; mt++) {
     m[mt][0] = m[mt][1] = -INFINITY;
@@ -478,11 +512,13 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
   const float sl2 = P.scale * 1.4426950408889634f;
   const int wrow = warp * 16 * MT; /* the warp's first row in the tile */
 
-  for (int t = 0; t < n_tiles; t++) {
+  /* one key tile; MK: 0 no mask, 1 mask, 2 mask when need_mask (NEW = false) */
+  auto tile = [&](auto mk_tag, int t) {
+    constexpr int MK = decltype(mk_tag)::value;
     const int st = t & 1;
     const int j0 = kt.j0(t);
-    kv_next<T, D, BN>(Ks, Vs, k, v, kt, t, P.S);
-    if (t == 0) {
+    kv_next<T, D, BN, NTH>(Ks, Vs, k, v, kt, t, P.S);
+    if (QREG && t == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -498,27 +534,32 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
 #pragma unroll
       for (int nt = 0; nt < NT; nt++) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.f;
 #pragma unroll
-    for (int kk = 0; kk < KD; kk++)
+    for (int kk = 0; kk < KD; kk++) {
+      if constexpr (!QREG)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+          ldsm_x4(qf[mt][0], smem_u32(Qs + swz<D>(wrow + mt * 16 + (lane & 15), kk * 2 + (lane >> 4))));
 #pragma unroll
       for (int np = 0; np < NT / 2; np++) {
         uint32_t b[4];
         ldsm_x4(b, smem_u32(Kst + swz<D>(np * 16 + (lane & 7) + ((lane >> 4) << 3), kk * 2 + ((lane >> 3) & 1))));
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-          mma2<T>(s[mt] + 2 * np, qf[mt][kk], b);
+          mma2<T>(s[mt] + 2 * np, qf[mt][QREG ? kk : 0], b);
         }
       }
+    }
 
     /* masks, only on tiles that touch a boundary */
-    const bool need_mask = tile_masked(P, pmin, pmax, j0, BN);
+    const bool need_mask = MK == 1 || (MK == 2 && tile_masked(P, pmin, pmax, j0, BN));
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
       for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          float x = s[mt][nt][e] * sl2;
-          if (need_mask) {
+          float x = NEW ? s[mt][nt][e] : s[mt][nt][e] * sl2;
+          if (MK != 0 && need_mask) {
             int p = i0 + wrow + mt * 16 + (lane >> 2) + ((e >> 1) << 3) + off;
             int j = j0 + nt * 8 + ((lane & 3) << 1) + (e & 1);
             if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) x = -INFINITY;
@@ -526,7 +567,8 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
           s[mt][nt][e] = x;
         }
 
-    /* online softmax (base 2); l stays per thread until the end */
+    /* online softmax (base 2); l stays per thread until the end. NEW: m is
+     * the raw max (scale > 0), p = ex2(s sl2 - m sl2) */
 #pragma unroll
     for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -537,16 +579,28 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
         mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
         const float mu = mx == -INFINITY ? 0.f : mx;
-        const float alpha = exp2f(m[mt][h] - mu);
-        m[mt][h] = mx;
-        float sum = 0.f;
+        float alpha, sum = 0.f;
+        if constexpr (NEW) {
+          const float mus = mu * sl2;
+          alpha = ex2(m[mt][h] * sl2 - mus); /* m = -inf: 0 */
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) {
-          float p0 = exp2f(s[mt][nt][2 * h] - mu), p1 = exp2f(s[mt][nt][2 * h + 1] - mu);
-          s[mt][nt][2 * h] = p0;
-          s[mt][nt][2 * h + 1] = p1;
-          sum += p0 + p1;
+          for (int nt = 0; nt < NT; nt++) {
+            float p0 = ex2(fmaf(s[mt][nt][2 * h], sl2, -mus)), p1 = ex2(fmaf(s[mt][nt][2 * h + 1], sl2, -mus));
+            s[mt][nt][2 * h] = p0;
+            s[mt][nt][2 * h + 1] = p1;
+            sum += p0 + p1;
+          }
+        } else {
+          alpha = exp2f(m[mt][h] - mu);
+#pragma unroll
+          for (int nt = 0; nt < NT; nt++) {
+            float p0 = exp2f(s[mt][nt][2 * h] - mu), p1 = exp2f(s[mt][nt][2 * h + 1] - mu);
+            s[mt][nt][2 * h] = p0;
+            s[mt][nt][2 * h + 1] = p1;
+            sum += p0 + p1;
+          }
         }
+        m[mt][h] = mx;
         l[mt][h] = l[mt][h] * alpha + sum;
 #pragma unroll
         for (int dt = 0; dt < DT; dt++) {
@@ -574,7 +628,8 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
       }
     }
     __syncthreads(); /* the next iteration loads into this stage */
-  }
+  };
+  for (int t = 0; t < n_tiles; t++) run_tile<NEW>(tile, t, NEW && (tile_masked(P, pmin, pmax, kt.j0(t), BN)));
   cp_async_wait<0>();
 
   T *out = (T *)P.out + (int64_t)bh * P.T * D;
@@ -593,8 +648,9 @@ __global__ void __launch_bounds__(128) k_attn_fwd_mma(AttnP P, int BH) {
         uint32_t w = pack2<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
         *(uint32_t *)(out + (int64_t)row * D + dt * 8 + ((lane & 3) << 1)) = w;
       }
-      if ((lane & 3) == 0)
-        P.lse[(int64_t)bh * P.T + row] = lt > 0.f ? m[mt][h] * 0.6931471805599453f + logf(lt) : -INFINITY;
+      /* m: base-2 scaled max (old), raw max (NEW) */
+      const float mnat = NEW ? m[mt][h] * P.scale : m[mt][h] * 0.6931471805599453f;
+      if ((lane & 3) == 0) P.lse[(int64_t)bh * P.T + row] = lt > 0.f ? mnat + logf(lt) : -INFINITY;
     }
 }
 
@@ -650,7 +706,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_delta(const T *__restrict__ o,
 
 /* dk, dv: block b holds key tile b / BH (the first key tiles, which most
  * causal queries see, start first) of head b % BH */
-template <typename T, int D, int BQ>
+template <typename T, int D, int BQ, bool NEW>
 __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float *__restrict__ delta, int BH) {
   constexpr int BN = 64, KD = D / 16, NQ = BQ / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
@@ -696,9 +752,15 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
   const float sl2 = P.scale * LOG2E;
+  /* the query tile from i0 holds a row past T or a (query, key) pair to mask */
+  auto q_masked = [&](int i0) {
+    return i0 + BQ > P.T || tile_masked(P, i0 + off, min(i0 + BQ, P.T) - 1 + off, j0, BN);
+  };
   const int wrow = warp * 16, g8 = lane >> 2, t2 = (lane & 3) << 1;
 
-  for (int t = 0; t < n_qt; t++) {
+  /* one query tile; MK: 0 no mask, 1 mask, 2 mask when need_mask (NEW = false) */
+  auto tile = [&](auto mk_tag, int t) {
+    constexpr int MK = decltype(mk_tag)::value;
     const int st = t & 1, i0 = ilo + t * BQ;
     if (t + 1 < n_qt) load_q(st ^ 1, i0 + BQ);
     cp_async_commit();
@@ -729,14 +791,14 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
     }
 
     /* P^T and dS^T; masks only on tiles that touch a boundary */
-    const bool need_mask = i0 + BQ > P.T || tile_masked(P, i0 + off, min(i0 + BQ, P.T) - 1 + off, j0, BN);
+    const bool need_mask = MK == 1 || (MK == 2 && q_masked(i0));
 #pragma unroll
     for (int nt = 0; nt < NQ; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int ic = nt * 8 + t2 + (e & 1);
-        float pv = exp2f(s[nt][e] * sl2 - Lst[ic] * LOG2E);
-        if (need_mask) {
+        float pv = NEW ? ex2(fmaf(s[nt][e], sl2, -Lst[ic] * LOG2E)) : exp2f(s[nt][e] * sl2 - Lst[ic] * LOG2E);
+        if (MK != 0 && need_mask) {
           const int i = i0 + ic, j = j0 + wrow + g8 + ((e >> 1) << 3);
           if (i >= P.T || j >= P.S || !vis(i + off, j, P.win, P.ng, P.causal)) pv = 0.f;
         }
@@ -760,7 +822,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
       }
     }
     __syncthreads(); /* the next iteration loads into this stage */
-  }
+  };
+  for (int t = 0; t < n_qt; t++) run_tile<NEW>(tile, t, NEW && (q_masked(ilo + t * BQ)));
   cp_async_wait<0>();
 
   T *pdk = (T *)P.dk + kb, *pdv = (T *)P.dv + kb;
@@ -778,7 +841,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
 
 /* dq: block b holds query tile (n_mt - 1 - b / BH) (the longest causal rows
  * first) of head b % BH; the key tiles are the forward's */
-template <typename T, int D, int BN>
+template <typename T, int D, int BN, bool NEW>
 __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *__restrict__ delta, int BH) {
   constexpr int BM = 64, KD = D / 16, NT = BN / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
@@ -820,7 +883,9 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
   uint32_t qf[KD][4], gf[KD][4];
   const float sl2 = P.scale * LOG2E;
 
-  for (int t = 0; t < n_tiles; t++) {
+  /* one key tile; MK: 0 no mask, 1 mask, 2 mask when need_mask (NEW = false) */
+  auto tile = [&](auto mk_tag, int t) {
+    constexpr int MK = decltype(mk_tag)::value;
     const int st = t & 1;
     const int j0 = kt.j0(t);
     kv_next<T, D, BN>(Ks, Vs, k, v, kt, t, P.S);
@@ -852,14 +917,14 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
 
     /* dS = P (dP - delta); masks only on tiles that touch a boundary (rows
      * past T are never stored) */
-    const bool need_mask = tile_masked(P, pmin, pmax, j0, BN);
+    const bool need_mask = MK == 1 || (MK == 2 && tile_masked(P, pmin, pmax, j0, BN));
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const int h = e >> 1;
-        float pv = exp2f(s[nt][e] * sl2 - L2[h]);
-        if (need_mask) {
+        float pv = NEW ? ex2(fmaf(s[nt][e], sl2, -L2[h])) : exp2f(s[nt][e] * sl2 - L2[h]);
+        if (MK != 0 && need_mask) {
           const int p = i0 + wrow + g8 + h * 8 + off, j = j0 + nt * 8 + t2 + (e & 1);
           if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) pv = 0.f;
         }
@@ -879,7 +944,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
       }
     }
     __syncthreads(); /* the next iteration loads into this stage */
-  }
+  };
+  for (int t = 0; t < n_tiles; t++) run_tile<NEW>(tile, t, NEW && (tile_masked(P, pmin, pmax, kt.j0(t), BN)));
   cp_async_wait<0>();
 
   T *pdq = (T *)P.dq + qb;
@@ -1015,17 +1081,39 @@ template <typename K> int smem_attr(K *kern, int smem, bool &done, const char *o
 
 bool aligned16(const gp_tensor *t) { return ((uintptr_t)gp_ptr(t) & 15) == 0; }
 
-template <typename T, int D, int MT> int launch_fwd_mma(const AttnP &P, int64_t BH) {
-  constexpr int BM = 64 * MT;
+template <typename T, int D, int MT, int NW, bool NEW> int launch_fwd_mma(const AttnP &P, int64_t BH) {
+  constexpr int BM = 16 * MT * NW;
   const int smem = (BM + 4 * 64) * D * (int)sizeof(T);
   static bool attr = false; /* per instantiation */
-  GP_TRY(smem_attr(k_attn_fwd_mma<T, D, MT>, smem, attr, "attn_fwd"));
+  GP_TRY(smem_attr(k_attn_fwd_mma<T, D, MT, NW, NEW>, smem, attr, "attn_fwd"));
   const int64_t blocks = BH * ((P.T + BM - 1) / BM);
   if (blocks > INT32_MAX) return gp_error("attn_fwd: too many blocks for one launch (B * H = %lld, T = %d)",
                                           (long long)BH, P.T);
-  GP_NOTE_LAUNCH((k_attn_fwd_mma<T, D, MT>), 128, smem);
-  k_attn_fwd_mma<T, D, MT><<<(unsigned)blocks, 128, smem, gp_cuda_stream()>>>(P, (int)BH);
+  GP_NOTE_LAUNCH((k_attn_fwd_mma<T, D, MT, NW, NEW>), NW * 32, smem);
+  k_attn_fwd_mma<T, D, MT, NW, NEW><<<(unsigned)blocks, NW * 32, smem, gp_cuda_stream()>>>(P, (int)BH);
   return GP_OK;
+}
+
+/* GP_ATTN_IMPL (read once): "old" the first tensor-core kernels, "new" (the
+ * default) the revised ones, "new8" as new with the 8-warp forward (16 rows
+ * a warp) at D 64 */
+enum { IMPL_OLD = 0, IMPL_NEW = 1, IMPL_NEW8 = 2 };
+int attn_impl() {
+  static int impl = -1;
+  if (impl < 0) {
+    const char *e = getenv("GP_ATTN_IMPL");
+    impl = e && !strcmp(e, "old") ? IMPL_OLD : e && !strcmp(e, "new8") ? IMPL_NEW8 : IMPL_NEW;
+  }
+  return impl;
+}
+
+template <typename T, int D> int launch_fwd_tc(const AttnP &P, int64_t BH) {
+  constexpr int MT = D == 64 ? 2 : 1;
+  const int impl = P.scale > 0.f ? attn_impl() : IMPL_OLD; /* NEW takes the max of the raw scores */
+  if (impl == IMPL_OLD) return launch_fwd_mma<T, D, MT, 4, false>(P, BH);
+  if constexpr (D == 64)
+    if (impl == IMPL_NEW8) return launch_fwd_mma<T, D, 1, 8, true>(P, BH);
+  return launch_fwd_mma<T, D, MT, 4, true>(P, BH);
 }
 
 template <typename T, int D> int launch_fwd_plain(const AttnP &P, int64_t BH) {
@@ -1048,7 +1136,7 @@ template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
 }
 
 /* tensor-core backward: delta, then dk/dv by key tiles, then dq by query tiles */
-template <typename T, int D> int launch_bwd_mma(const AttnP &P, int64_t BH) {
+template <typename T, int D, bool NEW> int launch_bwd_mma(const AttnP &P, int64_t BH) {
   constexpr int BQ = D == 64 ? 64 : 32; /* query tile of the dk/dv kernel */
   constexpr int BN = 64;                /* key tile of the dq kernel */
   const int64_t rows = BH * P.T, n_kt = (P.S + 63) / 64, n_mt = (P.T + 63) / 64;
@@ -1064,16 +1152,20 @@ template <typename T, int D> int launch_bwd_mma(const AttnP &P, int64_t BH) {
   const int smem1 = (2 * 64 + 4 * BQ) * D * (int)sizeof(T) + 4 * BQ * (int)sizeof(float);
   const int smem2 = (2 * 64 + 4 * BN) * D * (int)sizeof(T);
   static bool a1 = false, a2 = false; /* per instantiation */
-  int rc = smem_attr(k_attn_bwd_dkdv_mma<T, D, BQ>, smem1, a1, "attn_bwd");
-  if (rc == GP_OK) rc = smem_attr(k_attn_bwd_dq_mma<T, D, BN>, smem2, a2, "attn_bwd");
+  int rc = smem_attr(k_attn_bwd_dkdv_mma<T, D, BQ, NEW>, smem1, a1, "attn_bwd");
+  if (rc == GP_OK) rc = smem_attr(k_attn_bwd_dq_mma<T, D, BN, NEW>, smem2, a2, "attn_bwd");
   if (rc == GP_OK) {
-    GP_NOTE_LAUNCH((k_attn_bwd_dkdv_mma<T, D, BQ>), 128, smem1);
-    k_attn_bwd_dkdv_mma<T, D, BQ><<<(unsigned)(BH * n_kt), 128, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
-    GP_NOTE_LAUNCH((k_attn_bwd_dq_mma<T, D, BN>), 128, smem2);
-    k_attn_bwd_dq_mma<T, D, BN><<<(unsigned)(BH * n_mt), 128, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
+    GP_NOTE_LAUNCH((k_attn_bwd_dkdv_mma<T, D, BQ, NEW>), 128, smem1);
+    k_attn_bwd_dkdv_mma<T, D, BQ, NEW><<<(unsigned)(BH * n_kt), 128, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
+    GP_NOTE_LAUNCH((k_attn_bwd_dq_mma<T, D, BN, NEW>), 128, smem2);
+    k_attn_bwd_dq_mma<T, D, BN, NEW><<<(unsigned)(BH * n_mt), 128, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
   }
   gp_tensor_free(dl); /* (stream-ordered, as the decode's partials) */
   return rc;
+}
+
+template <typename T, int D> int launch_bwd_tc(const AttnP &P, int64_t BH) {
+  return attn_impl() == IMPL_OLD ? launch_bwd_mma<T, D, false>(P, BH) : launch_bwd_mma<T, D, true>(P, BH);
 }
 
 } // namespace
@@ -1093,9 +1185,9 @@ extern "C" int gp_cuda_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor 
   int rc = GP_OK;
   if (mma) {
     if (D == 64) {
-      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_fwd_mma<T, 64, 2>(P, BH));
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_fwd_tc<T, 64>(P, BH));
     } else {
-      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_fwd_mma<T, 128, 1>(P, BH));
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_fwd_tc<T, 128>(P, BH));
     }
   } else if (D == 64) {
     GP_FLOAT_SWITCH(q->dtype, T, rc = launch_fwd_plain<T, 64>(P, BH));
@@ -1137,9 +1229,9 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
                    aligned16(dq) && aligned16(dk) && aligned16(dv);
   if (mma) {
     if (D == 64) {
-      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_mma<T, 64>(P, BH));
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_tc<T, 64>(P, BH));
     } else {
-      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_mma<T, 128>(P, BH));
+      GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_tc<T, 128>(P, BH));
     }
   } else if (D == 64) {
     GP_FLOAT_SWITCH(q->dtype, T, rc = launch_bwd<T, 64>(P, BH));
