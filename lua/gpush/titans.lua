@@ -193,7 +193,7 @@ function T.bind(g)
     local bias = {}
     for h = 1, H do bias[h], bias[H + h], bias[2 * H + h] = -2, 2, -4 end -- theta 0.12, eta 0.88, alpha 0.018
     local gb = self.gates.bias
-    gp.no_grad(function() gb:copy_(gp.tensor(bias, {dtype = gb.dtype}):to(gb.device)) end)
+    gp.no_grad(function() gb:copy_(gp.tensor(bias, {dtype = gb.dtype, device = gb.device})) end)
     self.out = Linear(C, C, {bias = false, dtype = o.dtype, device = o.device})
     if cfg.conv then
       self.conv_k = nn.Parameter(nn.init.normal_(gp.empty({4, C}, {dtype = o.dtype or 'f32', device = o.device or gp.device()}), 0, 0.1))

@@ -186,7 +186,19 @@ T.test('titans_coef: bad input', function()
   T.raises(function() run_scan('linear', x, 2) end, 'memory_scan', 'theta must be (2, 4)')
 end)
 
-T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', function()
+-- the CPU is the default device inside: the reference side is built there and
+-- the CUDA side moved explicitly
+local function on_cpu(fn)
+  return function()
+    local prev = gp.device()
+    gp.set_device('cpu')
+    local ok, err = pcall(fn)
+    gp.set_device(prev)
+    if not ok then error(err, 0) end
+  end
+end
+
+T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', on_cpu(function()
   T.cuda()
   for _, L in ipairs {1, 7, 64, 512, 2000} do
     local e = gp.rand({33, L}) * 0.6 + 0.35
@@ -228,7 +240,7 @@ T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', fun
       T.ok(T.relnorm(xg[key].grad:cpu(), xc[key].grad) < 1e-3, kind .. ' grad ' .. key)
     end
   end
-end)
+end))
 
 local function tiny_lm(model, memory, dt)
   return gp.nn.TitansLM {model = model, memory = memory, seq_len = 16, dim = 16, num_layers = 2, num_heads = 2, chunk = 4,
@@ -254,7 +266,7 @@ T.test('titans: NeuralMemory, MAC and SWA models run forward and backward (cpu)'
   end
 end)
 
-T.test('titans: MAC is causal (changing a later token leaves earlier logits unchanged)', function()
+T.test('titans: MAC is causal (changing a later token leaves earlier logits unchanged)', on_cpu(function()
   gp.manual_seed(2)
   local m = tiny_lm('mac', 'mlp', 'f64')
   local idx = gp.randint(0, 256, {1, 16}, {device = 'cpu'})
@@ -267,7 +279,7 @@ T.test('titans: MAC is causal (changing a later token leaves earlier logits unch
   local diff = 0
   for j = 1, 256 do diff = diff + math.abs(b[1][10][j] - a[1][10][j]) end
   T.ok(diff > 0, 'the changed token changes its own logits')
-end)
+end))
 
 T.test('titans.lua: recall task smoke run (tiny, cpu)', function()
   local out, rc = T.sh('build/gpush --device cpu scripts/titans.lua --task recall --tiny')
