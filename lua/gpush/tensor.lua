@@ -184,8 +184,10 @@ M.to_dtype = to_dtype
 function Tensor:to(a, b)
   if type(a) == 'table' and not is_tensor(a) then
     local r = self
+    -- to the cpu: move first, then cast (f64 exists on the cpu only)
+    if a.device == 'cpu' then r = to_device(r, a.device) end
     if a.dtype then r = to_dtype(r, a.dtype) end
-    if a.device then r = to_device(r, a.device) end
+    if a.device and a.device ~= 'cpu' then r = to_device(r, a.device) end
     return r
   end
   local r = self

@@ -10,11 +10,13 @@ T.test('100,000 temporary 1 MB tensors keep memory bounded', function()
     local t = gp.empty({262144}, {device = dev}) -- 1 MB of f32
   end
   local m = gp.memory()
+  -- a full collection runs once 256 MB of new tensors (core.lua GC_MIN) are
+  -- allocated, so garbage stays under that plus what is live
   if dev == 'cuda' then
-    T.ok(m.reserved - m0.reserved < 256 * 1048576, 'reserved grew by ' .. (m.reserved - m0.reserved))
+    T.ok(m.reserved - m0.reserved < 320 * 1048576, 'reserved grew by ' .. (m.reserved - m0.reserved))
     T.ok(m.cache_hits - m0.cache_hits > 99000, 'the cache served the allocations')
   else
-    T.ok(m.host_peak < m0.host_peak + 256 * 1048576, 'host peak ' .. m.host_peak)
+    T.ok(m.host_peak < m0.host_peak + 320 * 1048576, 'host peak ' .. m.host_peak)
   end
 end)
 

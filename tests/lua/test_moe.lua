@@ -203,7 +203,9 @@ local function cuda_vs_cpu_layer(dtype, tol, opts, N, C, H, E, swiglu, make_rout
   end
   local proj = gp.randn({N, C}, cpu)
   local function run(dev)
-    local function p(t) return t and t:to {dtype = dtype, device = dev}:requires_grad() or nil end
+    -- detach: on the CPU `to` returns the input itself, which must not become a
+    -- leaf that the CUDA copy is then recorded from
+    local function p(t) return t and t:detach():to {dtype = dtype, device = dev}:requires_grad() or nil end
     local a, b, c, d, e = p(x), p(wr), p(w1), p(w2), p(w3)
     local out, info = gp.moe_ffn(a, b, c, d, e, opts)
     local total = (out:to('f32') * proj:to(dev)):sum() + gp.moe_aux_loss(info.probs, info.counts, info.k) +

@@ -205,14 +205,17 @@ T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', on_
     local a = gp.rand({33, L}) * 0.1
     local w, c, p = gp.titans_coef(e, a)
     local wg, cg, pg = gp.titans_coef(e:cuda(), a:cuda())
-    for _, pr in ipairs {{w, wg}, {c, cg}, {p, pg}} do T.ok(T.relnorm(pr[2]:cpu(), pr[1]) < 1e-4, 'coef L ' .. L) end
+    -- one f32 thread scans the row on the GPU, the CPU in double: the rounding
+    -- grows with the row length
+    local tol = L > 1000 and 1e-3 or 1e-4
+    for _, pr in ipairs {{w, wg}, {c, cg}, {p, pg}} do T.ok(T.relnorm(pr[2]:cpu(), pr[1]) < tol, 'coef L ' .. L) end
     local dw, dc, dp = gp.randn {33, L}, gp.randn {33, L}, gp.randn {33, 3}
     local de, da = gp.empty {33, L}, gp.empty {33, L}
     gp.k.titans_coef_backward(de, da, e, a, w, c, dw, dc, dp)
     local deg, dag = gp.empty({33, L}, {device = 'cuda'}), gp.empty({33, L}, {device = 'cuda'})
     gp.k.titans_coef_backward(deg, dag, e:cuda(), a:cuda(), w:cuda(), c:cuda(), dw:cuda(), dc:cuda(), dp:cuda())
-    T.ok(T.relnorm(deg:cpu(), de) < 1e-4, 'coef backward deta L ' .. L)
-    T.ok(T.relnorm(dag:cpu(), da) < 1e-4, 'coef backward dalpha L ' .. L)
+    T.ok(T.relnorm(deg:cpu(), de) < tol, 'coef backward deta L ' .. L)
+    T.ok(T.relnorm(dag:cpu(), da) < tol, 'coef backward dalpha L ' .. L)
   end
   for _, kind in ipairs {'linear', 'mlp'} do
     gp.manual_seed(11)
