@@ -53,6 +53,7 @@ local o = gp.args.parse(arg, {
   {'quiet', false, 'no progress lines'},
   {'nproc', 1, 'data parallel over N processes, one GPU each (re-runs this script under gpush --nproc N)'},
   {'bucket-mb', 25, 'data parallel: gradient bucket size in MB'},
+  {'graph', true, 'on one GPU, capture the training step (batch, forward, backward, clip, AdamW) as a CUDA graph after one eager step and replay it (--no-graph: eager steps)'},
 }, {usage = 'gpush scripts/train_gpt.lua [flags]', description = 'Train a character-level GPT.'})
 
 local dist = gp.dist
@@ -112,7 +113,11 @@ if world > 1 then
   say(string.format('  data parallel: %d ranks (%s), global batch %d, %s', world, dist.backend(), B * world, tostring(ddp)))
 end
 
-local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, 0.95}, weight_decay = o.weight_decay})
+-- a captured step replays its launches with no Lua in between: one GPU, no
+-- data parallel (NCCL calls from the DDP hooks are not captured here)
+local use_graph = o.graph and gp.device() == 'cuda' and world == 1
+local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, 0.95}, weight_decay = o.weight_decay,
+                                   device_hyper = use_graph})
 local warmup = o.warmup >= 0 and o.warmup or math.min(100, math.floor(o.iters / 10))
 local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.min_lr >= 0 and o.min_lr or o.lr / 10, warmup = warmup,
                                          max_steps = o.iters}
@@ -140,16 +145,14 @@ local function evaluate()
   return tr, va, gp.train.now() - t0
 end
 
-model:train()
-local t_start = gp.train.now()
-local excluded = 0
-for step = 1, o.iters do
+-- one optimizer step: its micro-batches' losses go to add(loss)
+local function train_step(add)
   opt:zero_grad()
   for micro = 1, accum do
     local function run()
       local x, y = batch('train')
       local _, loss = model(x, y)
-      log:add(world > 1 and global_mean(loss) or loss)
+      add(world > 1 and global_mean(loss) or loss)
       if accum > 1 then loss = loss / accum end
       loss:backward()
     end
@@ -157,8 +160,36 @@ for step = 1, o.iters do
   end
   if ddp then ddp:sync() end
   if o.grad_clip > 0 then gp.optim.clip_grad_norm(opt, o.grad_clip) end
-  opt:set_lr(sched(step))
   opt:step()
+end
+
+-- the captured step: the mean loss of its micro-batches is the graph's output
+local graph
+local function capture()
+  opt._capturing = true
+  local ok, err = pcall(function()
+    graph = gp.graph(function()
+      local sum
+      train_step(function(l) l = l:detach():to('f32'):reshape {1}; sum = sum and sum + l or l end)
+      return accum > 1 and sum / accum or sum
+    end)
+  end)
+  opt._capturing = nil
+  if not ok then error(err, 0) end
+end
+
+model:train()
+local t_start = gp.train.now()
+local excluded = 0
+for step = 1, o.iters do
+  opt:set_lr(sched(step))
+  if use_graph and step > 1 then
+    if not graph then capture() end
+    opt:prepare_replay()
+    log:add(graph:replay())
+  else
+    train_step(function(l) log:add(l) end)
+  end
   log:step(step, nil, opt:get_lr())
   if o.eval_every > 0 and step % o.eval_every == 0 and step < o.iters then
     local tr, va, dt = evaluate()
@@ -172,6 +203,7 @@ gp.sync()
 local train_time = gp.train.now() - t_start - excluded
 local tokens_per_s = o.iters * B * world * T * accum / train_time
 
+if graph then graph:free() end
 local tr, va = evaluate()
 log:write {step = o.iters, train_loss = tr, val_loss = va, tokens_per_s = tokens_per_s,
            unigram_entropy = ds.unigram_entropy, final = true}

@@ -261,8 +261,9 @@ end
 
 local function train_cases()
   local cs = {}
-  for _, e in ipairs {{'train_gpt default step', SMALL, false}, {GPT2_NAME .. ' bf16 step', GPT2, true}} do
-    local p = {clip = 1.0, bf16 = e[3]}
+  for _, e in ipairs {{'train_gpt default step', SMALL, false}, {'train_gpt default step, CUDA graph', SMALL, false, true},
+                      {GPT2_NAME .. ' bf16 step', GPT2, true}, {GPT2_NAME .. ' bf16 step, CUDA graph', GPT2, true, true}} do
+    local p = {clip = 1.0, bf16 = e[3], graph = e[4]}
     for k, v in pairs(e[2]) do p[k] = v end
     for k, v in pairs(TRAIN_IT) do p[k] = v end
     cs[#cs + 1] = {row = e[1], unit = 'ms/step', scale = 1, p = p,
@@ -278,16 +279,29 @@ local function run_train(c)
   gp.manual_seed(0)
   local model = gpt_model(p)
   if p.bf16 then gp.optim.mixed_precision(model) end
-  local opt = gp.optim.AdamW(model, {lr = 3e-4, betas = {0.9, 0.95}, weight_decay = 0.1})
+  local graph = p.graph and gp.device() == 'cuda'
+  local opt = gp.optim.AdamW(model, {lr = 3e-4, betas = {0.9, 0.95}, weight_decay = 0.1, device_hyper = graph})
   local x, y = gp.randint(0, p.vocab, {p.batch, p.block}), gp.randint(0, p.vocab, {p.batch, p.block})
   model:train()
-  local ms = gp.time(function()
+  local function step()
     opt:zero_grad()
     local _, loss = model(x, y)
     loss:backward()
     if p.clip > 0 then gp.optim.clip_grad_norm(opt, p.clip) end
     opt:step()
-  end, p)
+  end
+  local ms
+  if graph then -- as train_gpt.lua does: one eager step, then the captured step replayed
+    step()
+    opt._capturing = true
+    local ok, g = pcall(gp.graph, step)
+    opt._capturing = nil
+    if not ok then error(g, 0) end
+    ms = gp.time(function() opt:prepare_replay(); g:replay() end, p)
+    g:free()
+  else
+    ms = gp.time(step, p)
+  end
   return ms, string.format('%.1fK tok/s', p.batch * p.block / ms)
 end
 

@@ -107,3 +107,24 @@ T.test('train_gpt with gp.nn.GPT on the CPU: validation loss well below the unig
   T.ok(va < 0.9 * uni, string.format('val loss %.3f vs unigram %.3f\n%s', va, uni, out))
   T.ok(tr < 0.9 * uni, out)
 end)
+
+T.test('train_gpt on CUDA: the captured step (CUDA graph) follows the eager steps', function()
+  T.cuda()
+  local function run(flag)
+    local log = os.tmpname()
+    local out, rc = sh(exe .. ' ' .. root .. '/scripts/train_gpt.lua --device cuda --iters 40 --log-every 10' ..
+                       ' --eval-every 0 --eval-iters 2 --quiet --grad-accum 2 --log ' .. log .. ' ' .. flag)
+    T.eq(rc, 0, out)
+    local losses = {}
+    for line in io.lines(log) do
+      local l = line:match('"loss":%s*([%d%.e%-]+)')
+      if l then losses[#losses + 1] = tonumber(l) end
+    end
+    os.remove(log)
+    return losses, out
+  end
+  local g, og = run('--graph')
+  local e, oe = run('--no-graph')
+  T.ok(#g == 4 and #e == 4, og .. oe)
+  for i = 1, #e do T.ok(math.abs(g[i] - e[i]) < 1e-4 * math.abs(e[i]), string.format('step %d: graph %.6f eager %.6f', 10 * i, g[i], e[i])) end
+end)
