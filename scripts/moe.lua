@@ -198,7 +198,7 @@ local function train(kind)
   local tr = gp.no_grad(function() model:eval(); local r = estimate(model, 'train', 8); model:train(); return r end)
   local loads, worst = {}, 0
   for i, l in ipairs(layers) do
-    local c = l.load:to('f64'):cpu():totable()
+    local c = l.load:cpu():to('f64'):totable()
     local sum = 0
     for _, v in ipairs(c) do sum = sum + v end
     local rel = {}

@@ -187,6 +187,10 @@ for step = 1, o.iters do
     if not graph then capture() end
     opt:prepare_replay()
     log:add(graph:replay())
+  elseif use_graph then -- the eager first step logs its mean loss once, as a replay does
+    local sum
+    train_step(function(l) l = l:detach():to('f32'):reshape {1}; sum = sum and sum + l or l end)
+    log:add(accum > 1 and sum / accum or sum)
   else
     train_step(function(l) log:add(l) end)
   end

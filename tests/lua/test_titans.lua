@@ -208,7 +208,11 @@ T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', on_
     -- one f32 thread scans the row on the GPU, the CPU in double: the rounding
     -- grows with the row length
     local tol = L > 1000 and 1e-3 or 1e-4
-    for _, pr in ipairs {{w, wg}, {c, cg}, {p, pg}} do T.ok(T.relnorm(pr[2]:cpu(), pr[1]) < tol, 'coef L ' .. L) end
+    T.ok(T.relnorm(wg:cpu(), w) < tol, 'coef w L ' .. L)
+    T.ok(T.relnorm(cg:cpu(), c) < tol, 'coef c L ' .. L)
+    -- p holds products over the whole row: past a few hundred tokens they
+    -- are below f32's range (0 on the GPU, denormal doubles on the CPU)
+    T.ok(T.relnorm(pg:cpu(), p) < tol or (pg:cpu() - p):abs():max():item() < 1e-30, 'coef p L ' .. L)
     local dw, dc, dp = gp.randn {33, L}, gp.randn {33, L}, gp.randn {33, 3}
     local de, da = gp.empty {33, L}, gp.empty {33, L}
     gp.k.titans_coef_backward(de, da, e, a, w, c, dw, dc, dp)
