@@ -229,6 +229,65 @@ __global__ void k_cols(const T *__restrict__ x, int64_t A, int64_t B, int64_t C,
   }
 }
 
+/* C > 1, sum and mean, C a multiple of V (16 bytes of T) and x aligned: a
+ * lane reads V consecutive columns with one 16-byte load, so a warp reads
+ * 512 contiguous bytes per b (the bias gradient of a (B*T, C) activation);
+ * the 8 warps step over b, the block adds them up in shared memory (fixed
+ * order), and S > 1 splits over b leave f32 partials for k_final_vec. */
+template <typename T, int OP, int V>
+__global__ void __launch_bounds__(256) k_cols_vec(const T *__restrict__ x, int64_t A, int64_t B, int64_t C, int S,
+                                                  int64_t chunk, float *part, void *out, RP rp) {
+  __shared__ float sh[8][32 * V];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t TW = 32 * V, nt = (C + TW - 1) / TW, items = A * nt * S;
+  for (int64_t w = blockIdx.x; w < items; w += gridDim.x) {
+    const int64_t t = w / S, tile = t % nt, a = t / nt;
+    const int sp = (int)(w % S);
+    const int64_t c0 = tile * TW + (int64_t)lane * V, lo = sp * chunk, hi = min(B, lo + chunk);
+    float acc[V];
+#pragma unroll
+    for (int j = 0; j < V; j++) acc[j] = 0.f;
+    if (c0 < C) {
+      const T *p = x + a * B * C + c0;
+#pragma unroll 8
+      for (int64_t b = lo + warp; b < hi; b += 8) {
+        const rvec<T, V> v = *reinterpret_cast<const rvec<T, V> *>(p + b * C);
+#pragma unroll
+        for (int j = 0; j < V; j++) acc[j] += ld(v.v[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < V; j++) sh[warp][lane * V + j] = acc[j];
+    __syncthreads();
+    for (int col = threadIdx.x; col < TW; col += blockDim.x) {
+      const int64_t c = tile * TW + col;
+      if (c < C) {
+        float s = 0.f;
+#pragma unroll
+        for (int ww = 0; ww < 8; ww++) s += sh[ww][col];
+        const int64_t k = a * C + c;
+        if (S == 1) {
+          St st = st_init<OP>();
+          st.a = s;
+          st_write<T, OP>(out, k, st, rp, 0);
+        } else {
+          part[k * S + sp] = s;
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+template <typename T, int OP>
+__global__ void k_final_vec(const float *__restrict__ part, int64_t n, int S, void *out, RP rp) {
+  for (int64_t k = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; k < n; k += (int64_t)gridDim.x * blockDim.x) {
+    St st = st_init<OP>();
+    for (int s = 0; s < S; s++) st.a += part[k * S + s];
+    st_write<T, OP>(out, k, st, rp, 0);
+  }
+}
+
 /* combine the S partial states of each output, in order */
 template <typename T, int OP>
 __global__ void k_final(const St *__restrict__ part, int64_t n, int S, void *out, int idx64, RP rp) {
@@ -248,6 +307,30 @@ template <typename T, int OP> static int launch(const char *name, gp_tensor *out
   void *po = gp_ptr(out);
   int64_t S, chunk, nout = A * C;
   int tpr = 0, W = 0;
+  if constexpr (OP == R_SUM || OP == R_MEAN) {
+    if (C > 1 && C % V == 0 && ((uintptr_t)px % 16) == 0 && B > 0) {
+      const int64_t items = A * ((C + 32 * V - 1) / (32 * V));
+      int64_t Sv = (sm * 4 + items - 1) / items, maxs = (B + 63) / 64;
+      if (Sv > maxs) Sv = maxs;
+      if (Sv < 1) Sv = 1;
+      int64_t ch = (B + Sv - 1) / Sv;
+      Sv = (B + ch - 1) / ch;
+      float *part = nullptr;
+      void *scratch = nullptr;
+      size_t sbytes = 0;
+      if (Sv > 1) {
+        GP_TRY(gp_alloc(&scratch, &sbytes, (size_t)(nout * Sv) * sizeof(float), GP_CUDA));
+        part = (float *)scratch;
+      }
+      int64_t blocks = items * Sv, cap = (int64_t)sm * 32;
+      if (blocks > cap) blocks = cap;
+      k_cols_vec<T, OP, V><<<(unsigned)blocks, 256, 0, stream>>>(px, A, B, C, (int)Sv, ch, part, po, rp);
+      if (Sv > 1) k_final_vec<T, OP><<<gp_grid(nout, 256), 256, 0, stream>>>(part, nout, (int)Sv, po, rp);
+      int rc = gp_cuda_check_launch(name);
+      if (scratch) gp_free(scratch, sbytes, GP_CUDA);
+      return rc;
+    }
+  }
   if (C == 1) {
     tpr = B <= 32 * V * 4 ? 32 : 256;
     int64_t target = (int64_t)sm * (2048 / tpr), maxs = B / ((int64_t)tpr * V * 4);

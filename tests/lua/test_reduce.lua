@@ -135,6 +135,18 @@ T.test('cuda reductions against the cpu on awkward geometries', function()
       end
     end
   end
+  -- aligned columns that are a multiple of 16 bytes: the vectorized column sum
+  -- (a bias gradient), with and without splits over the reduced dim
+  for _, dt in ipairs {'f32', 'bf16'} do
+    for _, s in ipairs {{1, 8192, 768}, {3, 100, 264}, {2, 7, 256}, {1, 5000, 64}, {4, 1, 8}, {1, 20000, 8}} do
+      local xc = gp.randn(s, {device = 'cpu'}):to(dt)
+      local xg = xc:cuda()
+      for _, name in ipairs {'sum', 'mean'} do
+        local r = T.relnorm(xg[name](xg, 2), xc[name](xc, 2))
+        if not (r <= (dt == 'bf16' and 1e-2 or 1e-5)) then error(string.format('%s %s %s: %g', name, dt, table.concat(s, 'x'), r)) end
+      end
+    end
+  end
   -- ties and NaN on the GPU follow the CPU
   local t = gp.tensor({{5, 1, 5, 5}, {0 / 0, 2, 0 / 0, 1}}):cuda()
   T.same(t:argmax(2):totable(), {0, 0})
