@@ -59,8 +59,15 @@ local function wrap(tbl, name, rule, docs, opts)
   if not f then return end
   opts = opts or {}
   local check, fwd, nout = opts.check, opts.forward, opts.nout
+  -- the recorded call is a function of its own: its closures (pack) make the
+  -- function that holds them end in UCLO, which LuaJIT cannot compile, and
+  -- the untracked call (every op in no_grad and inference) should stay on trace
+  local recorded
   local g = function(...)
     if not A.enabled or not any_needs(select('#', ...), ...) then return f(...) end
+    return recorded(...)
+  end
+  recorded = function(...)
     if check then check(...) end
     local args = {n = select('#', ...), ...}
     local outs = {n = 0}

@@ -96,26 +96,50 @@ T.test('diversity errors name the op and the shapes', function()
   T.raises(function() gp.set_diversity_backward(gp.randn({2, 3, 4}), gp.randn({2}, cpu)) end, 'set_diversity_backward', 'cpu')
 end)
 
+-- forward and backward of x (on the cpu) against xc (its copy on the GPU)
+local function cuda_matches(x, xc, tol, name)
+  local d = gp.randn({x:size(1)}, cpu):to(x.dtype)
+  T.ok(T.relnorm(gp.set_diversity(xc), gp.set_diversity(x)) <= tol, 'forward ' .. name)
+  T.ok(T.relnorm(gp.set_diversity_backward(xc, d:cuda()), gp.set_diversity_backward(x, d)) <= tol, 'backward ' .. name)
+end
+
 T.test('cuda set_diversity forward and backward match the cpu', function()
   T.cuda()
   for _, dt in ipairs {'f32', 'bf16'} do
     local tol = dt == 'f32' and 1e-4 or 2e-2
     for _, sz in ipairs {{1, 1, 7}, {3, 2, 5}, {5, 7, 33}, {4, 64, 384}, {2, 100, 1000}, {1, 4, 3000}} do
       local x = gp.randn(sz, cpu):to(dt)
-      local d = gp.randn({sz[1]}, cpu):to(dt)
-      local name = dt .. ' ' .. table.concat(sz, 'x')
-      T.ok(T.relnorm(gp.set_diversity(x:cuda()), gp.set_diversity(x)) <= tol, 'forward ' .. name)
-      T.ok(T.relnorm(gp.set_diversity_backward(x:cuda(), d:cuda()), gp.set_diversity_backward(x, d)) <= tol, 'backward ' .. name)
+      cuda_matches(x, x:cuda(), tol, dt .. ' ' .. table.concat(sz, 'x'))
+    end
+  end
+  -- the vectorized kernels (D a multiple of 16 bytes, aligned): a pair, one and
+  -- several row batches per warp, 1, 2 and 4 vectors per lane, f16; and from
+  -- storage offsets, aligned (vectorized) and not (the scalar kernels)
+  for _, dt in ipairs {'f32', 'bf16', 'f16'} do
+    local tol = dt == 'f32' and 1e-4 or 2e-2
+    for _, sz in ipairs {{3, 2, 16}, {2, 100, 256}, {3, 9, 512}, {2, 70, 1024}, {1, 64, 384}} do
+      local x = gp.randn(sz, cpu):to(dt)
+      cuda_matches(x, x:cuda(), tol, dt .. ' ' .. table.concat(sz, 'x'))
+    end
+    for _, off in ipairs {1, 8} do
+      local S, N, D = 2, 5, 64
+      local flat = gp.randn({S * N * D + off}, cpu):to(dt)
+      cuda_matches(flat:narrow(1, off + 1, S * N * D):view {S, N, D},
+        flat:cuda():narrow(1, off + 1, S * N * D):view {S, N, D}, tol, dt .. ' offset ' .. off)
     end
   end
   -- near-identical vectors (diversity near 0) still agree in absolute terms
   local v = gp.randn({1, 1, 64}, cpu)
   local x = gp.cat({v, v, v, v}, 2) + gp.randn({1, 4, 64}, cpu) * 1e-2
   T.near(gp.set_diversity(x:cuda()):item(), gp.set_diversity(x):item(), 1e-5)
-  -- a zero vector (clamped norm)
-  local z = gp.randn({1, 3, 8}, cpu)
-  z:narrow(2, 2, 1):zero_()
-  T.ok(T.relnorm(gp.set_diversity_backward(z:cuda(), gp.ones({1})), gp.set_diversity_backward(z, gp.ones({1}, cpu))) < 1e-4)
+  -- a zero vector (clamped norm), in the vectorized kernels (D = 8) and the scalar ones (D = 7)
+  for _, D in ipairs {8, 7} do
+    local z = gp.randn({1, 3, D}, cpu)
+    z:narrow(2, 2, 1):zero_()
+    T.ok(T.relnorm(gp.set_diversity(z:cuda()), gp.set_diversity(z)) < 1e-5, 'forward zero row D=' .. D)
+    T.ok(T.relnorm(gp.set_diversity_backward(z:cuda(), gp.ones({1})), gp.set_diversity_backward(z, gp.ones({1}, cpu))) < 1e-4,
+      'backward zero row D=' .. D)
+  end
   -- distinct-n with i32 and clamped lens on the GPU
   local t = gp.randint(0, 3, {4, 5, 9}, {dtype = 'i64', device = 'cpu'})
   local lens = gp.randint(0, 10, {4, 5}, {dtype = 'i64', device = 'cpu'})

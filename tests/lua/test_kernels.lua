@@ -162,12 +162,14 @@ KCASES.titans = {
 KTOL.titans = {f32 = 1e-4, f16 = 3e-3, bf16 = 2e-2}
 SCALARS_FOR.attn_bwd = {scale = 0.05}
 -- set diversity: S sets of N vectors of D (a set of one, warp-sized, the
--- n = 64, d = 384 of the benchmark, long rows); distinct-n: L ids per sequence
+-- n = 64, d = 384 of the benchmark, long rows, several row batches per warp in
+-- the vectorized kernels); distinct-n: L ids per sequence
 KCASES.diversity = {
   {name = '1x1x1', shape = {1}, syms = {S = 1, N = 1, D = 1, L = 1}},
   {name = '3x7x5', shape = {1}, syms = {S = 3, N = 7, D = 5, L = 9}},
   {name = '2x4x1000', shape = {1}, syms = {S = 2, N = 4, D = 1000, L = 12}},
   {name = '4x64x384', shape = {1}, syms = {S = 4, N = 64, D = 384, L = 16}, big = true},
+  {name = '2x100x256', shape = {1}, syms = {S = 2, N = 100, D = 256, L = 8}, big = true},
 }
 KTOL.diversity = {f32 = 1e-4}
 

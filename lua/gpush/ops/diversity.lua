@@ -8,31 +8,33 @@ return function(gp, tensor)
   local INDEX = {i32 = true, i64 = true}
 
   local function eps_of(opts, op)
-    if opts ~= nil and type(opts) ~= 'table' then raise(op .. ': options must be a table like {eps=1e-8}') end
+    if opts == nil then return 1e-8 end
+    if type(opts) ~= 'table' then raise(op .. ': options must be a table like {eps=1e-8}') end
     local eps = opts and opts.eps or 1e-8
     if type(eps) ~= 'number' or not (eps > 0) then raise(op .. ': eps must be a number > 0, got ' .. tostring(eps)) end
     return eps
   end
 
-  -- x (S, N, D) or (N, D) -> (S, N, D) contiguous float
+  -- x (S, N, D) or (N, D) -> (S, N, D) contiguous float, S; the common case
+  -- (a contiguous float (S, N, D)) makes no new tensor
   local function sets_of(x, op)
     if not is_tensor(x) then raise(op .. ': x must be a tensor of embeddings (S, N, D) or (N, D), got ' .. type(x)) end
-    if x:dim() ~= 2 and x:dim() ~= 3 then
+    local nd = x.c.ndim
+    if nd ~= 2 and nd ~= 3 then
       raise(string.format('%s: x must be (S sets, N, D) or (N, D), got %s', op, shape_str(x.shape)))
     end
     if not FLOAT[x.dtype] then x = tensor.to_dtype(x, 'f32') end
     x = x:contiguous()
-    if x:dim() == 2 then x = x:view {1, x:size(1), x:size(2)} end
-    return x
+    if nd == 2 then x = x:view {1, tonumber(x.c.shape[0]), tonumber(x.c.shape[1])} end
+    return x, tonumber(x.c.shape[0])
   end
 
   function gp.set_diversity(x, opts)
     local eps = eps_of(opts, 'set_diversity')
-    local two = is_tensor(x) and x:dim() == 2
-    local x3 = sets_of(x, 'set_diversity')
-    local out = empty({x3:size(1)}, x3.dtype, x3.device, 'set_diversity')
+    local x3, S = sets_of(x, 'set_diversity')
+    local out = empty({S}, x3.dtype, x3.device, 'set_diversity')
     K.set_diversity(out, x3, eps)
-    return two and out:view {} or out
+    return x.c.ndim == 2 and out:view {} or out
   end
   gp.doc(gp.set_diversity, 'gp.set_diversity(x, {eps=1e-8})',
     'mean pairwise cosine distance 1 - cos(x_i, x_j) over the pairs i < j of each set: x (S, N, D) -> (S), or (N, D) -> a 0-dim tensor; one launch for all sets, f32 accumulation, output in x\'s dtype; differentiable')
@@ -40,18 +42,19 @@ return function(gp, tensor)
   -- the gradient of set_diversity: dout (S) (or 0-dim for an (N, D) x) -> dx like x
   function gp.set_diversity_backward(x, dout, opts)
     local eps = eps_of(opts, 'set_diversity_backward')
-    local x3 = sets_of(x, 'set_diversity_backward')
-    if not is_tensor(dout) or dout:numel() ~= x3:size(1) then
-      raise(string.format('set_diversity_backward: dout must hold one value per set (%d), got %s', x3:size(1),
+    local x3, S = sets_of(x, 'set_diversity_backward')
+    if not is_tensor(dout) or dout:numel() ~= S then
+      raise(string.format('set_diversity_backward: dout must hold one value per set (%d), got %s', S,
         is_tensor(dout) and shape_str(dout.shape) or type(dout)))
     end
-    if dout.device ~= x3.device then
+    if dout.c.device ~= x3.c.device then
       raise(string.format('set_diversity_backward: dout is on %s but x is on %s', dout.device, x3.device))
     end
-    local d = tensor.to_dtype(dout, x3.dtype):contiguous():view {x3:size(1)}
+    local d = tensor.to_dtype(dout, x3.dtype):contiguous()
+    if d.c.ndim ~= 1 then d = d:view {S} end
     local dx = empty(x3.shape, x3.dtype, x3.device, 'set_diversity_backward')
     K.set_diversity_backward(dx, x3, d, eps)
-    return dx:view(x.shape)
+    return x.c.ndim == 3 and dx or dx:view(x.shape)
   end
   gp.doc(gp.set_diversity_backward, 'gp.set_diversity_backward(x, dout, {eps=1e-8})',
     'dx = dout[s] * d set_diversity(x)[s] / dx (what the autograd rule of gp.set_diversity runs)')
