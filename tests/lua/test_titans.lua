@@ -229,8 +229,8 @@ T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', on_
       for key, t in pairs(x) do
         if key == 'init' then
           r.init = {}
-          for nm, w in pairs(t) do r.init[nm] = w:to(dev):requires_grad() end
-        else r[key] = t:to(dev):requires_grad() end
+          for nm, w in pairs(t) do r.init[nm] = w:detach():to(dev):requires_grad() end
+        else r[key] = t:detach():to(dev):requires_grad() end
       end
       return r
     end
