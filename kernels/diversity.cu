@@ -386,8 +386,10 @@ struct dv_plan {
   unsigned grid;
   cudaStream_t st;
 };
-/* the vectorized kernels keep warps * D floats of shared memory: at most 48 KiB */
-static const int64_t DV_VEC_SHARED_FLOATS = 48 * 1024 / 4;
+/* the vectorized kernels keep warps * D floats of dynamic shared memory; with
+ * their static red[32] the block must stay within 48 KiB (a 12 x 1024 bf16
+ * plan of exactly 48 KiB failed to launch on the H100) */
+static const int64_t DV_VEC_SHARED_FLOATS = (48 * 1024 - 1024) / 4;
 
 static dv_plan dv_plan_for(int64_t N, int64_t D, size_t elsize, const void *a, const void *b) {
   dv_plan p = {0, 0, 0, 0, 0, 0};
