@@ -9,7 +9,7 @@
 -- Without --checkpoint a character-level GPT is pretrained on the task's
 -- valid examples first (short: it answers validly often, not always); the
 -- base is then frozen and LoRA adapters are fine-tuned. Defaults depend on
--- the device: a GPU gets a larger model and more steps; the CPU a small
+-- the device: a GPU gets more fine-tuning steps and prompts per step (the same base); the CPU a
 -- configuration that finishes in a few minutes.
 local gp = rawget(_G, 'gp') or require 'gpush'
 local P = gp.polychromic
@@ -17,11 +17,11 @@ local P = gp.polychromic
 local o = gp.args.parse(arg, {
   {'objective', 'poly', 'poly | additive | rl | sft'},
   {'compare', false, 'run rl and poly from the same base with the same seeds and steps; print both'},
-  {'n', 4, 'samples per prompt'},
+  {'n', 0, 'samples per prompt (0: 4; 8 with --compare, so that a set can hold several distinct valid replies)'},
   {'temperature', 0.9, 'sampling temperature'},
   {'top-p', 0.9, 'nucleus sampling threshold'},
-  {'steps', 0, 'fine-tuning steps (0: 60 on the CPU, 150 on the GPU)'},
-  {'prompts-per-step', 0, 'prompts per step B (0: 8 on the CPU, 32 on the GPU)'},
+  {'steps', 0, 'fine-tuning steps (0: 100 on the CPU, 200 on the GPU)'},
+  {'prompts-per-step', 0, 'prompts per step B (0: 8 on the CPU, 16 on the GPU)'},
   {'lambda', 0.3, 'diversity weight of the additive objective'},
   {'kl', 0, 'KL penalty to the base model (k3 estimator per token)'},
   {'clip', 0.2, 'PPO ratio clip'},
@@ -33,8 +33,9 @@ local o = gp.args.parse(arg, {
   {'subset-size', 0, 'poly/additive subset size m (0: n/2, at least 2)'},
   {'max-subsets', 64, 'subsets per prompt (all of them when C(n, m) is at most this)'},
   {'adv-norm', 'batch', 'advantage scaling: batch | set | none'},
-  {'floor', 0.5, 'poly: f = mean reward * (floor + diversity) (0: the paper\'s pure product)'},
-  {'valid-only', true, 'poly/additive: a pair counts toward diversity with weight r_i r_j (diversity among rewarded replies; --no-valid-only: every pair)'},
+  {'floor', 0, 'poly: f = mean reward * (floor + diversity) (0: the paper\'s pure product)'},
+  {'valid-only', false, 'poly/additive: a pair counts toward diversity with weight r_i r_j (diversity among rewarded replies only)'},
+  {'embed', 'ngram', 'reply embeddings for diversity: ngram (token 2- and 3-gram sets) | base (mean-pooled hidden states of the frozen base)'},
   {'eval-n', 8, 'samples per prompt in the evaluation (pass@eval-n)'},
   {'max-new', 0, 'longest reply in tokens (0: from the task)'},
   {'data', '', 'JSONL file of {"prompt": ..., "reply": ...} pairs (default: the built-in sum task)'},
@@ -43,10 +44,10 @@ local o = gp.args.parse(arg, {
   {'checkpoint', '', 'a base model checkpoint (gp.save of an nn.GPT with its config and vocab in the metadata)'},
   {'save-base', '', 'write the pretrained base here'},
   {'save-adapters', '', 'write the fine-tuned adapters here (gp.lora.save)'},
-  {'pretrain-steps', 0, 'pretraining steps of the base (0: 300 on the CPU, 1500 on the GPU)'},
-  {'n-embd', 0, 'base width (0: 32 on the CPU, 128 on the GPU)'},
+  {'pretrain-steps', 600, 'pretraining steps of the base (batch 32: the base answers validly about half the time)'},
+  {'n-embd', 32, 'base width'},
   {'n-layer', 2, 'base blocks'},
-  {'n-head', 0, 'base heads (0: 2 on the CPU, 2 on the GPU: head dim 64 takes flash attention)'},
+  {'n-head', 2, 'base heads'},
   {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
   {'seed', 1234, 'random seed'},
   {'log-every', 10, 'print a line every N steps'},
@@ -57,11 +58,9 @@ local o = gp.args.parse(arg, {
 if o.device ~= '' then gp.set_device(o.device) end
 local on_gpu = gp.device() == 'cuda'
 local function pick(v, cpu, gpu) if v ~= 0 then return v end; return on_gpu and gpu or cpu end
-o.steps = pick(o.steps, 60, 150)
-o.prompts_per_step = pick(o.prompts_per_step, 8, 32)
-o.pretrain_steps = pick(o.pretrain_steps, 300, 1500)
-o.n_embd = pick(o.n_embd, 32, 128)
-o.n_head = pick(o.n_head, 2, 2)
+o.steps = pick(o.steps, 100, 200)
+o.prompts_per_step = pick(o.prompts_per_step, 8, 16)
+if o.n == 0 then o.n = o.compare and 8 or 4 end
 local OBJ = {poly = true, additive = true, rl = true, sft = true}
 if not OBJ[o.objective] then error('--objective must be poly, additive, rl or sft, got ' .. o.objective) end
 if o.n < 2 and o.objective ~= 'sft' then error('--n must be at least 2 (a set needs pairs)') end
@@ -101,7 +100,7 @@ else
   local base = gp.nn.GPT(config)
   print(string.format('pretraining the base on %s: %d steps, %d parameters, device %s', task.name, o.pretrain_steps,
     base:num_parameters(), gp.device()))
-  local loss = P.pretrain(base, task, tok, {steps = o.pretrain_steps, batch = on_gpu and 128 or 32, rand = math.random,
+  local loss = P.pretrain(base, task, tok, {steps = o.pretrain_steps, batch = 32, rand = math.random,
     log_every = 50, log = function(s, l) print(string.format('  pretrain step %d: loss %.4f', s, l)) end})
   print(string.format('  done: loss %.4f, %.1f s', loss, gp.train.now() - t_start))
   base_sd = base:state_dict()
@@ -111,7 +110,9 @@ else
   end
 end
 
-local eval_opts = {eval_n = o.eval_n, max_new = max_new, temperature = o.temperature, top_p = o.top_p}
+local EMB = {ngram = P.ngram_embed, base = P.base_embed}
+local embed = EMB[o.embed] or error('--embed must be ngram or base, got ' .. o.embed)
+local eval_opts = {eval_n = o.eval_n, max_new = max_new, temperature = o.temperature, top_p = o.top_p, embed = embed}
 
 -- a fresh policy: the base weights and new adapters (same seed every time)
 local function policy()
@@ -128,7 +129,7 @@ local function run(objective)
   local r = P.finetune(m, tok, task, {objective = objective, steps = o.steps, n = o.n, prompts_per_step = o.prompts_per_step,
     temperature = o.temperature, top_p = o.top_p, lambda = o.lambda, kl = o.kl, clip = o.clip, lr = o.lr,
     epochs = o.epochs, adv_norm = o.adv_norm, subset_size = o.subset_size > 0 and o.subset_size or nil,
-    max_subsets = o.max_subsets, floor = o.floor, valid_only = o.valid_only, max_new = max_new, seed = o.seed, log_every = o.log_every, log = print})
+    max_subsets = o.max_subsets, floor = o.floor, valid_only = o.valid_only, max_new = max_new, embed = embed, seed = o.seed, log_every = o.log_every, log = print})
   gp.manual_seed(o.seed + 3) -- the same evaluation draws for every objective
   r.eval = P.evaluate(m, tok, task, eval_opts)
   r.model = m
@@ -174,6 +175,9 @@ if o.compare then
   local a, b = results.rl.eval, results.poly.eval
   print(string.format('poly vs rl: distinct valid %+.2f, pass@%d %+.3f, mean reward %+.3f', b.distinct_valid - a.distinct_valid,
     o.eval_n, b.pass_at_n - a.pass_at_n, b.mean_reward - a.mean_reward))
+  local dv, pn = b.distinct_valid > a.distinct_valid, b.pass_at_n > a.pass_at_n
+  print(string.format('poly beat rl on distinct valid replies: %s; on pass@%d: %s%s', dv and 'yes' or 'no', o.eval_n,
+    pn and 'yes' or (b.pass_at_n == a.pass_at_n and 'no (tie)' or 'no'), (dv and pn) and ' -- poly beat rl on both' or ''))
 end
 
 if o.save_adapters ~= '' then

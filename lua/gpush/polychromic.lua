@@ -230,6 +230,8 @@ function M.bind(gp)
       rows[i] = row
       Tm = math.max(Tm, #row)
       ro.prompts[i], ro.replies[i], ro.lens[i], ro.plens[i], ro.stopped[i] = p, r.text[i], #reply, #pid, stopped
+      ro.ids = ro.ids or {}
+      ro.ids[i] = reply
     end
     -- full (R, Tm) rows (padded with the stop id); targets (R, Tm-1): the
     -- next token on reply positions (the stop token included), else -100;
@@ -278,6 +280,42 @@ function M.bind(gp)
   end
   doc(P.base_embed, 'gp.polychromic.base_embed(policy, rollout)',
     "reply embeddings (R, C): the frozen base's (adapters off) final hidden states mean-pooled over each reply, centered over the batch")
+
+  -- token n-gram embedder: each reply (its token ids, with a boundary symbol at
+  -- both ends) as the 0/1 presence vector of its n-grams (n = opts.ngrams,
+  -- default {2, 3}), hashed into dim (default 512) buckets. 1 - cos of two such
+  -- vectors is 1 - |A and B| / sqrt(|A| |B|) over the replies' n-gram sets
+  -- (the Ochiai form of 1 - Jaccard): 0 for identical replies, 1 for replies
+  -- that share no n-gram, and never above 1, so a reply cannot look more
+  -- different than "shares nothing"
+  function P.ngram_embed(policy, ro, opts)
+    opts = opts or {}
+    local dim = opts.dim or 512
+    local ns = opts.ngrams or {2, 3}
+    local R = ro.R
+    local rows = {}
+    local BOUND = 1000003 -- a symbol no token id takes
+    for i = 1, R do
+      local ids = ro.ids[i]
+      local seq = {BOUND}
+      for _, v in ipairs(ids) do seq[#seq + 1] = v end
+      seq[#seq + 1] = BOUND
+      local row = {}
+      for j = 1, dim do row[j] = 0 end
+      for _, n in ipairs(ns) do
+        for s = 1, #seq - n + 1 do
+          local h = 2166136261
+          h = (h * 31 + n) % 4294967296
+          for k = s, s + n - 1 do h = (h * 1000003 + seq[k] + 7) % 4294967291 end
+          row[h % dim + 1] = 1
+        end
+      end
+      rows[i] = row
+    end
+    return gp.tensor(rows, {dtype = 'f32', device = policy.wte.weight.device})
+  end
+  doc(P.ngram_embed, 'gp.polychromic.ngram_embed(policy, rollout, {ngrams={2,3}, dim=512})',
+    "reply embeddings (R, dim): the 0/1 presence of each reply's token n-grams (boundaries included), hashed; 1 - cos is an n-gram set distance in [0, 1]")
 
   ---------------------------------------------------------------------------
   -- advantages
@@ -464,7 +502,7 @@ function M.bind(gp)
 
   -- o: objective, n, temperature, top_p, steps, prompts_per_step, lambda, kl,
   -- clip, lr, epochs, adv_norm, subset_size, max_subsets, max_new, seed,
-  -- embed (function(policy, rollout) -> (R, D)), log (function(line))
+  -- embed (function(policy, rollout) -> (R, D); default base_embed), log (function(line))
   function P.finetune(policy, tok, task, o)
     local say = o.log or function() end
     local rng_state = o.seed or 1
@@ -515,10 +553,14 @@ function M.bind(gp)
         times.update = times.update + (gp.train.now() - t1)
       else
         local ro = P.rollout(policy, tok, prompts, {n = n, max_new = o.max_new, temperature = o.temperature, top_p = o.top_p})
-        local rewards, sr = {}, 0
-        for i = 1, ro.R do
-          rewards[i] = task.reward(ro.prompts[i], ro.replies[i])
-          sr = sr + rewards[i]
+        local rewards, sr, nd = {}, 0, 0
+        for b = 1, B do
+          local seen = {}
+          for i = (b - 1) * n + 1, b * n do
+            rewards[i] = task.reward(ro.prompts[i], ro.replies[i])
+            sr = sr + rewards[i]
+            if rewards[i] > 0.5 and not seen[ro.replies[i]] then seen[ro.replies[i]] = true; nd = nd + 1 end
+          end
         end
         gp.sync()
         local t1 = gp.train.now()
@@ -558,12 +600,14 @@ function M.bind(gp)
         times.update = times.update + (gp.train.now() - t2)
         rec.reward = sr / ro.R
         rec.set_diversity = sdiv
+        rec.distinct = nd / B
       end
       hist[#hist + 1] = rec
       if o.log_every and (step % o.log_every == 0 or step == o.steps) then
         say(string.format('  %s step %d/%d: loss %.4f%s%s', o.objective, step, o.steps, rec.loss,
           rec.reward and string.format(', reward %.3f', rec.reward) or '',
-          rec.set_diversity and string.format(', set diversity %.3f', rec.set_diversity) or ''))
+          rec.set_diversity and string.format(', set diversity %.3f', rec.set_diversity) or '',
+          rec.distinct and string.format(', distinct valid %.2f', rec.distinct) or ''))
       end
     end
     return {history = hist, times = times, steps = o.steps}

@@ -50,6 +50,22 @@ T.test('polychromic: subsets and advantages by hand', function()
   T.same(P.normalize({1, -1, 3, -3}, 2, 2, 'set'), {1 / 1.0001, -1 / 1.0001, 3 / 3.0001, -3 / 3.0001}, 1e-9)
 end)
 
+T.test('polychromic: n-gram embeddings give set distances in [0, 1]', function()
+  -- replies as token ids: identical -> 0, no shared 2-/3-gram -> 1
+  local ro = {R = 4, ids = {{1, 2, 3}, {1, 2, 3}, {3, 2, 1}, {1, 2, 4}}}
+  local pol = {wte = {weight = gp.zeros({1, 1}, cpu)}}
+  local e = P.ngram_embed(pol, ro)
+  T.eq(e:size(1), 4)
+  local d = function(i, j)
+    local x = e:index_select(1, gp.tensor({i - 1, j - 1}, {dtype = 'i64', device = 'cpu'})):view {1, 2, e:size(2)}
+    return gp.set_diversity(x):item()
+  end
+  T.near(d(1, 2), 0, 1e-6)
+  T.near(d(1, 3), 1, 1e-6)
+  -- 1 2 3 vs 1 2 4: shared ^1, 12, ^12 of 7 n-grams each: 1 - 3/7
+  T.near(d(1, 4), 1 - 3 / 7, 1e-6)
+end)
+
 T.test('polychromic: the PPO loss gradient at ratio 1 is -A mask / tokens', function()
   local logp = gp.randn({2, 3}, {dtype = 'f64', device = 'cpu'}):requires_grad()
   local old = logp:detach()
