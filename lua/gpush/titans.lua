@@ -191,7 +191,7 @@ function T.bind(g)
     self.gates = Linear(C, 3 * H, o) -- theta (per token), eta and alpha (per chunk: the chunk mean of x)
     nn.init.zeros_(self.gates.weight)
     local bias = {}
-    for h = 1, H do bias[h], bias[H + h], bias[2 * H + h] = -2, 2, -4 end -- theta 0.12, eta 0.88, alpha 0.018
+    for h = 1, H do bias[h], bias[H + h], bias[2 * H + h] = -2, 2, -4 end -- theta 0.12/chunk, eta 0.88, 0.018 forgotten per chunk
     local gb = self.gates.bias
     gp.no_grad(function() gb:copy_(gp.tensor(bias, {dtype = gb.dtype, device = gb.device})) end)
     self.out = Linear(C, C, {bias = false, dtype = o.dtype, device = o.device})
@@ -218,13 +218,18 @@ function T.bind(g)
     return x:reshape {B, Tn, self.heads, self.head_dim}:transpose(2, 3):reshape {B * self.heads, Tn, self.head_dim}
   end
   -- theta (B*H, T), eta and alpha (B*H, T) constant per chunk: sigmoids of linear maps of x (eta, alpha: of the chunk mean)
-  -- (x in the model's dtype; the gates are computed in mdt)
+  -- (x in the model's dtype; the gates are computed in mdt). Scaled to the chunk size b: all b gradients of a chunk are
+  -- taken at its starting weights, so its summed step grows with b (theta = sigmoid / b keeps the memory from
+  -- diverging across chunks), and alpha is the per-token rate at which a chunk forgets sigmoid(.).
   function NeuralMemory:gate_values(x, mdt)
     local B, Tn, H, b = x:size(1), x:size(2), self.heads, self.chunk
     local nc = Tn / b
-    local th = self.gates(x):narrow(3, 1, H):to(mdt):sigmoid()
+    local th = self.gates(x):narrow(3, 1, H):to(mdt):sigmoid() * (1 / b)
     local mean = x:reshape {B, nc, b, self.dim}:mean(3) -- (B, nc, C)
-    local ea = self.gates(mean):narrow(3, H + 1, 2 * H):to(mdt):sigmoid() -- (B, nc, 2H)
+    local z = self.gates(mean):narrow(3, H + 1, 2 * H):to(mdt) -- (B, nc, 2H)
+    -- alpha per token = 1 - (1 - sigmoid)^(1/b): the sigmoid is what the chunk forgets
+    local keep = ((z:narrow(3, H + 1, H) * -1):sigmoid():log() * (1 / b)):exp()
+    local ea = gp.cat({z:narrow(3, 1, H):sigmoid(), 1 - keep}, 3)
     ea = ea:reshape {B, nc, 1, 2 * H}:expand {B, nc, b, 2 * H}:reshape {B, Tn, 2 * H}
     local function heads(t) return t:transpose(2, 3):reshape {B * H, Tn} end
     return heads(th), heads(ea:narrow(3, 1, H)), heads(ea:narrow(3, H + 1, H))
