@@ -406,7 +406,7 @@ static dv_plan dv_plan_for(int64_t N, int64_t D, size_t elsize, const void *a, c
 }
 
 /* shared floats of a block: the forward needs N, the backward 2N + D */
-static const int64_t DV_MAX_SHARED_FLOATS = 48 * 1024 / 4;
+static const int64_t DV_MAX_SHARED_FLOATS = (48 * 1024 - 1024) / 4 - 4; /* room for red[32] and the + 4 */
 
 static int dv_block(int64_t D) {
   if (D >= 512) return 512;
@@ -452,7 +452,9 @@ extern "C" int gp_cuda_set_diversity(gp_tensor *out, const gp_tensor *x, double 
     return gp_error("set_diversity: x is %s; the CUDA kernel takes at most %lld vectors per set", gp_shape_str(x, sb, sizeof sb),
                     (long long)DV_MAX_SHARED_FLOATS);
   const int block = dv_block(D);
-  const size_t smem = sizeof(float) * (size_t)(N > 0 ? N : 1);
+  /* + 4: the compiler reads rn's tail (up to 3 floats, dv_col) as one vector,
+   * past N (compute-sanitizer on the H100: a 12-byte read 4 bytes beyond) */
+  const size_t smem = sizeof(float) * (size_t)(N + 4);
   GP_FLOAT_SWITCH(x->dtype, T, {
     GP_NOTE_LAUNCH(k_set_div<T>, block, (int)smem);
     k_set_div<T><<<plan.grid, block, smem, plan.st>>>((T *)gp_ptr(out), (const T *)gp_ptr(x), (int)N, (int)D, (float)eps);
@@ -477,7 +479,7 @@ extern "C" int gp_cuda_set_diversity_backward(gp_tensor *dx, const gp_tensor *x,
     return gp_error("set_diversity_backward: x is %s; the CUDA kernel needs 2N + D <= %lld", gp_shape_str(x, sb, sizeof sb),
                     (long long)DV_MAX_SHARED_FLOATS);
   const int block = dv_block(D);
-  const size_t smem = sizeof(float) * (size_t)(2 * N + D);
+  const size_t smem = sizeof(float) * (size_t)(2 * N + D + 4); /* + 4: as in the forward */
   GP_FLOAT_SWITCH(x->dtype, T, {
     GP_NOTE_LAUNCH(k_set_div_bwd<T>, block, (int)smem);
     k_set_div_bwd<T><<<plan.grid, block, smem, plan.st>>>((T *)gp_ptr(dx), (const T *)gp_ptr(x), (const T *)gp_ptr(dout),
