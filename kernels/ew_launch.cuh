@@ -41,8 +41,10 @@ __global__ void gp_ew_flat(To *o, const Ta *a, const Tb *b, int64_t n, F f) {
 /* NDIM > 0: the loop has exactly NDIM dims and 32-bit indices; the unrolled
  * loops read the sizes and strides straight from the kernel parameters (a
  * run-time index into them would copy the whole loop to local memory in
- * every thread). NDIM == 0: any number of dims, 64-bit indices. */
-template <int NIN, int NDIM, typename To, typename Ta, typename Tb, typename F>
+ * every thread). NDIM == 0: any number of dims, 64-bit indices. V > 1: the
+ * innermost dim is contiguous in every operand and the loop counts V-element
+ * vectors (16-byte loads and stores; NDIM > 0 only). */
+template <int NIN, int NDIM, int V, typename To, typename Ta, typename Tb, typename F>
 __global__ void gp_ew_strided(gp_loop L, To *o, const Ta *a, const Tb *b, F f) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = tid; i < L.numel; i += nth) {
@@ -58,29 +60,6 @@ __global__ void gp_ew_strided(gp_loop L, To *o, const Ta *a, const Tb *b, F f) {
       }
     } else {
       gp_loop_offsets(&L, i, off);
-    }
-    Ta x{};
-    Tb y{};
-    if constexpr (NIN >= 1) x = a[off[1]];
-    if constexpr (NIN >= 2) y = b[off[2]];
-    o[off[0]] = gp_call<NIN>(f, x, y);
-  }
-}
-
-/* The innermost dim is contiguous in every operand: the same index math in
- * units of V-element vectors (16-byte loads and stores), NDIM dims, 32-bit. */
-template <int NIN, int NDIM, int V, typename To, typename Ta, typename Tb, typename F>
-__global__ void gp_ew_strided_vec(gp_loop L, To *o, const Ta *a, const Tb *b, F f) {
-  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t i = tid; i < L.numel; i += nth) {
-    int64_t off[3] = {0, 0, 0};
-    uint32_t j = (uint32_t)i;
-#pragma unroll
-    for (int d = NDIM - 1; d >= 0; d--) {
-      const uint32_t n = (uint32_t)L.shape[d], q = j / n, r = j - q * n;
-#pragma unroll
-      for (int k = 0; k <= NIN; k++) off[k] += (int64_t)r * L.stride[k][d];
-      j = q;
     }
     gp_vec<Ta, V> va;
     gp_vec<Tb, V> vb;
@@ -129,8 +108,8 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
     const unsigned g = gp_grid(LV.numel, 256);
 #define GP_EW_VEC(ND)                                                     \
   do {                                                                    \
-    GP_NOTE_LAUNCH((gp_ew_strided_vec<NIN, ND, V, To, Ta, Tb, F>), 256, 0); \
-    gp_ew_strided_vec<NIN, ND, V><<<g, 256, 0, s>>>(LV, po, pa, pb, f);   \
+    GP_NOTE_LAUNCH((gp_ew_strided<NIN, ND, V, To, Ta, Tb, F>), 256, 0);    \
+    gp_ew_strided<NIN, ND, V><<<g, 256, 0, s>>>(LV, po, pa, pb, f);      \
   } while (0)
     if (L.ndim == 2) GP_EW_VEC(2);
     else if (L.ndim == 3) GP_EW_VEC(3);
@@ -148,8 +127,8 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
     const unsigned g = gp_grid(L.numel, 256);
 #define GP_EW_STRIDED(ND)                                              \
   do {                                                                 \
-    GP_NOTE_LAUNCH((gp_ew_strided<NIN, ND, To, Ta, Tb, F>), 256, 0);   \
-    gp_ew_strided<NIN, ND><<<g, 256, 0, s>>>(L, po, pa, pb, f);        \
+    GP_NOTE_LAUNCH((gp_ew_strided<NIN, ND, 1, To, Ta, Tb, F>), 256, 0);   \
+    gp_ew_strided<NIN, ND, 1><<<g, 256, 0, s>>>(L, po, pa, pb, f);        \
   } while (0)
     if (small && L.ndim == 1) GP_EW_STRIDED(1);
     else if (small && L.ndim == 2) GP_EW_STRIDED(2);

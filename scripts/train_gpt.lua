@@ -163,20 +163,14 @@ local function train_step(add)
   opt:step()
 end
 
--- the captured step: the mean loss of its micro-batches is the graph's output
-local graph
-local function capture()
-  opt._capturing = true
-  local ok, err = pcall(function()
-    graph = gp.graph(function()
-      local sum
-      train_step(function(l) l = l:detach():to('f32'):reshape {1}; sum = sum and sum + l or l end)
-      return accum > 1 and sum / accum or sum
-    end)
-  end)
-  opt._capturing = nil
-  if not ok then error(err, 0) end
+-- a step that returns the mean loss of its micro-batches (the captured
+-- graph's output; the eager first step logs it the same way)
+local function mean_loss_step()
+  local sum
+  train_step(function(l) l = l:detach():to('f32'):reshape {1}; sum = sum and sum + l or l end)
+  return accum > 1 and sum / accum or sum
 end
+local graph
 
 model:train()
 local t_start = gp.train.now()
@@ -184,13 +178,11 @@ local excluded = 0
 for step = 1, o.iters do
   opt:set_lr(sched(step))
   if use_graph and step > 1 then
-    if not graph then capture() end
+    graph = graph or opt:capture(mean_loss_step)
     opt:prepare_replay()
     log:add(graph:replay())
-  elseif use_graph then -- the eager first step logs its mean loss once, as a replay does
-    local sum
-    train_step(function(l) l = l:detach():to('f32'):reshape {1}; sum = sum and sum + l or l end)
-    log:add(accum > 1 and sum / accum or sum)
+  elseif use_graph then
+    log:add(mean_loss_step())
   else
     train_step(function(l) log:add(l) end)
   end

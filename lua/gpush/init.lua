@@ -355,6 +355,7 @@ do
   doc(O.step, 'opt:step()', 'one optimizer step: one multi-tensor launch per bucket (group, decay, grad dtype); uses the clip factor of clip_grad_norm')
   doc(O.zero_grad, 'opt:zero_grad({set_to_none=false})', "zero the grads in place (views of the optimizer's flat buffers: one fill per dtype, the lists stay valid)")
   doc(O.set_lr, 'opt:set_lr(lr)', "set every group's lr (times its lr_scale)")
+  doc(O.capture, 'opt:capture(step_fn)', 'with device_hyper=true: gp.graph(step_fn) with this optimizer\'s step() launching on the device values that prepare_replay writes (the count is not advanced at the capture)')
   doc(O.prepare_replay, 'opt:prepare_replay()', 'with device_hyper=true: advance the step count and write this step\'s lr (and bias corrections) to the device, before replaying a captured step')
   doc(O.get_lr, 'opt:get_lr()', "the first group's lr")
   doc(O.state_dict, 'opt:state_dict()', "tensors {'exp_avg.i', 'exp_avg_sq.i', 'momentum_buffer.i', 'master.i'} and metadata {optimizer, step, groups}: gp.save(path, opt:state_dict())")

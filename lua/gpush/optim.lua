@@ -244,6 +244,14 @@ function Optimizer:_hyper(c, g, t)
   if not self._capturing then write_hyper(self, c, t) end
   return c.hyper.c
 end
+function Optimizer:capture(fn)
+  if not self.device_hyper then raise('capture: the optimizer was not made with device_hyper = true') end
+  self._capturing = true
+  local ok, g = pcall(gp().graph, fn)
+  self._capturing = nil
+  if not ok then error(g, 0) end
+  return g
+end
 function Optimizer:prepare_replay()
   if not self.device_hyper then raise('prepare_replay: the optimizer was not made with device_hyper = true') end
   self.step_count = self.step_count + 1

@@ -293,10 +293,7 @@ local function run_train(c)
   local ms
   if graph then -- as train_gpt.lua does: one eager step, then the captured step replayed
     step()
-    opt._capturing = true
-    local ok, g = pcall(gp.graph, step)
-    opt._capturing = nil
-    if not ok then error(g, 0) end
+    local g = opt:capture(step)
     ms = gp.time(function() opt:prepare_replay(); g:replay() end, p)
     g:free()
   else

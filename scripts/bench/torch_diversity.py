@@ -7,10 +7,14 @@ batched version over 64 sets for reference.
 
     python3 scripts/bench/torch_diversity.py [n] [d]
 """
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_peer  # noqa: E402  (its timing loop)
 
 
 def pairwise_cosine_distance(x, iu):
@@ -19,20 +23,9 @@ def pairwise_cosine_distance(x, iu):
     return (1 - sim[..., iu[0], iu[1]]).mean(-1)
 
 
-def bench(fn, iters=200, warmup=20):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    times.sort()
-    return times[len(times) // 2]
+def bench(fn):
+    """Median µs per call (CUDA events after warm-up, as torch_peer times)."""
+    return torch_peer.time_steps(fn, warmup=20, iters=200) * 1e3
 
 
 def main():

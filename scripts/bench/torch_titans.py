@@ -14,9 +14,14 @@ of the scan that gpush's titans_coef kernel runs), p = (eta^b, (1-alpha)^b, eta 
 """
 import argparse
 import json
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_peer  # noqa: E402  (its timing loop)
 
 
 def geom(r, n):
@@ -112,20 +117,8 @@ def make_steps(kind, N, T, d, h, b, dev, compiled=False):
     return fwd, fwdbwd
 
 
-def time_ms(fn, iters=20, warmup=3):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    return times[len(times) // 2]
+def time_ms(fn):
+    return torch_peer.time_steps(fn, warmup=3, iters=20)
 
 
 def main():

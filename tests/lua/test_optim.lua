@@ -384,4 +384,5 @@ T.test('device_hyper: the same steps as launch arguments; prepare_replay advance
   end
   local opt = optim.AdamW({gp.randn({3}, {device = 'cpu'}):requires_grad()})
   T.raises(function() opt:prepare_replay() end, 'device_hyper')
+  T.raises(function() opt:capture(function() end) end, 'device_hyper')
 end)
