@@ -15,7 +15,9 @@ local gp = rawget(_G, 'gp') or require 'gpush'
 local script_dir = (arg and arg[0] or 'scripts/moe.lua'):match('^(.*)/[^/]*$') or '.'
 
 local o = gp.args.parse(arg, {
-  {'data', '', 'a text file (default: the built-in corpus, data/corpus.txt)'},
+  {'data', '', 'a text file (default: gp.data.facts_text, a synthetic encyclopedia; "corpus" for data/corpus.txt)'},
+  {'entities', 1000, 'default data: creatures in the synthetic encyclopedia'},
+  {'data-bytes', 400000, 'default data: its size in bytes'},
   {'n-embd', 128, 'embedding width'},
   {'n-layer', 4, 'transformer blocks'},
   {'n-head', 4, 'attention heads'},
@@ -31,7 +33,7 @@ local o = gp.args.parse(arg, {
   {'k', 2, 'experts per token'},
   {'act', 'swiglu', 'swiglu or gelu (dense MLP and experts)'},
   {'capacity-factor', 0, 'slots per expert = ceil(cf N k / E), the rest dropped (0: dropless)'},
-  {'aux-alpha', 0.02, 'weight of the load-balancing loss'},
+  {'aux-alpha', 0.05, 'weight of the load-balancing loss'},
   {'z-alpha', 0.001, 'weight of the router z-loss'},
   {'eval-every', 100, 'evaluate every N steps (the best validation loss is reported too)'},
   {'eval-iters', 20, 'batches per loss estimate'},
@@ -54,6 +56,7 @@ if o.tiny then
   o.n_embd, o.n_layer, o.n_head, o.block, o.batch, o.iters = 32, 2, 2, 16, 4, 12
   o.eval_every, o.eval_iters, o.log_every, o.warmup, o.experts = 6, 2, 6, 2, 4
   o.infer_embd, o.infer_layer, o.infer_head, o.new_tokens = 32, 2, 2, 8
+  o.entities, o.data_bytes = 100, 20000
 end
 if o.device ~= '' then gp.set_device(o.device) end
 local nn = gp.nn
@@ -116,8 +119,15 @@ end
 ---------------------------------------------------------------------------
 -- training
 
-local data_path = o.data ~= '' and o.data or (script_dir .. '/../data/corpus.txt')
-local ds = gp.data.text {path = data_path, vocab = 'present', val_fraction = 0.1}
+local ds, data_path
+if o.data == '' then
+  data_path = string.format('gp.data.facts_text{entities=%d, bytes=%d}', o.entities, o.data_bytes)
+  ds = gp.data.text {text = gp.data.facts_text {entities = o.entities, bytes = o.data_bytes, seed = o.seed},
+                     vocab = 'present', val_fraction = 0.1}
+else
+  data_path = o.data == 'corpus' and (script_dir .. '/../data/corpus.txt') or o.data
+  ds = gp.data.text {path = data_path, vocab = 'present', val_fraction = 0.1}
+end
 local B, Tn = o.batch, o.block
 print(string.format('moe: %s, %d bytes, vocab %d, device %s%s; n_layer %d, n_head %d, n_embd %d, block %d, batch %d, %d steps',
   data_path, ds.text_len, ds.vocab_size, dev, o.bf16 and ', bf16' or '', o.n_layer, o.n_head, o.n_embd, Tn, B, o.iters))

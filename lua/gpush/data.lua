@@ -128,6 +128,76 @@ function Text:batch(split, B, T)
 end
 
 ---------------------------------------------------------------------------
+-- A synthetic encyclopedia: `entities` invented creatures, each with fixed
+-- facts (kind, colour, home town, a number, a friend, a food), told in
+-- sentences drawn from a few templates in a seeded random order. The facts
+-- are fixed, the wording and order are not, so the validation split (the
+-- last sentences) asks for facts the training split states in other words:
+-- a model's loss there falls as it memorises more facts, which makes it a
+-- capacity test (moe.lua's default data). Deterministic: its own generator,
+-- not math.random.
+
+function M.facts_text(opts)
+  local op = 'data.facts_text'
+  opts = opts or {}
+  local E, nbytes, seed = opts.entities or 1000, opts.bytes or 400000, opts.seed or 1
+  if type(E) ~= 'number' or E < 2 or E ~= math.floor(E) then raise(op .. ': entities must be an integer >= 2') end
+  if type(nbytes) ~= 'number' or nbytes < 1 then raise(op .. ': bytes must be positive') end
+  local state = (math.floor(seed) % 2147483646) + 1
+  local function rand(n) -- Park-Miller, 1..n
+    state = (state * 48271) % 2147483647
+    return state % n + 1
+  end
+  local sy1 = {'b', 'd', 'f', 'g', 'k', 'l', 'm', 'n', 'p', 'r', 's', 't', 'v', 'z', 'sh', 'th'}
+  local vow = {'a', 'e', 'i', 'o', 'u', 'ai', 'ou'}
+  local kinds = {'heron', 'otter', 'badger', 'lynx', 'newt', 'owl', 'hare', 'crane', 'stoat', 'moth', 'wren', 'toad',
+                 'seal', 'fox', 'vole', 'eel', 'lark', 'mole', 'pike', 'crow'}
+  local colours = {'red', 'blue', 'green', 'grey', 'white', 'black', 'golden', 'brown', 'silver', 'amber', 'pale',
+                   'spotted'}
+  local foods = {'clover', 'barley', 'mussels', 'acorns', 'beetles', 'honey', 'reeds', 'plums', 'minnows', 'seeds',
+                 'moss', 'figs'}
+  local function word(n)
+    local t = {}
+    for i = 1, n do t[#t + 1] = sy1[rand(#sy1)]; t[#t + 1] = vow[rand(#vow)] end
+    return t
+  end
+  local seen, names = {}, {}
+  local function fresh(n, cap)
+    while true do
+      local w = word(n)
+      if rand(2) == 1 then w[#w + 1] = sy1[rand(#sy1)] end
+      local s = table.concat(w)
+      s = s:sub(1, 1):upper() .. s:sub(2)
+      if not seen[s] then seen[s] = true; return s end
+    end
+  end
+  local towns = {}
+  for i = 1, math.max(8, math.floor(E / 20)) do towns[i] = fresh(3) end
+  local ent = {}
+  for i = 1, E do
+    ent[i] = {name = fresh(2 + rand(2) - 1), kind = kinds[rand(#kinds)], colour = colours[rand(#colours)],
+              town = towns[rand(#towns)], num = rand(90) + 9, food = foods[rand(#foods)]}
+  end
+  for i = 1, E do ent[i].friend = ent[(i + rand(E - 1) - 1) % E + 1].name end
+  local templates = {
+    function(e) return e.name .. ' is a ' .. e.colour .. ' ' .. e.kind .. ' from ' .. e.town .. '.' end,
+    function(e) return 'The ' .. e.kind .. ' ' .. e.name .. ' lives in ' .. e.town .. ' and eats ' .. e.food .. '.' end,
+    function(e) return e.name .. ' has ' .. e.num .. ' stones and a friend called ' .. e.friend .. '.' end,
+    function(e) return 'In ' .. e.town .. ' you may meet ' .. e.name .. ', who is ' .. e.colour .. '.' end,
+    function(e) return e.name .. ', the ' .. e.colour .. ' ' .. e.kind .. ', counts ' .. e.num .. ' stones.' end,
+    function(e) return 'Ask ' .. e.friend .. ' about ' .. e.name .. ' of ' .. e.town .. '.' end,
+    function(e) return e.name .. ' likes ' .. e.food .. ' more than anything.' end,
+  }
+  local out, len = {}, 0
+  while len < nbytes do
+    local s = templates[rand(#templates)](ent[rand(E)])
+    out[#out + 1] = s
+    len = len + #s + 1
+  end
+  return table.concat(out, '\n') .. '\n'
+end
+
+---------------------------------------------------------------------------
 -- JSONL: one JSON value a line; blank lines are skipped; a bad line raises an
 -- error naming the file and the line number
 

@@ -369,6 +369,8 @@ doc(gp.data.read_file, 'gp.data.read_file(path)', 'the bytes of a file as a stri
 doc(gp.data.write_jsonl, 'gp.data.write_jsonl(path, list)', 'write a list of values, one JSON line each')
 doc(gp.data.text, "gp.data.text{path=FILE | text=STRING, vocab='present'|'bytes', val_fraction=0.1}",
   'a byte-level dataset: vocab_size, encode, decode, batch(split, B, T) -> x, y (i64 on the device), unigram_entropy')
+doc(gp.data.facts_text, 'gp.data.facts_text{entities=1000, bytes=400000, seed=1}',
+  'a synthetic encyclopedia: fixed facts about invented creatures in seeded sentences (a capacity test; moe.lua\'s default data)')
 doc(gp.data.jsonl, 'gp.data.jsonl(path)', 'the values of a JSONL file as a list (a bad line is an error naming its line number)')
 doc(gp.data.jsonl_lines, 'gp.data.jsonl_lines(path)', 'iterator over lineno, value of a JSONL file')
 gp.args = require 'gpush.cli'
