@@ -33,7 +33,7 @@ local o = gp.args.parse(arg, {
   {'k', 2, 'experts per token'},
   {'act', 'swiglu', 'swiglu or gelu (dense MLP and experts)'},
   {'capacity-factor', 0, 'slots per expert = ceil(cf N k / E), the rest dropped (0: dropless)'},
-  {'aux-alpha', 0.05, 'weight of the load-balancing loss'},
+  {'aux-alpha', 0.1, 'weight of the load-balancing loss'},
   {'z-alpha', 0.001, 'weight of the router z-loss'},
   {'eval-every', 100, 'evaluate every N steps (the best validation loss is reported too)'},
   {'eval-iters', 20, 'batches per loss estimate'},

@@ -9,18 +9,20 @@
 -- Without --checkpoint a character-level GPT is pretrained on the task's
 -- valid examples first (short: it answers validly often, not always); the
 -- base is then frozen and LoRA adapters are fine-tuned. Defaults depend on
--- the device: a GPU gets more fine-tuning steps and prompts per step (the same base); the CPU a
--- configuration that finishes in a few minutes.
+-- the device: a GPU gets a harder task (operands up to 40, where the base is
+-- valid about 1 time in 6), more fine-tuning steps, more prompts per step and,
+-- with --compare, sets of 16; the CPU a configuration that finishes in a few
+-- minutes.
 local gp = rawget(_G, 'gp') or require 'gpush'
 local P = gp.polychromic
 
 local o = gp.args.parse(arg, {
   {'objective', 'poly', 'poly | additive | rl | sft'},
   {'compare', false, 'run rl and poly from the same base with the same seeds and steps; print both'},
-  {'n', 0, 'samples per prompt (0: 4; 8 with --compare, so that a set can hold several distinct valid replies)'},
+  {'n', 0, 'samples per prompt (0: 4; with --compare 8 on the CPU, 16 on the GPU, so that a set can hold several distinct valid replies)'},
   {'temperature', 0.9, 'sampling temperature'},
   {'top-p', 0.9, 'nucleus sampling threshold'},
-  {'steps', 0, 'fine-tuning steps (0: 100 on the CPU, 200 on the GPU)'},
+  {'steps', 0, 'fine-tuning steps (0: 100 on the CPU, 400 on the GPU)'},
   {'prompts-per-step', 0, 'prompts per step B (0: 8 on the CPU, 16 on the GPU)'},
   {'lambda', 0.3, 'diversity weight of the additive objective'},
   {'kl', 0, 'KL penalty to the base model (k3 estimator per token)'},
@@ -36,11 +38,11 @@ local o = gp.args.parse(arg, {
   {'floor', 0, 'poly: f = mean reward * (floor + diversity) (0: the paper\'s pure product)'},
   {'valid-only', false, 'poly/additive: a pair counts toward diversity with weight r_i r_j (diversity among rewarded replies only)'},
   {'embed', 'ngram', 'reply embeddings for diversity: ngram (token 2- and 3-gram sets) | base (mean-pooled hidden states of the frozen base)'},
-  {'eval-n', 8, 'samples per prompt in the evaluation (pass@eval-n)'},
+  {'eval-n', 0, 'samples per prompt in the evaluation, pass@eval-n (0: 8; with --compare, n)'},
   {'max-new', 0, 'longest reply in tokens (0: from the task)'},
   {'data', '', 'JSONL file of {"prompt": ..., "reply": ...} pairs (default: the built-in sum task)'},
   {'reward', '', 'a Lua file returning function(prompt, reply) -> number (default: the task\'s reward)'},
-  {'task-max', 12, 'built-in task: operands 0..max, prompts S= for S = 0..2 max'},
+  {'task-max', 0, 'built-in task: operands 0..max, prompts S= for S = 0..2 max (0: 12 on the CPU, 40 on the GPU)'},
   {'checkpoint', '', 'a base model checkpoint (gp.save of an nn.GPT with its config and vocab in the metadata)'},
   {'save-base', '', 'write the pretrained base here'},
   {'save-adapters', '', 'write the fine-tuned adapters here (gp.lora.save)'},
@@ -58,9 +60,11 @@ local o = gp.args.parse(arg, {
 if o.device ~= '' then gp.set_device(o.device) end
 local on_gpu = gp.device() == 'cuda'
 local function pick(v, cpu, gpu) if v ~= 0 then return v end; return on_gpu and gpu or cpu end
-o.steps = pick(o.steps, 100, 200)
+o.steps = pick(o.steps, 100, 400)
+o.task_max = pick(o.task_max, 12, 40)
 o.prompts_per_step = pick(o.prompts_per_step, 8, 16)
-if o.n == 0 then o.n = o.compare and 8 or 4 end
+if o.n == 0 then o.n = o.compare and (on_gpu and 16 or 8) or 4 end
+if o.eval_n == 0 then o.eval_n = o.compare and o.n or 8 end
 local OBJ = {poly = true, additive = true, rl = true, sft = true}
 if not OBJ[o.objective] then error('--objective must be poly, additive, rl or sft, got ' .. o.objective) end
 if o.n < 2 and o.objective ~= 'sft' then error('--n must be at least 2 (a set needs pairs)') end

@@ -6,7 +6,7 @@
 -- where there are some (softmax_backward, layer_norm_backward, ...).
 local core = require 'gpush.core'
 local tensor = require 'gpush.tensor'
-local is_tensor, empty, raise = tensor.is_tensor, tensor.empty, core.raise
+local is_tensor, empty, raise, shape_str = tensor.is_tensor, tensor.empty, core.raise, tensor.shape_str
 local K = tensor.K
 local FLOAT = {f32 = true, bf16 = true, f16 = true, f64 = true}
 
@@ -252,6 +252,16 @@ return function(A)
     end
   end})
 
+  -- a leaf's existing .grad that a GEMM can accumulate into (beta = 1), as
+  -- accumulate's add_ would: saves a launch and a pass over the gradient
+  local function grad_buffer(p, dt, dev)
+    if rawget(p, '_node') then return nil end
+    local gr = rawget(p, 'grad')
+    if gr and gr.dtype == dt and gr.device == dev and gr:is_contiguous() and shape_str(gr.shape) == shape_str(p.shape) then
+      return gr
+    end
+  end
+
   -- gp.linear(x, w, b): x (..., in) @ w^T + b, w (out, in)
   F('linear', function(g, a)
     local x, w, b = a[1], a[2], a[3]
@@ -260,7 +270,11 @@ return function(A)
     local g2 = g[1]:reshape {rows, O}
     local dx, dw, db
     if A.needs(x) then dx = g2:matmul(w):reshape(x.shape) end
-    if A.needs(w) then dw = g2:t():matmul(x:reshape {rows, I}) end
+    if A.needs(w) then
+      local gw = x.dtype == g2.dtype and grad_buffer(w, g2.dtype, g2.device)
+      if gw then gpmod().matmul(g2:t(), x:reshape {rows, I}, {out = gw, beta = 1})
+      else dw = g2:t():matmul(x:reshape {rows, I}) end
+    end
     if b and A.needs(b) then db = g2:sum(1) end
     return dx, dw, db
   end)

@@ -124,3 +124,20 @@ T.test('JSONL: values, blank lines skipped, a bad line names its number', functi
   os.remove(path)
   T.raises(function() data.jsonl('/nonexistent/x.jsonl') end, 'cannot open')
 end)
+
+T.test('facts_text: deterministic, the requested size, and every fact stated the same way each time', function()
+  local a = gp.data.facts_text {entities = 50, bytes = 20000, seed = 3}
+  T.eq(a, gp.data.facts_text {entities = 50, bytes = 20000, seed = 3}, 'the same seed gives the same text')
+  T.ok(a ~= gp.data.facts_text {entities = 50, bytes = 20000, seed = 4}, 'another seed, another text')
+  T.ok(#a >= 20000 and #a < 20200, 'about the requested size: ' .. #a)
+  -- a creature's colour never changes between sentences
+  local colour, n = {}, 0
+  for name, c in a:gmatch('\n([A-Z]%a+) is an? (%a+) %a+ from') do
+    n = n + 1
+    if colour[name] then T.eq(colour[name], c, name) else colour[name] = c end
+  end
+  T.ok(n > 10, 'enough colour sentences to check: ' .. n)
+  local ds = gp.data.text {text = a}
+  T.ok(ds.vocab_size < 60, 'letters, digits, punctuation: ' .. ds.vocab_size)
+  T.raises(function() gp.data.facts_text {entities = 1} end, 'entities')
+end)

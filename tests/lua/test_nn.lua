@@ -270,3 +270,23 @@ T.test('a tiny GPT on the GPU matches the CPU: logits, loss and every gradient',
     T.ok(r < 1e-3, nt[1] .. ': gradient relative norm ' .. r)
   end
 end)
+
+T.test('Linear weight gradients accumulate into an existing .grad (in place) exactly as a fresh one', function()
+  gp.manual_seed(5)
+  local lin = nn.Linear(6, 4, {dtype = 'f64', device = 'cpu'})
+  local x = rn {3, 2, 6}
+  local function loss() return (lin(x) * lin(x)):sum() end
+  loss():backward()                      -- no .grad yet: a new tensor
+  local first = lin.weight.grad:clone()
+  local buf = lin.weight.grad
+  loss():backward()                      -- accumulates into the same tensor
+  T.ok(rawequal(lin.weight.grad, buf), 'the same .grad tensor')
+  T.ok(T.relnorm(lin.weight.grad, first * 2) < 1e-12, 'two backwards')
+  lin.weight.grad:zero_()
+  loss():backward()
+  T.ok(T.relnorm(lin.weight.grad, first) < 1e-12, 'after zero_')
+  -- the reference: the weight gradient as x^T-weighted sum, from the formula
+  local y = gp.no_grad(function() return lin(x) end)
+  local want = (y * 2):reshape {6, 4}:t():matmul(x:reshape {6, 6})
+  T.ok(T.relnorm(first, want) < 1e-12, 'against the formula')
+end)

@@ -105,3 +105,15 @@ T.test('polychromic: a few steps of every objective on a tiny model', function()
   local ev = P.evaluate(m, tok, task, {eval_n = 2, max_new = 4})
   T.ok(ev.pass_at_n >= 0 and ev.pass_at_n <= 1 and ev.set_diversity >= 0)
 end)
+
+T.test('scripts/polychromic.lua --compare (tiny): both objectives, the report table and the step times', function()
+  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
+  local out, rc = T.sh(exe .. ' --device cpu ' .. script ..
+    ' --compare --steps 2 --pretrain-steps 4 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1')
+  T.eq(rc, 0, out)
+  T.ok(out:find('pass@3', 1, true), 'with --compare, eval-n defaults to n: ' .. out)
+  for _, row in ipairs {'\nbase ', '\nrl ', '\npoly ', 'poly vs rl:', 'set_diversity kernel'} do
+    T.ok(out:find(row, 1, true), row .. ' in ' .. out)
+  end
+end)
