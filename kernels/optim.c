@@ -8,8 +8,10 @@
 
 static double gscale_of(const gp_tensor *gs) { return gs ? gp_load(gp_ptr(gs), gs->dtype, 0) : 1.0; }
 
-static void adamw_cpu(float *p, float *m, float *v, const void *g, int gdt, int64_t n, double gs, double lr, double b1,
-                      double b2, double eps, double wd, double bc1, double bc2) {
+/* low (may be NULL): a bf16/f16 tensor that gets each new p[i] rounded as
+ * gp_k_copy rounds it (gp_store of the f32 value) */
+static void adamw_cpu(float *p, float *m, float *v, const void *g, int gdt, void *low, int ldt, int64_t n, double gs,
+                      double lr, double b1, double b2, double eps, double wd, double bc1, double bc2) {
   for (int64_t i = 0; i < n; i++) {
     double gi = gp_load(g, gdt, i) * gs;
     double mi = b1 * m[i] + (1 - b1) * gi, vi = b2 * v[i] + (1 - b2) * gi * gi;
@@ -17,16 +19,18 @@ static void adamw_cpu(float *p, float *m, float *v, const void *g, int gdt, int6
     p[i] = (float)(pi - lr * (mi / bc1) / (sqrt(vi / bc2) + eps));
     m[i] = (float)mi;
     v[i] = (float)vi;
+    if (low) gp_store(low, ldt, i, p[i]);
   }
 }
 
-static void sgd_cpu(float *p, float *buf, const void *g, int gdt, int64_t n, double gs, double lr, double mom, double wd,
-                    int nesterov) {
+static void sgd_cpu(float *p, float *buf, const void *g, int gdt, void *low, int ldt, int64_t n, double gs, double lr,
+                    double mom, double wd, int nesterov) {
   for (int64_t i = 0; i < n; i++) {
     double gi = gp_load(g, gdt, i) * gs + wd * p[i];
     double b = mom * buf[i] + gi;
     buf[i] = (float)b;
     p[i] = (float)(p[i] - lr * (nesterov ? gi + mom * b : b));
+    if (low) gp_store(low, ldt, i, p[i]);
   }
 }
 
@@ -43,7 +47,7 @@ int gp_k_adamw(gp_tensor *p, gp_tensor *m, gp_tensor *v, const gp_tensor *g, con
   GP_TRY(check_hparams("adamw", lr, beta1, beta2, eps, step));
   double bc1 = 1 - pow(beta1, step), bc2 = 1 - pow(beta2, step);
   GP_CUDA_DISPATCH(p, gp_cuda_adamw(p, m, v, g, gscale, lr, beta1, beta2, eps, weight_decay, bc1, bc2));
-  adamw_cpu(gp_ptr(p), gp_ptr(m), gp_ptr(v), gp_ptr(g), g->dtype, gp_numel(p), gscale_of(gscale), lr, beta1, beta2, eps,
+  adamw_cpu(gp_ptr(p), gp_ptr(m), gp_ptr(v), gp_ptr(g), g->dtype, NULL, 0, gp_numel(p), gscale_of(gscale), lr, beta1, beta2, eps,
             weight_decay, bc1, bc2);
   return GP_OK;
 }
@@ -52,7 +56,7 @@ int gp_k_sgd(gp_tensor *p, gp_tensor *buf, const gp_tensor *g, const gp_tensor *
              double weight_decay, double nesterov) {
   GP_CHECK(sgd, p, buf, g, gscale);
   GP_CUDA_DISPATCH(p, gp_cuda_sgd(p, buf, g, gscale, lr, momentum, weight_decay, nesterov != 0));
-  sgd_cpu(gp_ptr(p), gp_ptr(buf), gp_ptr(g), g->dtype, gp_numel(p), gscale_of(gscale), lr, momentum, weight_decay,
+  sgd_cpu(gp_ptr(p), gp_ptr(buf), gp_ptr(g), g->dtype, NULL, 0, gp_numel(p), gscale_of(gscale), lr, momentum, weight_decay,
           nesterov != 0);
   return GP_OK;
 }
@@ -91,7 +95,8 @@ void gp_tlist_free(gp_tlist *l) {
 }
 
 int gp_tlist_create(gp_tlist **out, int groups, int n, const gp_tensor *const *ts) {
-  if (!out || !ts || groups < 1 || groups > 4 || n < 1) return gp_error("tlist: need 1..4 groups of n >= 1 tensors");
+  if (!out || !ts || groups < 1 || groups > GP_TLIST_MAX_GROUPS || n < 1)
+    return gp_error("tlist: need 1..%d groups of n >= 1 tensors", GP_TLIST_MAX_GROUPS);
   *out = NULL;
   gp_tlist *l = calloc(1, sizeof *l);
   if (!l) return gp_error_oom("tlist: out of host memory");
@@ -135,9 +140,15 @@ fail:
   return rc;
 }
 
+/* the list has `groups` groups, or groups + 1 where the last is low (bf16/f16) */
 static int check_group(const char *op, const gp_tlist *l, int groups, int g, int dtype) {
   if (!l) return gp_error("%s: null list", op);
-  if (l->groups != groups) return gp_error("%s: the list has %d groups, %d are needed", op, l->groups, groups);
+  if (l->groups != groups && l->groups != groups + 1)
+    return gp_error("%s: the list has %d groups, %d (or %d with low-precision copies) are needed", op, l->groups, groups,
+                    groups + 1);
+  if (l->groups == groups + 1 && l->dtype[groups] != GP_BF16 && l->dtype[groups] != GP_F16)
+    return gp_error("%s: group %d (the low-precision copies) is %s but bf16 or f16 is needed", op, groups + 1,
+                    gp_dtype_name(l->dtype[groups]));
   if (g >= 0 && l->dtype[g] != dtype)
     return gp_error("%s: group %d is %s but %s is needed", op, g + 1, gp_dtype_name(l->dtype[g]), gp_dtype_name(dtype));
   return GP_OK;
@@ -170,10 +181,11 @@ int gp_multi_adamw(gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper,
     lr = h[0], bc1 = h[1], bc2 = h[2];
   }
   double gs = gscale_of(gscale);
-  int n = l->n;
+  int n = l->n, low = l->groups == 5;
   for (int i = 0; i < n; i++)
     adamw_cpu(gp_ptr(l->ts[i]), gp_ptr(l->ts[n + i]), gp_ptr(l->ts[2 * n + i]), gp_ptr(l->ts[3 * n + i]), l->dtype[3],
-              l->numel[i], gs, lr, beta1, beta2, eps, weight_decay, bc1, bc2);
+              low ? gp_ptr(l->ts[4 * n + i]) : NULL, l->dtype[4], l->numel[i], gs, lr, beta1, beta2, eps, weight_decay,
+              bc1, bc2);
   return GP_OK;
 }
 
@@ -186,10 +198,10 @@ int gp_multi_sgd(gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, d
   GP_CUDA_DISPATCH(l, gp_cuda_multi_sgd(l, gscale, hyper, lr, momentum, weight_decay, nesterov != 0));
   if (hyper) lr = *(const float *)gp_ptr(hyper);
   double gs = gscale_of(gscale);
-  int n = l->n;
+  int n = l->n, low = l->groups == 4;
   for (int i = 0; i < n; i++)
-    sgd_cpu(gp_ptr(l->ts[i]), gp_ptr(l->ts[n + i]), gp_ptr(l->ts[2 * n + i]), l->dtype[2], l->numel[i], gs, lr, momentum,
-            weight_decay, nesterov != 0);
+    sgd_cpu(gp_ptr(l->ts[i]), gp_ptr(l->ts[n + i]), gp_ptr(l->ts[2 * n + i]), l->dtype[2],
+            low ? gp_ptr(l->ts[3 * n + i]) : NULL, l->dtype[3], l->numel[i], gs, lr, momentum, weight_decay, nesterov != 0);
   return GP_OK;
 }
 

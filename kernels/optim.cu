@@ -10,25 +10,38 @@ struct TL {
   const int *ct;
   const int64_t *cs;
   int n, nchunks;
+  int low; /* the group of the low-precision copies, or -1 */
 };
 
-template <typename G>
-__device__ __forceinline__ void adamw_elem(float *p, float *m, float *v, const G *g, int64_t i, float gs, float lr,
-                                           float b1, float b2, float eps, float wd, float bc1, float bc2) {
-  float gi = ld(g[i]) * gs;
-  float mi = b1 * m[i] + (1.f - b1) * gi, vi = b2 * v[i] + (1.f - b2) * gi * gi;
-  p[i] = p[i] * (1.f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-  m[i] = mi;
-  v[i] = vi;
+/* the low-precision copy of an updated f32 value: st<L> rounds to nearest
+ * even, as the copy kernel does (CastF in copy.cu), so the results are the
+ * same bits as a k.copy of the master; L = float with lp == nullptr: none */
+template <typename L> __device__ __forceinline__ void store_low(L *lp, int64_t i, float x) {
+  if (lp) lp[i] = st<L>(x);
 }
 
-template <typename G>
+template <typename G, typename L = float>
+__device__ __forceinline__ void adamw_elem(float *p, float *m, float *v, const G *g, int64_t i, float gs, float lr,
+                                           float b1, float b2, float eps, float wd, float bc1, float bc2,
+                                           L *lp = nullptr) {
+  float gi = ld(g[i]) * gs;
+  float mi = b1 * m[i] + (1.f - b1) * gi, vi = b2 * v[i] + (1.f - b2) * gi * gi;
+  float pn = p[i] * (1.f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+  p[i] = pn;
+  m[i] = mi;
+  v[i] = vi;
+  store_low(lp, i, pn);
+}
+
+template <typename G, typename L = float>
 __device__ __forceinline__ void sgd_elem(float *p, float *buf, const G *g, int64_t i, float gs, float lr, float mom,
-                                         float wd, int nesterov) {
+                                         float wd, int nesterov, L *lp = nullptr) {
   float gi = ld(g[i]) * gs + wd * p[i];
   float b = mom * buf[i] + gi;
   buf[i] = b;
-  p[i] -= lr * (nesterov ? gi + mom * b : b);
+  float pn = p[i] - lr * (nesterov ? gi + mom * b : b);
+  p[i] = pn;
+  store_low(lp, i, pn);
 }
 
 template <typename G>
@@ -47,7 +60,7 @@ __global__ void k_sgd(float *p, float *buf, const G *g, int64_t n, const float *
     sgd_elem(p, buf, g, i, gs, lr, mom, wd, nesterov);
 }
 
-template <typename G>
+template <typename G, typename L>
 __global__ void k_multi_adamw(TL t, const float *gscale, const float *hyper, float lr, float b1, float b2, float eps,
                               float wd, float bc1, float bc2) {
   float gs = gscale ? *gscale : 1.f;
@@ -57,11 +70,13 @@ __global__ void k_multi_adamw(TL t, const float *gscale, const float *hyper, flo
     int64_t s = t.cs[c], e = min(s + (int64_t)GP_CHUNK, t.numel[i]);
     float *p = (float *)t.ptrs[i], *m = (float *)t.ptrs[t.n + i], *v = (float *)t.ptrs[2 * t.n + i];
     const G *g = (const G *)t.ptrs[3 * t.n + i];
-    for (int64_t j = s + threadIdx.x; j < e; j += blockDim.x) adamw_elem(p, m, v, g, j, gs, lr, b1, b2, eps, wd, bc1, bc2);
+    L *lp = t.low >= 0 ? (L *)t.ptrs[t.low * t.n + i] : nullptr;
+    for (int64_t j = s + threadIdx.x; j < e; j += blockDim.x)
+      adamw_elem(p, m, v, g, j, gs, lr, b1, b2, eps, wd, bc1, bc2, lp);
   }
 }
 
-template <typename G>
+template <typename G, typename L>
 __global__ void k_multi_sgd(TL t, const float *gscale, const float *hyper, float lr, float mom, float wd, int nesterov) {
   float gs = gscale ? *gscale : 1.f;
   if (hyper) lr = hyper[0];
@@ -70,7 +85,8 @@ __global__ void k_multi_sgd(TL t, const float *gscale, const float *hyper, float
     int64_t s = t.cs[c], e = min(s + (int64_t)GP_CHUNK, t.numel[i]);
     float *p = (float *)t.ptrs[i], *buf = (float *)t.ptrs[t.n + i];
     const G *g = (const G *)t.ptrs[2 * t.n + i];
-    for (int64_t j = s + threadIdx.x; j < e; j += blockDim.x) sgd_elem(p, buf, g, j, gs, lr, mom, wd, nesterov);
+    L *lp = t.low >= 0 ? (L *)t.ptrs[t.low * t.n + i] : nullptr;
+    for (int64_t j = s + threadIdx.x; j < e; j += blockDim.x) sgd_elem(p, buf, g, j, gs, lr, mom, wd, nesterov, lp);
   }
 }
 
@@ -208,6 +224,7 @@ static TL tl_of(const struct gp_tlist *l) {
   t.ct = (const int *)(t.cs + l->nchunks);
   t.n = l->n;
   t.nchunks = l->nchunks;
+  t.low = -1;
   return t;
 }
 
@@ -216,20 +233,38 @@ static unsigned chunk_grid(int nchunks) {
   return (unsigned)(nchunks < cap ? (nchunks > 0 ? nchunks : 1) : cap);
 }
 
+/* the storage type L of the low-precision group (float, unused, when the
+ * list has none: groups == base) and the TL with its index */
+#define GP_LOW_SWITCH(l, base, t, L, ...)                                                         \
+  do {                                                                                           \
+    if ((l)->groups == (base) + 1) {                                                             \
+      (t).low = (base);                                                                          \
+      if ((l)->dtype[base] == GP_BF16) { typedef __nv_bfloat16 L; __VA_ARGS__; }                 \
+      else { typedef __half L; __VA_ARGS__; }                                                    \
+    } else {                                                                                     \
+      typedef float L;                                                                           \
+      __VA_ARGS__;                                                                               \
+    }                                                                                            \
+  } while (0)
+
 extern "C" int gp_cuda_multi_adamw(struct gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr,
                                    double b1, double b2, double eps, double wd, double bc1, double bc2) {
-  GP_FLOAT_SWITCH(l->dtype[3], G,
-                  k_multi_adamw<G><<<chunk_grid(l->nchunks), 256, 0, gp_cuda_stream()>>>(
-                      tl_of(l), gs_ptr(gscale), gs_ptr(hyper), (float)lr, (float)b1, (float)b2, (float)eps, (float)wd, (float)bc1,
-                      (float)bc2));
+  TL t = tl_of(l);
+  GP_LOW_SWITCH(l, 4, t, L,
+                GP_FLOAT_SWITCH(l->dtype[3], G,
+                                k_multi_adamw<G, L><<<chunk_grid(l->nchunks), 256, 0, gp_cuda_stream()>>>(
+                                    t, gs_ptr(gscale), gs_ptr(hyper), (float)lr, (float)b1, (float)b2, (float)eps,
+                                    (float)wd, (float)bc1, (float)bc2)));
   return gp_cuda_check_launch("multi_adamw");
 }
 
 extern "C" int gp_cuda_multi_sgd(struct gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr,
                                  double mom, double wd, int nesterov) {
-  GP_FLOAT_SWITCH(l->dtype[2], G,
-                  k_multi_sgd<G><<<chunk_grid(l->nchunks), 256, 0, gp_cuda_stream()>>>(
-                      tl_of(l), gs_ptr(gscale), gs_ptr(hyper), (float)lr, (float)mom, (float)wd, nesterov));
+  TL t = tl_of(l);
+  GP_LOW_SWITCH(l, 3, t, L,
+                GP_FLOAT_SWITCH(l->dtype[2], G,
+                                k_multi_sgd<G, L><<<chunk_grid(l->nchunks), 256, 0, gp_cuda_stream()>>>(
+                                    t, gs_ptr(gscale), gs_ptr(hyper), (float)lr, (float)mom, (float)wd, nesterov)));
   return gp_cuda_check_launch("multi_sgd");
 }
 

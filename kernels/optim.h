@@ -4,10 +4,11 @@
 #include "../src/internal.h"
 
 #define GP_CHUNK 65536
+#define GP_TLIST_MAX_GROUPS 6
 
 struct gp_tlist {
   int groups, n, device, nchunks;
-  int dtype[4];
+  int dtype[GP_TLIST_MAX_GROUPS];
   const gp_tensor **ts; /* groups * n */
   int64_t *numel;       /* n */
   void *dev;            /* device table: ptrs[groups*n], numel[n], chunk tensor[nchunks], chunk start[nchunks] */

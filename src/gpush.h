@@ -186,13 +186,17 @@ int gp_st_save(const char *path, int n, const char *const *names, const gp_tenso
 typedef struct gp_tlist gp_tlist;
 int gp_tlist_create(gp_tlist **out, int groups, int n, const gp_tensor *const *ts);
 void gp_tlist_free(gp_tlist *l);
-/* groups p (f32), m, v (f32), g (any float); gscale f32[1] or NULL. hyper:
+/* groups p (f32), m, v (f32), g (any float) and optionally a fifth, low:
+ * bf16 or f16 tensors into which each updated p is stored rounded to nearest
+ * even (what gp_k_copy gives: the low-precision parameters of f32 masters).
+ * gscale f32[1] or NULL. hyper:
  * NULL, or an f32[3] tensor on the list's device holding {lr, 1 - beta1^step,
  * 1 - beta2^step} that the kernel reads instead of lr and step (so a captured
  * CUDA graph can replay the step with a new learning rate and count) */
 int gp_multi_adamw(gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr, double beta1, double beta2,
                    double eps, double weight_decay, double step);
-/* groups p (f32), buf (f32), g; hyper NULL or f32[1] {lr} on the list's device */
+/* groups p (f32), buf (f32), g and optionally low (bf16 or f16, as for
+ * gp_multi_adamw); hyper NULL or f32[1] {lr} on the list's device */
 int gp_multi_sgd(gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, double lr, double momentum,
                  double weight_decay, double nesterov);
 /* out f32[1] = sum of squares of every tensor of group 0 */

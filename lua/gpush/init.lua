@@ -352,7 +352,7 @@ doc(gp.optim.schedule.linear, 'gp.optim.schedule.linear{lr=, max_steps=, warmup=
 doc(gp.optim.schedule.warmup, 'gp.optim.schedule.warmup{lr=, warmup=}', 'step -> lr: linear warmup, then constant')
 do
   local O = gp.optim.Optimizer
-  doc(O.step, 'opt:step()', 'one optimizer step: one multi-tensor launch per bucket (group, decay, grad dtype); uses the clip factor of clip_grad_norm')
+  doc(O.step, 'opt:step()', 'one optimizer step: one multi-tensor launch per bucket (group, decay, grad dtype, param dtype; it also writes bf16/f16 params from their f32 masters); uses the clip factor of clip_grad_norm')
   doc(O.zero_grad, 'opt:zero_grad({set_to_none=false})', "zero the grads in place (views of the optimizer's flat buffers: one fill per dtype, the lists stay valid)")
   doc(O.set_lr, 'opt:set_lr(lr)', "set every group's lr (times its lr_scale)")
   doc(O.capture, 'opt:capture(step_fn)', 'with device_hyper=true: gp.graph(step_fn) with this optimizer\'s step() launching on the device values that prepare_replay writes (the count is not advanced at the capture)')

@@ -3,10 +3,19 @@
 -- and bf16 mixed precision with f32 master weights.
 --
 -- Lists. At each step the parameters that have a gradient are put in buckets
--- by (param group, weight decay on/off, gradient dtype); each bucket is one
--- gp_tlist {p, m, v, g} and one gp_multi_adamw launch. A bucket's list is
--- made once and kept while its gradient tensors stay the same objects; it is
--- re-made only when a gradient object changes (e.g. after p.grad = nil).
+-- by (param group, weight decay on/off, gradient dtype, parameter dtype);
+-- each bucket is one gp_tlist {p, m, v, g} and one gp_multi_adamw launch. A
+-- bucket's list is made once and kept while its gradient tensors stay the
+-- same objects; it is re-made only when a gradient object changes (e.g.
+-- after p.grad = nil).
+--
+-- Mixed precision: a bucket of bf16 (or f16) parameters updates their f32
+-- master copies ({master, m, v, g}) and its list has a fifth group, the
+-- parameters themselves, into which the same launch stores each updated
+-- master rounded as k.copy rounds it. f32 parameters (no master) are in
+-- other buckets, so a step is one launch per bucket whatever the mix. A
+-- low-precision parameter that is not contiguous (or f64) is bucketed apart
+-- and copied back from its master with one k.copy after the launch.
 --
 -- zero_grad zeroes in place instead of setting grads to nil: the gradients
 -- are views of one flat buffer per dtype, owned by the optimizer, so zeroing
@@ -142,7 +151,17 @@ function Optimizer:zero_grad(opts)
   end
 end
 
--- the buckets of this step: params with a gradient by (group, decay, grad dtype)
+-- how a parameter is updated: 0 f32 (in place), 1 bf16 / 2 f16 (its master,
+-- and the kernel writes the parameter), 3 another (its master, then a copy)
+local function param_kind(p)
+  local dt = p.dtype
+  if dt == 'f32' then return 0 end
+  if (dt == 'bf16' or dt == 'f16') and p:is_contiguous() then return dt == 'bf16' and 1 or 2 end
+  return 3
+end
+
+-- the buckets of this step: params with a gradient by (group, decay, grad
+-- dtype, param_kind)
 function Optimizer:_buckets(op)
   local buckets, order = {}, {}
   for i, p in ipairs(self.params) do
@@ -155,10 +174,11 @@ function Optimizer:_buckets(op)
       end
       if not g:is_contiguous() then raise(string.format('%s: the grad of parameter %d is not contiguous', op, i)) end
       local info = self.info[i]
-      local key = (info.group * 2 + (info.decay and 1 or 0)) * 8 + g.c.dtype
+      local pk = param_kind(self.params[i])
+      local key = ((info.group * 2 + (info.decay and 1 or 0)) * 8 + g.c.dtype) * 4 + pk
       local b = buckets[key]
       if not b then
-        b = {key = key, group = info.group, decay = info.decay, idx = {}, grads = {}}
+        b = {key = key, group = info.group, decay = info.decay, low = pk == 1 or pk == 2, idx = {}, grads = {}}
         buckets[key] = b
         order[#order + 1] = b
       end
@@ -190,7 +210,13 @@ function Optimizer:_list(b, make_groups, op)
     if same then return c end
   end
   local groups = make_groups(b)
-  c = {idx = b.idx, grads = b.grads, cs = {}, ps = {}, groups = groups, tl = make_tlist(op, groups)}
+  if b.low then
+    -- the low-precision parameters, written by the kernel from their masters
+    local lows = {}
+    for j, i in ipairs(b.idx) do lows[j] = self.params[i] end
+    groups[#groups + 1] = lows
+  end
+  c = {idx = b.idx, grads = b.grads, cs = {}, ps = {}, groups = groups, low = b.low, tl = make_tlist(op, groups)}
   for j, g in ipairs(b.grads) do c.cs[j] = g.c; c.ps[j] = self.params[b.idx[j]].c end
   self._lists[b.key] = c
   return c
@@ -210,7 +236,9 @@ function Optimizer:_master(i, op)
   return st.master
 end
 
+-- the masters of a bucket whose kernel did not write the parameters
 function Optimizer:_copy_back(c)
+  if c.low then return end
   local k = gp().k
   for j, i in ipairs(c.idx) do
     local st = self.state[i]
@@ -230,17 +258,32 @@ end
 -- launch; while a graph is being captured (opt._capturing) it only launches,
 -- and opt:prepare_replay() advances the step and writes the values before
 -- each replay of the captured step.
-local function hyper_values(self, g, t)
-  if self.kind == 'AdamW' then return {g.lr, 1 - g.betas[1] ^ t, 1 - g.betas[2] ^ t} end
-  return {g.lr}
-end
+-- The values go through one host tensor per bucket (c.hyper_host, made with
+-- c.hyper), so writing them allocates nothing. It is plain (pageable) host
+-- memory on purpose: a copy from it returns once the bytes are staged, so the
+-- next write may reuse it at once (a pinned buffer would need an event).
+local hyper_vals = ffi.new('double[3]')
 local function write_hyper(self, c, t)
-  c.hyper:copy_(gp().tensor(hyper_values(self, c.hyper_group, t), {dtype = 'f32', device = 'cpu'}))
+  local g, n = c.hyper_group, 1
+  hyper_vals[0] = g.lr
+  if self.kind == 'AdamW' then
+    hyper_vals[1], hyper_vals[2], n = 1 - g.betas[1] ^ t, 1 - g.betas[2] ^ t, 3
+  end
+  if c.hyper_host then
+    core.call(C.gp_from_doubles, c.hyper_host.c, hyper_vals, n)
+    core.call(C.gp_transfer, c.hyper.c, c.hyper_host.c)
+  else
+    core.call(C.gp_from_doubles, c.hyper.c, hyper_vals, n)
+  end
 end
 function Optimizer:_hyper(c, g, t)
   if not self.device_hyper then return nil end
   c.hyper_group = g
-  if not c.hyper then c.hyper = tensor.empty({self.kind == 'AdamW' and 3 or 1}, 'f32', c.groups[1][1].device, 'hyper') end
+  if not c.hyper then
+    local n, dev = self.kind == 'AdamW' and 3 or 1, c.groups[1][1].device
+    c.hyper = tensor.empty({n}, 'f32', dev, 'hyper')
+    if dev ~= 'cpu' then c.hyper_host = tensor.empty({n}, 'f32', 'cpu', 'hyper') end
+  end
   if not self._capturing then write_hyper(self, c, t) end
   return c.hyper.c
 end

@@ -386,3 +386,211 @@ T.test('device_hyper: the same steps as launch arguments; prepare_replay advance
   T.raises(function() opt:prepare_replay() end, 'device_hyper')
   T.raises(function() opt:capture(function() end) end, 'device_hyper')
 end)
+
+---------------------------------------------------------------------------
+-- mixed precision in one launch: the multi-tensor kernels write each updated
+-- master into its bf16/f16 parameter (rounded to nearest even, as k.copy
+-- rounds). The "old path" is computed explicitly: a second optimizer over
+-- f32 copies of the parameters (the same kernel, the same gradients), whose
+-- values are then converted with an explicit copy (p:to(dtype)).
+
+local core = require 'gpush.core'
+local tensor_mod = require 'gpush.tensor'
+
+local function maxdiff(a, b) return (a:float() - b:float()):abs():max():item() end
+
+-- specs: {shape=, dtype= (of the param), gdtype= (of its grad; default the
+-- param's), t=true (a transposed, non-contiguous param)}
+local function mixed_run(kind, dev, specs, steps, opts)
+  gp.manual_seed(11)
+  local ps, refs = {}, {}
+  for i, s in ipairs(specs) do
+    if s.t then
+      ps[i] = gp.randn({s.shape[2], s.shape[1]}, {device = 'cpu'}):to(dev):to(s.dtype):t():requires_grad()
+    else
+      ps[i] = gp.randn(s.shape, {device = 'cpu'}):to(dev):requires_grad()
+    end
+  end
+  for _, dt in ipairs {'bf16', 'f16'} do
+    local sub = {}
+    for i, s in ipairs(specs) do if s.dtype == dt and not s.t then sub[#sub + 1] = ps[i] end end
+    if #sub > 0 then optim.mixed_precision(sub, {dtype = dt}) end
+  end
+  for i, p in ipairs(ps) do refs[i] = p:detach():float():contiguous():clone() end
+  local h = {lr = 0.01, momentum = 0.9, nesterov = kind == 'SGD', weight_decay = 0.1}
+  for k, v in pairs(opts or {}) do h[k] = v end
+  local opt, ref = optim[kind](ps, h), optim[kind](refs, h)
+  for s = 1, steps do
+    opt:zero_grad()
+    for i, p in ipairs(ps) do
+      local g = gp.randn(p.shape, {device = 'cpu'}):to(dev):to(specs[i].gdtype or p.dtype)
+      if specs[i].gdtype then p.grad = g else p.grad:copy_(g) end
+      refs[i].grad = p.grad:contiguous()
+    end
+    opt:step(); ref:step()
+    for i, p in ipairs(ps) do
+      local what = string.format('%s %s step %d param %d (%s)', kind, dev, s, i, p.dtype)
+      T.eq(p.dtype, specs[i].dtype, what)
+      if p.dtype ~= 'f32' then
+        T.eq(maxdiff(opt.state[i].master, refs[i]), 0, what .. ': the master is the f32 update')
+        T.eq(maxdiff(p, opt.state[i].master:to(p.dtype)), 0, what .. ': the param is its master rounded')
+      end
+      T.eq(maxdiff(p, refs[i]:to(p.dtype)), 0, what .. ': the same as the update then an explicit copy')
+    end
+  end
+  return ps, opt
+end
+
+-- kernel calls (gp.k, as gp.profile wraps them) and multi-tensor launches
+-- (the optimizer's core.call) while fn runs
+local function count_launches(fn)
+  local n, saved_k, saved_t, call = {k = 0, multi = 0}, {}, {}, core.call
+  for name, f in pairs(gp.k) do saved_k[name] = f; gp.k[name] = function(...) n.k = n.k + 1; return f(...) end end
+  for name, f in pairs(tensor_mod.K) do saved_t[name] = f; tensor_mod.K[name] = gp.k[name] end
+  core.call = function(f, ...) n.multi = n.multi + 1; return call(f, ...) end
+  local ok, err = pcall(fn)
+  for name, f in pairs(saved_k) do gp.k[name] = f end
+  for name, f in pairs(saved_t) do tensor_mod.K[name] = f end
+  core.call = call
+  if not ok then error(err, 0) end
+  return n
+end
+
+local function nlists(opt)
+  local all, low = 0, 0
+  for _, c in pairs(opt._lists) do all = all + 1; if c.low then low = low + 1 end end
+  return all, low
+end
+
+T.test('mixed precision: the kernel writes the bf16/f16 params, bit for bit the old copy-back (AdamW, SGD)', function()
+  for _, kind in ipairs {'AdamW', 'SGD'} do
+    for _, dt in ipairs {'bf16', 'f16'} do
+      local _, opt = mixed_run(kind, 'cpu', {{shape = {7, 5}, dtype = dt}, {shape = {5}, dtype = dt}}, 4)
+      local all, low = nlists(opt)
+      T.eq(all, 2, kind .. ' ' .. dt .. ': two buckets (decay, no decay)')
+      T.eq(low, 2, kind .. ' ' .. dt .. ': both write their params')
+      for _, c in pairs(opt._lists) do T.eq(#c.groups, kind == 'AdamW' and 5 or 4) end
+    end
+  end
+end)
+
+T.test('mixed precision: f32 and bf16 params (bf16 and f32 grads) and a non-contiguous bf16 param in one model', function()
+  for _, kind in ipairs {'AdamW', 'SGD'} do
+    local specs = {{shape = {6, 4}, dtype = 'bf16'}, {shape = {4}, dtype = 'f32'}, {shape = {3, 4}, dtype = 'bf16', gdtype = 'f32'},
+                   {shape = {4, 3}, dtype = 'f32', gdtype = 'bf16'}, {shape = {2, 5}, dtype = 'bf16', t = true}}
+    local ps, opt = mixed_run(kind, 'cpu', specs, 3)
+    T.ok(not ps[5]:is_contiguous(), 'the test has a non-contiguous param')
+    local all, low = nlists(opt)
+    -- decay: (bf16 grad, bf16 param) (f32 grad, bf16) (bf16 grad, f32) (bf16 grad, non-contiguous bf16); no decay: f32
+    T.eq(all, 5, kind .. ' buckets')
+    T.eq(low, 2, kind .. ' buckets whose kernel writes the params')
+    -- one launch per bucket; only the non-contiguous param is copied back
+    opt:zero_grad()
+    for i, p in ipairs(ps) do
+      if specs[i].gdtype then p.grad = gp.full(p.shape, 0.5, {dtype = specs[i].gdtype, device = 'cpu'}) else p.grad:fill_(0.5) end
+    end
+    local n = count_launches(function() opt:step() end)
+    T.eq(n.multi, 5, kind .. ' launches')
+    T.eq(n.k, 1, kind .. ' kernel calls: the copy of the non-contiguous param')
+  end
+end)
+
+T.test('mixed precision: a step is one launch per bucket, no copy per parameter', function()
+  local l1, l2 = gp.nn.Linear(8, 16, {device = 'cpu'}), gp.nn.Linear(16, 4, {device = 'cpu'})
+  local model = {}
+  function model:parameters() return {l1.weight, l1.bias, l2.weight, l2.bias} end
+  local np = #model:parameters()
+  optim.mixed_precision(model)
+  for _, kind in ipairs {'AdamW', 'SGD'} do
+    local opt = optim[kind](model, {lr = 0.01})
+    for s = 1, 2 do
+      opt:zero_grad()
+      for _, p in ipairs(model:parameters()) do p.grad:copy_(gp.randn(p.shape, {device = p.device})) end
+      local n = count_launches(function() opt:step() end)
+      local all = nlists(opt)
+      T.eq(all, 2, kind .. ' buckets')
+      if s == 2 then -- the first step also makes the moments
+        T.eq(n.k, 0, kind .. ': no k.copy per parameter (there were ' .. np .. ')')
+      end
+      T.eq(n.multi, all, kind .. ': one launch per bucket')
+      for i, p in ipairs(model:parameters()) do T.eq(maxdiff(p, opt.state[i].master:bf16()), 0, kind .. ' param ' .. i) end
+    end
+  end
+end)
+
+T.test('mixed precision with the extended kernels: CUDA against the CPU, and bit for bit the copy-back on CUDA', function()
+  T.cuda()
+  -- {300, 230}: more than one chunk of the multi-tensor walk
+  local specs = {{shape = {300, 230}, dtype = 'bf16'}, {shape = {230}, dtype = 'bf16'}, {shape = {33, 17}, dtype = 'f16'},
+                 {shape = {17}, dtype = 'f32'}, {shape = {9, 5}, dtype = 'bf16', gdtype = 'f32'},
+                 {shape = {4, 6}, dtype = 'bf16', t = true}}
+  for _, kind in ipairs {'AdamW', 'SGD'} do
+    for _, dh in ipairs {false, true} do
+      local res = {}
+      for _, dev in ipairs {'cpu', 'cuda'} do
+        local ps, opt = mixed_run(kind, dev, specs, 3, {device_hyper = dh})
+        res[dev] = {ps = ps, opt = opt}
+      end
+      for i, p in ipairs(res.cuda.ps) do
+        local what = string.format('%s device_hyper=%s param %d', kind, tostring(dh), i)
+        T.eq(p.device, 'cuda')
+        local tol = p.dtype == 'f32' and 1e-5 or 1e-2
+        T.ok(T.relnorm(p:cpu(), res.cpu.ps[i]) < tol, what)
+        local m = res.cuda.opt.state[i].master
+        if m then T.ok(T.relnorm(m:cpu(), res.cpu.opt.state[i].master) < 1e-5, what .. ' master') end
+      end
+    end
+  end
+end)
+
+T.test('multi-tensor lists: a fifth (fourth for SGD) group must be bf16 or f16', function()
+  local ffi = require 'ffi'
+  local C = core.C
+  local function tl(groups)
+    local n, ng = #groups[1], #groups
+    local ts = ffi.new('const gp_tensor *[?]', ng * n)
+    for g = 1, ng do for i = 1, n do ts[(g - 1) * n + i - 1] = groups[g][i].c end end
+    local box = ffi.new('gp_tlist*[1]')
+    core.call(C.gp_tlist_create, box, ng, n, ts)
+    return ffi.gc(box[0], C.gp_tlist_free)
+  end
+  local function f32() return gp.randn({3}, {device = 'cpu'}) end
+  local p, m, v, g = f32(), f32(), f32(), f32()
+  T.raises(function() core.call(C.gp_multi_adamw, tl {{p}, {m}, {v}, {g}, {f32()}}, nil, nil, 0.1, 0.9, 0.9, 1e-8, 0, 1) end,
+    'multi_adamw', 'group 5', 'bf16 or f16')
+  T.raises(function() core.call(C.gp_multi_sgd, tl {{p}, {m}, {g}, {f32()}}, nil, nil, 0.1, 0.9, 0, 0) end,
+    'multi_sgd', 'group 4', 'bf16 or f16')
+  T.raises(function() core.call(C.gp_multi_sgd, tl {{p}, {m}, {g}, {f32():bf16()}, {f32():bf16()}}, nil, nil, 0.1, 0.9, 0, 0) end,
+    'multi_sgd', '5 groups')
+  T.raises(function() tl {{p}, {m}, {v}, {g}, {gp.randn({4}, {device = 'cpu'}):bf16()}} end, 'tlist', 'tensor 1')
+  -- a low group is written: p rounded
+  local low = gp.zeros({3}, {dtype = 'bf16', device = 'cpu'})
+  core.call(C.gp_multi_sgd, tl {{p}, {m}, {g}, {low}}, nil, nil, 0.1, 0.9, 0, 0)
+  T.eq(maxdiff(low, p:bf16()), 0)
+end)
+
+T.test('device_hyper: prepare_replay allocates nothing (one host staging tensor per bucket)', function()
+  for _, dev in ipairs {'cpu', 'cuda'} do
+    if dev == 'cpu' or gp.cuda_available() then
+      for _, kind in ipairs {'AdamW', 'SGD'} do
+        local W = gp.randn({4, 3}, {device = 'cpu'}):to(dev):requires_grad()
+        local b = gp.randn({3}, {device = 'cpu'}):to(dev):requires_grad()
+        local opt = optim[kind]({W, b}, {lr = 0.05, device_hyper = true})
+        opt:zero_grad(); opt:step()
+        collectgarbage('collect')
+        local s0 = gp.memory()
+        for _ = 1, 3 do opt:prepare_replay() end
+        local s1 = gp.memory()
+        T.eq(s1.allocs, s0.allocs, dev .. ' ' .. kind .. ' device allocations')
+        T.eq(s1.host_allocs, s0.host_allocs, dev .. ' ' .. kind .. ' host allocations')
+        T.eq(opt.step_count, 4)
+        for _, c in pairs(opt._lists) do
+          local h = c.hyper:cpu():totable()
+          T.near(h[1], 0.05, 1e-7)
+          if kind == 'AdamW' then T.near(h[2], 1 - 0.9 ^ 4, 1e-6); T.near(h[3], 1 - 0.95 ^ 4, 1e-6) end
+          T.eq(c.hyper_host ~= nil, dev ~= 'cpu', 'a host staging tensor only for a device list')
+        end
+      end
+    end
+  end
+end)
