@@ -262,6 +262,19 @@ return function(A)
     end
   end
 
+  -- a cached ones vector (rows) for bias gradients as one GEMV into .grad; none
+  -- is made while a graph is being captured (it would live in the graph's pool)
+  local ones_cache = {}
+  local function ones_col(rows, dt, dev)
+    local key = rows .. dt .. dev
+    local o = ones_cache[key]
+    if not o and not require('gpush.graph').capturing then
+      o = gpmod().ones({rows}, {dtype = dt, device = dev})
+      ones_cache[key] = o
+    end
+    return o
+  end
+
   -- gp.linear(x, w, b): x (..., in) @ w^T + b, w (out, in)
   F('linear', function(g, a)
     local x, w, b = a[1], a[2], a[3]
@@ -275,7 +288,15 @@ return function(A)
       if gw then gpmod().matmul(g2:t(), x:reshape {rows, I}, {out = gw, beta = 1})
       else dw = g2:t():matmul(x:reshape {rows, I}) end
     end
-    if b and A.needs(b) then db = g2:sum(1) end
+    if b and A.needs(b) then
+      local gb = grad_buffer(b, g2.dtype, g2.device)
+      local ones = gb and ones_col(rows, g2.dtype, g2.device)
+      if ones then -- db += g2^T 1: one GEMV instead of a column sum and an add
+        gpmod().matmul(g2:t(), ones, {out = gb, beta = 1, tf32 = g2.dtype == 'f32' and false or nil})
+      else
+        db = g2:sum(1)
+      end
+    end
     return dx, dw, db
   end)
 

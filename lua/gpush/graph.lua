@@ -54,7 +54,9 @@ function M.graph(gp, fn, opts)
   end
   core.call(C.gp_graph_begin, box)
   local h = box[0]
+  M.capturing = true
   local r = pack(pcall(fn))
+  M.capturing = false
   if not r[1] then
     C.gp_graph_end(h, 0)
     error('graph: the captured function failed (the capture was dropped): ' .. tostring(r[2]), 0)

@@ -64,8 +64,11 @@ function gp.sync() core.call(C.gp_sync) end
 doc(gp.sync, 'gp.sync()', 'wait for all queued GPU work')
 
 gp.time = require('gpush.timing').time
+gp.time_once = require('gpush.timing').time_once
 doc(gp.time, 'gp.time(fn, {warmup=3, iters=20, min_ms=0})',
   'median milliseconds of fn() after warm-up, from CUDA events on the GPU (a host clock on the CPU); second result: min, max, mean, n, samples')
+doc(gp.time_once, 'gp.time_once(fn)',
+  "fn() once between two events: its milliseconds on the device (the host clock on the CPU), then fn's results (waits for fn's work only)")
 
 ---------------------------------------------------------------------------
 -- profiling, streams, run-time compiled kernels

@@ -40,4 +40,19 @@ function M.time(fn, opts)
   return median, {min = samples[1], max = samples[n], mean = total / n, n = n, samples = samples}
 end
 
+-- fn() once between two events: its milliseconds on the device (the host
+-- clock on the CPU), then fn's results; waits for the second event only
+local once_a, once_b
+function M.time_once(fn, opts)
+  if type(fn) ~= 'function' then core.raise('time_once: needs a function') end
+  local dev = core.DEV[(opts and opts.device) or require('gpush.tensor').state.device]
+  if not dev then core.raise('time_once: unknown device') end
+  if not once_a then once_a, once_b = event(), event() end
+  core.call(C.gp_event_record, once_a, dev)
+  local r = {fn()}
+  core.call(C.gp_event_record, once_b, dev)
+  core.call(C.gp_event_elapsed, ms, once_a, once_b)
+  return ms[0], unpack(r)
+end
+
 return M

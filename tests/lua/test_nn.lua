@@ -271,22 +271,26 @@ T.test('a tiny GPT on the GPU matches the CPU: logits, loss and every gradient',
   end
 end)
 
-T.test('Linear weight gradients accumulate into an existing .grad (in place) exactly as a fresh one', function()
+T.test('Linear weight and bias gradients accumulate into an existing .grad (in place) exactly as fresh ones', function()
   gp.manual_seed(5)
   local lin = nn.Linear(6, 4, {dtype = 'f64', device = 'cpu'})
   local x = rn {3, 2, 6}
   local function loss() return (lin(x) * lin(x)):sum() end
   loss():backward()                      -- no .grad yet: a new tensor
-  local first = lin.weight.grad:clone()
-  local buf = lin.weight.grad
-  loss():backward()                      -- accumulates into the same tensor
-  T.ok(rawequal(lin.weight.grad, buf), 'the same .grad tensor')
+  local first, bfirst = lin.weight.grad:clone(), lin.bias.grad:clone()
+  local buf, bbuf = lin.weight.grad, lin.bias.grad
+  loss():backward()                      -- accumulates into the same tensors
+  T.ok(rawequal(lin.weight.grad, buf) and rawequal(lin.bias.grad, bbuf), 'the same .grad tensors')
   T.ok(T.relnorm(lin.weight.grad, first * 2) < 1e-12, 'two backwards')
+  T.ok(T.relnorm(lin.bias.grad, bfirst * 2) < 1e-12, 'two backwards (bias)')
   lin.weight.grad:zero_()
+  lin.bias.grad:zero_()
   loss():backward()
   T.ok(T.relnorm(lin.weight.grad, first) < 1e-12, 'after zero_')
+  T.ok(T.relnorm(lin.bias.grad, bfirst) < 1e-12, 'after zero_ (bias)')
   -- the reference: the weight gradient as x^T-weighted sum, from the formula
   local y = gp.no_grad(function() return lin(x) end)
   local want = (y * 2):reshape {6, 4}:t():matmul(x:reshape {6, 6})
   T.ok(T.relnorm(first, want) < 1e-12, 'against the formula')
+  T.ok(T.relnorm(bfirst, (y * 2):reshape {6, 4}:sum(1)) < 1e-12, 'bias against the formula')
 end)
