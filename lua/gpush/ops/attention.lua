@@ -42,8 +42,10 @@ return function(gp, tensor)
     return tonumber(ffi.cast('uintptr_t', c.data) % 16) == 0 and tonumber(c.offset) % 8 == 0
   end
   local function usable(t) return fits(t) and t or t:contiguous() end
-  -- b in a's dtype, in a layout the kernels read as it is
+  -- b in a's dtype, in a layout the flash kernels read as it is
   local function as(b, a) return usable(tensor.to_dtype(b, a.dtype)) end
+  -- b in a's dtype, contiguous (attn_decode)
+  local function as_contiguous(b, a) return tensor.to_dtype(b, a.dtype):contiguous() end
 
   -- an empty (B, H, R, D) tensor of dtype, dense in x's order of the B, H, R
   -- dims (D last): the gradient of a permuted view (a head of a (B, T, H, D)
@@ -212,7 +214,7 @@ return function(gp, tensor)
     local cdt = FLOAT[kcache.dtype] and kcache.dtype or q.dtype
     local qc = tensor.to_dtype(q3, cdt):contiguous()
     local out = empty(s3, cdt, q.device, op)
-    K.attn_decode(out, qc, as(kcache, qc), as(vcache, qc), lens:contiguous(),
+    K.attn_decode(out, qc, as_contiguous(kcache, qc), as_contiguous(vcache, qc), lens:contiguous(),
       opts.scale or 1 / math.sqrt(s3[3]), nonneg_int(op, 'window', opts.window),
       nonneg_int(op, 'n_global', opts.n_global))
     if cdt ~= q.dtype then out = tensor.to_dtype(out, q.dtype) end
