@@ -1,5 +1,6 @@
 /* attention.c: checks, dispatch and the CPU references of flash attention
- * (plain attention accumulated in double) and of decode attention. */
+ * (plain attention accumulated in double; q, k, v, out, dout, dq, dk, dv at any
+ * strides on B, H and T) and of decode attention. */
 #include <math.h>
 
 #include "common.h"
@@ -56,6 +57,12 @@ static double dot_d(const void *a, int64_t ia, const void *b, int64_t ib, int dt
   return s;
 }
 
+/* element offset of row i of head (b, h) in a (B, H, R, D) tensor with any
+ * strides on B, H and R (stride 1 on D, checked by the spec) */
+static inline int64_t row_at(const gp_tensor *t, int64_t b, int64_t h, int64_t i) {
+  return b * t->stride[0] + h * t->stride[1] + i * t->stride[2];
+}
+
 int gp_k_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_tensor *k, const gp_tensor *v,
                   double scale, double window, double n_global, double causal) {
   GP_CHECK(attn_fwd, out, lse, q, k, v);
@@ -64,32 +71,34 @@ int gp_k_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_t
   int cz = causal != 0;
   GP_TRY(attn_seq("attn_fwd", q, k, win, cz));
   GP_CUDA_DISPATCH(out, gp_cuda_attn_fwd(out, lse, q, k, v, scale, win, ng, cz));
-  int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], S = k->shape[2];
+  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], S = k->shape[2];
   int dt = q->dtype;
   const void *pq = gp_ptr(q), *pk = gp_ptr(k), *pv = gp_ptr(v);
   void *po = gp_ptr(out);
   float *pl = gp_ptr(lse);
   double acc[128];
-  for (int64_t bh = 0; bh < BH; bh++)
-    for (int64_t i = 0; i < T; i++) {
-      int64_t p = i + S - T, qi = (bh * T + i) * D;
-      double m = -INFINITY, l = 0;
-      for (int64_t d = 0; d < D; d++) acc[d] = 0;
-      for (int64_t j = 0; j < S; j++)
-        if (attn_visible(p, j, win, ng, cz)) {
-          double s = dot_d(pq, qi, pk, (bh * S + j) * D, dt, D) * scale;
-          if (s > m) m = s;
-        }
-      for (int64_t j = 0; j < S; j++)
-        if (attn_visible(p, j, win, ng, cz)) {
-          int64_t kj = (bh * S + j) * D;
-          double e = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - m);
-          l += e;
-          for (int64_t d = 0; d < D; d++) acc[d] += e * gp_load(pv, dt, kj + d);
-        }
-      for (int64_t d = 0; d < D; d++) gp_store(po, out->dtype, qi + d, l > 0 ? acc[d] / l : 0.0);
-      pl[bh * T + i] = l > 0 ? (float)(m + log(l)) : -INFINITY;
-    }
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t i = 0; i < T; i++) {
+        int64_t p = i + S - T, qi = row_at(q, b, h, i), bh = b * H + h;
+        double m = -INFINITY, l = 0;
+        for (int64_t d = 0; d < D; d++) acc[d] = 0;
+        for (int64_t j = 0; j < S; j++)
+          if (attn_visible(p, j, win, ng, cz)) {
+            double s = dot_d(pq, qi, pk, row_at(k, b, h, j), dt, D) * scale;
+            if (s > m) m = s;
+          }
+        for (int64_t j = 0; j < S; j++)
+          if (attn_visible(p, j, win, ng, cz)) {
+            int64_t kj = row_at(k, b, h, j), vj = row_at(v, b, h, j);
+            double e = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - m);
+            l += e;
+            for (int64_t d = 0; d < D; d++) acc[d] += e * gp_load(pv, dt, vj + d);
+          }
+        int64_t oi = row_at(out, b, h, i);
+        for (int64_t d = 0; d < D; d++) gp_store(po, out->dtype, oi + d, l > 0 ? acc[d] / l : 0.0);
+        pl[bh * T + i] = l > 0 ? (float)(m + log(l)) : -INFINITY;
+      }
   return GP_OK;
 }
 
@@ -102,48 +111,52 @@ int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *
   int cz = causal != 0;
   GP_TRY(attn_seq("attn_bwd", q, k, win, cz));
   GP_CUDA_DISPATCH(dq, gp_cuda_attn_bwd(dq, dk, dv, q, k, v, out, lse, dout, scale, win, ng, cz));
-  int64_t BH = q->shape[0] * q->shape[1], T = q->shape[2], S = k->shape[2];
+  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], S = k->shape[2];
   int dt = q->dtype;
   const void *pq = gp_ptr(q), *pk = gp_ptr(k), *pv = gp_ptr(v), *po = gp_ptr(out), *pg = gp_ptr(dout);
   const float *pl = gp_ptr(lse);
   double a[128];
   /* P = exp(s - lse), dP = dout . v, dS = P (dP - sum(dout * out)) */
-  for (int64_t bh = 0; bh < BH; bh++) {
-    /* dq: row by row */
-    for (int64_t i = 0; i < T; i++) {
-      int64_t p = i + S - T, qi = (bh * T + i) * D;
-      double Di = dot_d(pg, qi, po, qi, dt, D), L = pl[bh * T + i];
-      for (int64_t d = 0; d < D; d++) a[d] = 0;
-      for (int64_t j = 0; j < S; j++)
-        if (attn_visible(p, j, win, ng, cz)) {
-          int64_t kj = (bh * S + j) * D;
-          double P = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - L);
-          double dS = P * (dot_d(pg, qi, pv, kj, dt, D) - Di);
-          for (int64_t d = 0; d < D; d++) a[d] += dS * gp_load(pk, dt, kj + d);
-        }
-      for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(dq), dq->dtype, qi + d, a[d] * scale);
-    }
-    /* dk and dv: key by key */
-    for (int64_t j = 0; j < S; j++) {
-      int64_t kj = (bh * S + j) * D;
-      double b[128];
-      for (int64_t d = 0; d < D; d++) a[d] = b[d] = 0;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      int64_t bh = b * H + h;
+      /* dq: row by row */
       for (int64_t i = 0; i < T; i++) {
-        int64_t p = i + S - T, qi = (bh * T + i) * D;
-        if (!attn_visible(p, j, win, ng, cz)) continue;
-        double P = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - (double)pl[bh * T + i]);
-        double dS = P * (dot_d(pg, qi, pv, kj, dt, D) - dot_d(pg, qi, po, qi, dt, D));
+        int64_t p = i + S - T, qi = row_at(q, b, h, i), gi = row_at(dout, b, h, i);
+        double Di = dot_d(pg, gi, po, row_at(out, b, h, i), dt, D), L = pl[bh * T + i];
+        for (int64_t d = 0; d < D; d++) a[d] = 0;
+        for (int64_t j = 0; j < S; j++)
+          if (attn_visible(p, j, win, ng, cz)) {
+            int64_t kj = row_at(k, b, h, j);
+            double P = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - L);
+            double dS = P * (dot_d(pg, gi, pv, row_at(v, b, h, j), dt, D) - Di);
+            for (int64_t d = 0; d < D; d++) a[d] += dS * gp_load(pk, dt, kj + d);
+          }
+        int64_t di = row_at(dq, b, h, i);
+        for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(dq), dq->dtype, di + d, a[d] * scale);
+      }
+      /* dk and dv: key by key */
+      for (int64_t j = 0; j < S; j++) {
+        int64_t kj = row_at(k, b, h, j), vj = row_at(v, b, h, j);
+        double c[128];
+        for (int64_t d = 0; d < D; d++) a[d] = c[d] = 0;
+        for (int64_t i = 0; i < T; i++) {
+          int64_t p = i + S - T, qi = row_at(q, b, h, i), gi = row_at(dout, b, h, i);
+          if (!attn_visible(p, j, win, ng, cz)) continue;
+          double P = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - (double)pl[bh * T + i]);
+          double dS = P * (dot_d(pg, gi, pv, vj, dt, D) - dot_d(pg, gi, po, row_at(out, b, h, i), dt, D));
+          for (int64_t d = 0; d < D; d++) {
+            a[d] += dS * gp_load(pq, dt, qi + d);
+            c[d] += P * gp_load(pg, dt, gi + d);
+          }
+        }
+        int64_t dki = row_at(dk, b, h, j), dvi = row_at(dv, b, h, j);
         for (int64_t d = 0; d < D; d++) {
-          a[d] += dS * gp_load(pq, dt, qi + d);
-          b[d] += P * gp_load(pg, dt, qi + d);
+          gp_store(gp_ptr(dk), dk->dtype, dki + d, a[d] * scale);
+          gp_store(gp_ptr(dv), dv->dtype, dvi + d, c[d]);
         }
       }
-      for (int64_t d = 0; d < D; d++) {
-        gp_store(gp_ptr(dk), dk->dtype, kj + d, a[d] * scale);
-        gp_store(gp_ptr(dv), dv->dtype, kj + d, b[d]);
-      }
     }
-  }
   return GP_OK;
 }
 

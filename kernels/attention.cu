@@ -28,15 +28,27 @@
 
 namespace {
 
+/* element strides of a (B, H, R, D) operand on B, H and R (stride 1 on D) */
+struct Str {
+  int64_t b, h, r;
+};
+
 struct AttnP {
   const void *q, *k, *v, *o, *dout;
   void *out, *dq, *dk, *dv;
-  float *lse;
+  float *lse; /* contiguous (B, H, T) */
   const float *lse_in;
+  /* so: out (forward) or o (backward) */
+  Str sq, sk, sv, so, sg, sdq, sdk, sdv;
   int H, T, S;
   float scale;
   int win, ng, causal;
 };
+
+/* element offset of head bh = b * H + h */
+__device__ __forceinline__ int64_t head_at(const Str &s, int bh, int H) {
+  return (int64_t)(bh / H) * s.b + (int64_t)(bh % H) * s.h;
+}
 
 __device__ __forceinline__ bool vis(int p, int j, int win, int ng, int causal) {
   if (causal && j > p) return false;
@@ -67,12 +79,12 @@ __global__ void __launch_bounds__(128) k_attn_fwd_plain(AttnP P) {
   __shared__ float Vs[GN][D];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int bh = blockIdx.y, i0 = blockIdx.x * GM, off = P.S - P.T;
-  const T *q = (const T *)P.q + (int64_t)bh * P.T * D;
-  const T *k = (const T *)P.k + (int64_t)bh * P.S * D;
-  const T *v = (const T *)P.v + (int64_t)bh * P.S * D;
+  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H);
+  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H);
+  const T *v = (const T *)P.v + head_at(P.sv, bh, P.H);
   for (int e = threadIdx.x; e < GM * D; e += 128) {
     int r = e / D, d = e % D;
-    Qs[r][d] = i0 + r < P.T ? ld(q[(int64_t)(i0 + r) * D + d]) * P.scale : 0.f;
+    Qs[r][d] = i0 + r < P.T ? ld(q[(int64_t)(i0 + r) * P.sq.r + d]) * P.scale : 0.f;
   }
   float m[RW], l[RW], acc[RW][DT];
 #pragma unroll
@@ -89,8 +101,8 @@ __global__ void __launch_bounds__(128) k_attn_fwd_plain(AttnP P) {
     __syncthreads();
     for (int e = threadIdx.x; e < GN * D; e += 128) {
       int r = e / D, d = e % D, j = j0 + r;
-      Ks[r][d] = j < P.S ? ld(k[(int64_t)j * D + d]) : 0.f;
-      Vs[r][d] = j < P.S ? ld(v[(int64_t)j * D + d]) : 0.f;
+      Ks[r][d] = j < P.S ? ld(k[(int64_t)j * P.sk.r + d]) : 0.f;
+      Vs[r][d] = j < P.S ? ld(v[(int64_t)j * P.sv.r + d]) : 0.f;
     }
     __syncthreads();
     float s[RW];
@@ -130,14 +142,14 @@ __global__ void __launch_bounds__(128) k_attn_fwd_plain(AttnP P) {
       }
     }
   }
-  T *o = (T *)P.out + (int64_t)bh * P.T * D;
+  T *o = (T *)P.out + head_at(P.so, bh, P.H);
 #pragma unroll
   for (int r = 0; r < RW; r++) {
     int row = i0 + warp * RW + r;
     if (row >= P.T) continue;
     float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
 #pragma unroll
-    for (int t = 0; t < DT; t++) o[(int64_t)row * D + lane + 32 * t] = st<T>(acc[r][t] * inv);
+    for (int t = 0; t < DT; t++) o[(int64_t)row * P.so.r + lane + 32 * t] = st<T>(acc[r][t] * inv);
     if (lane == 0) P.lse[(int64_t)bh * P.T + row] = l[r] > 0.f ? m[r] + logf(l[r]) : -INFINITY;
   }
 }
@@ -153,14 +165,14 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq(AttnP P) {
   __shared__ float Vs[GN][D + 1];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int bh = blockIdx.y, i0 = blockIdx.x * GM, off = P.S - P.T;
-  const int64_t qb = (int64_t)bh * P.T * D, kb = (int64_t)bh * P.S * D;
-  const T *q = (const T *)P.q + qb, *g = (const T *)P.dout + qb, *o = (const T *)P.o + qb;
-  const T *k = (const T *)P.k + kb, *v = (const T *)P.v + kb;
+  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
+  const T *o = (const T *)P.o + head_at(P.so, bh, P.H);
+  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
   for (int e = threadIdx.x; e < GM * D; e += 128) {
     int r = e / D, d = e % D;
     bool in = i0 + r < P.T;
-    Qs[r][d] = in ? ld(q[(int64_t)(i0 + r) * D + d]) * P.scale : 0.f;
-    Gs[r][d] = in ? ld(g[(int64_t)(i0 + r) * D + d]) : 0.f;
+    Qs[r][d] = in ? ld(q[(int64_t)(i0 + r) * P.sq.r + d]) * P.scale : 0.f;
+    Gs[r][d] = in ? ld(g[(int64_t)(i0 + r) * P.sg.r + d]) : 0.f;
   }
   float Di[RW], L[RW], acc[RW][DT];
 #pragma unroll
@@ -170,7 +182,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq(AttnP P) {
     if (row < P.T)
 #pragma unroll
       for (int t = 0; t < DT; t++)
-        s += ld(g[(int64_t)row * D + lane + 32 * t]) * ld(o[(int64_t)row * D + lane + 32 * t]);
+        s += ld(g[(int64_t)row * P.sg.r + lane + 32 * t]) * ld(o[(int64_t)row * P.so.r + lane + 32 * t]);
     Di[r] = warp_sum(s);
     L[r] = row < P.T ? P.lse_in[(int64_t)bh * P.T + row] : 0.f;
 #pragma unroll
@@ -183,8 +195,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq(AttnP P) {
     __syncthreads();
     for (int e = threadIdx.x; e < GN * D; e += 128) {
       int r = e / D, d = e % D, j = j0 + r;
-      Ks[r][d] = j < P.S ? ld(k[(int64_t)j * D + d]) : 0.f;
-      Vs[r][d] = j < P.S ? ld(v[(int64_t)j * D + d]) : 0.f;
+      Ks[r][d] = j < P.S ? ld(k[(int64_t)j * P.sk.r + d]) : 0.f;
+      Vs[r][d] = j < P.S ? ld(v[(int64_t)j * P.sv.r + d]) : 0.f;
     }
     __syncthreads();
     float s[RW], dp[RW];
@@ -218,13 +230,13 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq(AttnP P) {
       }
     }
   }
-  T *dq = (T *)P.dq + qb;
+  T *dq = (T *)P.dq + head_at(P.sdq, bh, P.H);
 #pragma unroll
   for (int r = 0; r < RW; r++) {
     int row = i0 + warp * RW + r;
     if (row >= P.T) continue;
 #pragma unroll
-    for (int t = 0; t < DT; t++) dq[(int64_t)row * D + lane + 32 * t] = st<T>(acc[r][t] * P.scale);
+    for (int t = 0; t < DT; t++) dq[(int64_t)row * P.sdq.r + lane + 32 * t] = st<T>(acc[r][t] * P.scale);
   }
 }
 
@@ -241,14 +253,14 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
   __shared__ float Ls[GQ], Ds[GQ];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int bh = blockIdx.y, j0 = blockIdx.x * GK, off = P.S - P.T;
-  const int64_t qb = (int64_t)bh * P.T * D, kb = (int64_t)bh * P.S * D;
-  const T *q = (const T *)P.q + qb, *g = (const T *)P.dout + qb, *o = (const T *)P.o + qb;
-  const T *k = (const T *)P.k + kb, *v = (const T *)P.v + kb;
+  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
+  const T *o = (const T *)P.o + head_at(P.so, bh, P.H);
+  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
   for (int e = threadIdx.x; e < GK * D; e += 128) {
     int r = e / D, d = e % D;
     bool in = j0 + r < P.S;
-    Ks[r][d] = in ? ld(k[(int64_t)(j0 + r) * D + d]) : 0.f;
-    Vs[r][d] = in ? ld(v[(int64_t)(j0 + r) * D + d]) : 0.f;
+    Ks[r][d] = in ? ld(k[(int64_t)(j0 + r) * P.sk.r + d]) : 0.f;
+    Vs[r][d] = in ? ld(v[(int64_t)(j0 + r) * P.sv.r + d]) : 0.f;
   }
   float dk[RW][DT], dv[RW][DT];
 #pragma unroll
@@ -265,8 +277,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
     __syncthreads();
     for (int e = threadIdx.x; e < GQ * D; e += 128) {
       int r = e / D, d = e % D, i = ib + r;
-      Qs[r][d] = i < P.T ? ld(q[(int64_t)i * D + d]) * P.scale : 0.f;
-      Gs[r][d] = i < P.T ? ld(g[(int64_t)i * D + d]) : 0.f;
+      Qs[r][d] = i < P.T ? ld(q[(int64_t)i * P.sq.r + d]) * P.scale : 0.f;
+      Gs[r][d] = i < P.T ? ld(g[(int64_t)i * P.sg.r + d]) : 0.f;
     }
     for (int r = warp; r < GQ; r += 4) {
       int i = ib + r;
@@ -274,7 +286,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
       if (i < P.T)
 #pragma unroll
         for (int t = 0; t < DT; t++)
-          s += ld(g[(int64_t)i * D + lane + 32 * t]) * ld(o[(int64_t)i * D + lane + 32 * t]);
+          s += ld(g[(int64_t)i * P.sg.r + lane + 32 * t]) * ld(o[(int64_t)i * P.so.r + lane + 32 * t]);
       s = warp_sum(s);
       if (lane == 0) {
         Ds[r] = s;
@@ -321,15 +333,15 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
       }
     }
   }
-  T *pdk = (T *)P.dk + kb, *pdv = (T *)P.dv + kb;
+  T *pdk = (T *)P.dk + head_at(P.sdk, bh, P.H), *pdv = (T *)P.dv + head_at(P.sdv, bh, P.H);
 #pragma unroll
   for (int r = 0; r < RW; r++) {
     int j = j0 + warp * RW + r;
     if (j >= P.S) continue;
 #pragma unroll
     for (int t = 0; t < DT; t++) {
-      pdk[(int64_t)j * D + lane + 32 * t] = st<T>(dk[r][t]); /* q was scaled */
-      pdv[(int64_t)j * D + lane + 32 * t] = st<T>(dv[r][t]);
+      pdk[(int64_t)j * P.sdk.r + lane + 32 * t] = st<T>(dk[r][t]); /* q was scaled */
+      pdv[(int64_t)j * P.sdv.r + lane + 32 * t] = st<T>(dv[r][t]);
     }
   }
 }
@@ -417,15 +429,16 @@ template <typename T> __device__ __forceinline__ void acc_to_a(uint32_t *a, cons
 /* element offset of 16-byte chunk c of row r in a swizzled tile of rows of D */
 template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * D + ((c ^ (r & 7)) << 3); }
 
-/* ROWS rows from global row row0 (rows >= nrows are zero-filled) */
+/* ROWS rows from global row row0, rows rs elements apart (rows >= nrows are
+ * zero-filled); every row start 16-byte aligned */
 template <typename T, int D, int ROWS, int NTH = 128>
-__device__ __forceinline__ void load_tile(T *sm, const T *g, int row0, int nrows) {
+__device__ __forceinline__ void load_tile(T *sm, const T *g, int64_t rs, int row0, int nrows) {
   constexpr int DC = D / 8;
 #pragma unroll
   for (int e = threadIdx.x; e < ROWS * DC; e += NTH) {
     int r = e / DC, c = e % DC, gr = row0 + r;
     bool ok = gr < nrows;
-    const T *src = g + (int64_t)(ok ? gr : 0) * D + c * 8;
+    const T *src = g + (int64_t)(ok ? gr : 0) * rs + c * 8;
     cp_async16(smem_u32(sm + swz<D>(r, c)), src, ok ? 16 : 0);
   }
 }
@@ -433,11 +446,12 @@ __device__ __forceinline__ void load_tile(T *sm, const T *g, int row0, int nrows
 /* the K/V pipeline step of key tile t (of kt.n): start loading tile t + 1
  * into the other stage, then wait for tile t (stage t & 1) */
 template <typename T, int D, int BN, int NTH = 128>
-__device__ __forceinline__ void kv_next(T *Ks, T *Vs, const T *k, const T *v, const KvTiles &kt, int t, int S) {
+__device__ __forceinline__ void kv_next(T *Ks, T *Vs, const T *k, const T *v, int64_t ks, int64_t vs,
+                                        const KvTiles &kt, int t, int S) {
   if (t + 1 < kt.n) {
     const int o = ((t & 1) ^ 1) * BN * D;
-    load_tile<T, D, BN, NTH>(Ks + o, k, kt.j0(t + 1), S);
-    load_tile<T, D, BN, NTH>(Vs + o, v, kt.j0(t + 1), S);
+    load_tile<T, D, BN, NTH>(Ks + o, k, ks, kt.j0(t + 1), S);
+    load_tile<T, D, BN, NTH>(Vs + o, v, vs, kt.j0(t + 1), S);
   }
   cp_async_commit();
   cp_async_wait<1>();
@@ -482,18 +496,18 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1) k_attn_fwd_mma(AttnP
   /* block b: query tile n_m - 1 - b / BH of head b % BH (the longest causal rows of every head first) */
   const int n_m = gridDim.x / BH;
   const int bh = blockIdx.x % BH, i0 = (n_m - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
-  const T *q = (const T *)P.q + (int64_t)bh * P.T * D;
-  const T *k = (const T *)P.k + (int64_t)bh * P.S * D;
-  const T *v = (const T *)P.v + (int64_t)bh * P.S * D;
+  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H);
+  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H);
+  const T *v = (const T *)P.v + head_at(P.sv, bh, P.H);
 
   const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
   const int n_tiles = kt.n;
 
-  load_tile<T, D, BM, NTH>(Qs, q, i0, P.T);
+  load_tile<T, D, BM, NTH>(Qs, q, P.sq.r, i0, P.T);
   if (n_tiles > 0) {
-    load_tile<T, D, BN, NTH>(Ks, k, kt.j0(0), P.S);
-    load_tile<T, D, BN, NTH>(Vs, v, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH>(Ks, k, P.sk.r, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH>(Vs, v, P.sv.r, kt.j0(0), P.S);
   }
   cp_async_commit();
 
@@ -517,7 +531,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1) k_attn_fwd_mma(AttnP
     constexpr int MK = decltype(mk_tag)::value;
     const int st = t & 1;
     const int j0 = kt.j0(t);
-    kv_next<T, D, BN, NTH>(Ks, Vs, k, v, kt, t, P.S);
+    kv_next<T, D, BN, NTH>(Ks, Vs, k, v, P.sk.r, P.sv.r, kt, t, P.S);
     if (QREG && t == 0) {
 #pragma unroll
       for (int mt = 0; mt < MT; mt++)
@@ -632,7 +646,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1) k_attn_fwd_mma(AttnP
   for (int t = 0; t < n_tiles; t++) run_tile<NEW>(tile, t, NEW && (tile_masked(P, pmin, pmax, kt.j0(t), BN)));
   cp_async_wait<0>();
 
-  T *out = (T *)P.out + (int64_t)bh * P.T * D;
+  T *out = (T *)P.out + head_at(P.so, bh, P.H);
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -646,7 +660,7 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1) k_attn_fwd_mma(AttnP
 #pragma unroll
       for (int dt = 0; dt < DT; dt++) {
         uint32_t w = pack2<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-        *(uint32_t *)(out + (int64_t)row * D + dt * 8 + ((lane & 3) << 1)) = w;
+        *(uint32_t *)(out + (int64_t)row * P.so.r + dt * 8 + ((lane & 3) << 1)) = w;
       }
       /* m: base-2 scaled max (old), raw max (NEW) */
       const float mnat = NEW ? m[mt][h] * P.scale : m[mt][h] * 0.6931471805599453f;
@@ -690,16 +704,18 @@ template <int D> __device__ __forceinline__ int bk_off(int k0, int nc0, int lane
   return swz<D>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), nc0 + (lane >> 4));
 }
 
-/* delta[r] = sum_d dout[r, d] * out[r, d]: a warp per row */
+/* delta[r] = sum_d dout[r, d] * out[r, d]: a warp per row r = bh * T + i */
 template <typename T, int D>
-__global__ void __launch_bounds__(128) k_attn_bwd_delta(const T *__restrict__ o, const T *__restrict__ g,
-                                                        float *__restrict__ delta, int64_t rows) {
+__global__ void __launch_bounds__(128) k_attn_bwd_delta(AttnP P, float *__restrict__ delta, int64_t rows) {
   const int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= rows) return; /* warp-uniform */
+  const int bh = (int)(row / P.T), i = (int)(row % P.T);
+  const T *o = (const T *)P.o + head_at(P.so, bh, P.H) + (int64_t)i * P.so.r;
+  const T *g = (const T *)P.dout + head_at(P.sg, bh, P.H) + (int64_t)i * P.sg.r;
   float s = 0.f;
 #pragma unroll
-  for (int d = lane; d < D; d += 32) s += ld(g[row * D + d]) * ld(o[row * D + d]);
+  for (int d = lane; d < D; d += 32) s += ld(g[d]) * ld(o[d]);
   s = warp_sum(s);
   if (lane == 0) delta[row] = s;
 }
@@ -718,9 +734,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   float *Dl = Ls + 2 * BQ;                /* 2 stages of BQ */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int bh = blockIdx.x % BH, j0 = (blockIdx.x / BH) * BN, off = P.S - P.T;
-  const int64_t qb = (int64_t)bh * P.T * D, kb = (int64_t)bh * P.S * D;
-  const T *q = (const T *)P.q + qb, *g = (const T *)P.dout + qb;
-  const T *k = (const T *)P.k + kb, *v = (const T *)P.v + kb;
+  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
+  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
   const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
 
   /* the queries that may see a key of the tile: p >= j0 (causal), and
@@ -732,8 +747,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   const int n_qt = ihi > ilo ? (ihi - ilo + BQ - 1) / BQ : 0;
 
   auto load_q = [&](int stage, int i0) {
-    load_tile<T, D, BQ>(Qs + stage * BQ * D, q, i0, P.T);
-    load_tile<T, D, BQ>(Gs + stage * BQ * D, g, i0, P.T);
+    load_tile<T, D, BQ>(Qs + stage * BQ * D, q, P.sq.r, i0, P.T);
+    load_tile<T, D, BQ>(Gs + stage * BQ * D, g, P.sg.r, i0, P.T);
     for (int e = threadIdx.x; e < BQ; e += 128) {
       const int i = i0 + e;
       const bool ok = i < P.T;
@@ -741,8 +756,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
       cp_async4(smem_u32(Dl + stage * BQ + e), dlt + (ok ? i : 0), ok ? 4 : 0);
     }
   };
-  load_tile<T, D, BN>(Ks, k, j0, P.S);
-  load_tile<T, D, BN>(Vs, v, j0, P.S);
+  load_tile<T, D, BN>(Ks, k, P.sk.r, j0, P.S);
+  load_tile<T, D, BN>(Vs, v, P.sv.r, j0, P.S);
   if (n_qt > 0) load_q(0, ilo);
   cp_async_commit();
 
@@ -826,15 +841,16 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   for (int t = 0; t < n_qt; t++) run_tile<NEW>(tile, t, NEW && (q_masked(ilo + t * BQ)));
   cp_async_wait<0>();
 
-  T *pdk = (T *)P.dk + kb, *pdv = (T *)P.dv + kb;
+  T *pdk = (T *)P.dk + head_at(P.sdk, bh, P.H), *pdv = (T *)P.dv + head_at(P.sdv, bh, P.H);
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int j = j0 + wrow + g8 + h * 8;
     if (j >= P.S) continue;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++) {
-      *(uint32_t *)(pdk + (int64_t)j * D + dt * 8 + t2) = pack2<T>(dk[dt][2 * h] * P.scale, dk[dt][2 * h + 1] * P.scale);
-      *(uint32_t *)(pdv + (int64_t)j * D + dt * 8 + t2) = pack2<T>(dv[dt][2 * h], dv[dt][2 * h + 1]);
+      *(uint32_t *)(pdk + (int64_t)j * P.sdk.r + dt * 8 + t2) =
+          pack2<T>(dk[dt][2 * h] * P.scale, dk[dt][2 * h + 1] * P.scale);
+      *(uint32_t *)(pdv + (int64_t)j * P.sdv.r + dt * 8 + t2) = pack2<T>(dv[dt][2 * h], dv[dt][2 * h + 1]);
     }
   }
 }
@@ -852,19 +868,18 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int n_mt = gridDim.x / BH;
   const int bh = blockIdx.x % BH, i0 = (n_mt - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
-  const int64_t qb = (int64_t)bh * P.T * D, kb = (int64_t)bh * P.S * D;
-  const T *q = (const T *)P.q + qb, *g = (const T *)P.dout + qb;
-  const T *k = (const T *)P.k + kb, *v = (const T *)P.v + kb;
+  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
+  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
 
   const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
   const int n_tiles = kt.n;
 
-  load_tile<T, D, BM>(Qs, q, i0, P.T);
-  load_tile<T, D, BM>(Gs, g, i0, P.T);
+  load_tile<T, D, BM>(Qs, q, P.sq.r, i0, P.T);
+  load_tile<T, D, BM>(Gs, g, P.sg.r, i0, P.T);
   if (n_tiles > 0) {
-    load_tile<T, D, BN>(Ks, k, kt.j0(0), P.S);
-    load_tile<T, D, BN>(Vs, v, kt.j0(0), P.S);
+    load_tile<T, D, BN>(Ks, k, P.sk.r, kt.j0(0), P.S);
+    load_tile<T, D, BN>(Vs, v, P.sv.r, kt.j0(0), P.S);
   }
   cp_async_commit();
 
@@ -888,7 +903,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
     constexpr int MK = decltype(mk_tag)::value;
     const int st = t & 1;
     const int j0 = kt.j0(t);
-    kv_next<T, D, BN>(Ks, Vs, k, v, kt, t, P.S);
+    kv_next<T, D, BN>(Ks, Vs, k, v, P.sk.r, P.sv.r, kt, t, P.S);
     if (t == 0) {
 #pragma unroll
       for (int kk = 0; kk < KD; kk++) {
@@ -948,14 +963,14 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
   for (int t = 0; t < n_tiles; t++) run_tile<NEW>(tile, t, NEW && (tile_masked(P, pmin, pmax, kt.j0(t), BN)));
   cp_async_wait<0>();
 
-  T *pdq = (T *)P.dq + qb;
+  T *pdq = (T *)P.dq + head_at(P.sdq, bh, P.H);
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     const int row = i0 + wrow + g8 + h * 8;
     if (row >= P.T) continue;
 #pragma unroll
     for (int dt = 0; dt < DT; dt++)
-      *(uint32_t *)(pdq + (int64_t)row * D + dt * 8 + t2) = pack2<T>(acc[dt][2 * h] * P.scale,
+      *(uint32_t *)(pdq + (int64_t)row * P.sdq.r + dt * 8 + t2) = pack2<T>(acc[dt][2 * h] * P.scale,
                                                                      acc[dt][2 * h + 1] * P.scale);
   }
 }
@@ -1079,7 +1094,36 @@ template <typename K> int smem_attr(K *kern, int smem, bool &done, const char *o
   return GP_OK;
 }
 
-bool aligned16(const gp_tensor *t) { return ((uintptr_t)gp_ptr(t) & 15) == 0; }
+Str strides(const gp_tensor *t) { return Str{t->stride[0], t->stride[1], t->stride[2]}; }
+
+/* the tensor-core paths' layout rule: a 16-byte aligned base and every B, H, T
+ * stride (of a dim longer than 1) a multiple of 16 bytes, so that every row
+ * starts 16-byte aligned (cp.async, ldmatrix, the 4-byte stores) */
+bool rows16(const gp_tensor *t) {
+  if (((uintptr_t)gp_ptr(t) & 15) != 0) return false;
+  const int64_t es = gp_elsize(t->dtype);
+  for (int d = 0; d < 3; d++)
+    if (t->shape[d] > 1 && (t->stride[d] * es) % 16 != 0) return false;
+  return true;
+}
+
+/* zeros into a (B, H, R, D) operand at its strides (attn_bwd with T = 0 or S = 0) */
+template <typename T>
+__global__ void k_attn_zero(T *p, Str s, int64_t H, int64_t R, int64_t D, int64_t n) {
+  for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t d = e % D, r = (e / D) % R, bh = e / (D * R);
+    p[(bh / H) * s.b + (bh % H) * s.h + r * s.r + d] = st<T>(0.f);
+  }
+}
+int zero_rows(const gp_tensor *t) {
+  const int64_t n = gp_numel(t);
+  if (n == 0) return GP_OK;
+  const int64_t blocks = (n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096;
+  GP_FLOAT_SWITCH(t->dtype, T,
+                  k_attn_zero<T><<<(unsigned)blocks, 256, 0, gp_cuda_stream()>>>(
+                      (T *)gp_ptr(t), strides(t), t->shape[1], t->shape[2], t->shape[3], n));
+  return GP_OK;
+}
 
 template <typename T, int D, int MT, int NW, bool NEW> int launch_fwd_mma(const AttnP &P, int64_t BH) {
   constexpr int BM = 16 * MT * NW;
@@ -1147,8 +1191,7 @@ template <typename T, int D, bool NEW> int launch_bwd_mma(const AttnP &P, int64_
   GP_TRY(gp_tensor_scratch(&dl, GP_F32, GP_CUDA, 1, &rows));
   float *delta = (float *)gp_ptr(dl);
   GP_NOTE_LAUNCH((k_attn_bwd_delta<T, D>), 128, 0);
-  k_attn_bwd_delta<T, D><<<(unsigned)((rows + 3) / 4), 128, 0, gp_cuda_stream()>>>((const T *)P.o, (const T *)P.dout,
-                                                                                     delta, rows);
+  k_attn_bwd_delta<T, D><<<(unsigned)((rows + 3) / 4), 128, 0, gp_cuda_stream()>>>(P, delta, rows);
   const int smem1 = (2 * 64 + 4 * BQ) * D * (int)sizeof(T) + 4 * BQ * (int)sizeof(float);
   const int smem2 = (2 * 64 + 4 * BN) * D * (int)sizeof(T);
   static bool a1 = false, a2 = false; /* per instantiation */
@@ -1181,7 +1224,11 @@ extern "C" int gp_cuda_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor 
   P.v = gp_ptr(v);
   P.out = gp_ptr(out);
   P.lse = (float *)gp_ptr(lse);
-  const bool mma = q->dtype != GP_F32 && P.S > 0 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(out);
+  P.sq = strides(q);
+  P.sk = strides(k);
+  P.sv = strides(v);
+  P.so = strides(out);
+  const bool mma = q->dtype != GP_F32 && P.S > 0 && rows16(q) && rows16(k) && rows16(v) && rows16(out);
   int rc = GP_OK;
   if (mma) {
     if (D == 64) {
@@ -1214,19 +1261,24 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
   P.dq = gp_ptr(dq);
   P.dk = gp_ptr(dk);
   P.dv = gp_ptr(dv);
-  /* a grid of 0 blocks is a launch error: T = 0 or S = 0 runs one side only */
+  P.sq = strides(q);
+  P.sk = strides(k);
+  P.sv = strides(v);
+  P.so = strides(out);
+  P.sg = strides(dout);
+  P.sdq = strides(dq);
+  P.sdk = strides(dk);
+  P.sdv = strides(dv);
+  /* a grid of 0 blocks is a launch error: T = 0 or S = 0 runs one side only
+   * (the other gradients are zeros, written at their strides) */
   int rc = GP_OK;
   if (P.T == 0 || P.S == 0) {
-    gp_tensor *z = P.T == 0 ? dk : dq;
-    if (cudaMemsetAsync(gp_ptr(z), 0, (size_t)gp_numel(z) * gp_elsize(z->dtype), gp_cuda_stream()) != cudaSuccess)
-      return gp_error("attn_bwd: memset failed");
-    if (P.T == 0 &&
-        cudaMemsetAsync(gp_ptr(dv), 0, (size_t)gp_numel(dv) * gp_elsize(dv->dtype), gp_cuda_stream()) != cudaSuccess)
-      return gp_error("attn_bwd: memset failed");
-    return GP_OK;
+    GP_TRY(zero_rows(P.T == 0 ? dk : dq));
+    if (P.T == 0) GP_TRY(zero_rows(dv));
+    return gp_cuda_check_launch("attn_bwd");
   }
-  const bool mma = q->dtype != GP_F32 && aligned16(q) && aligned16(k) && aligned16(v) && aligned16(dout) &&
-                   aligned16(dq) && aligned16(dk) && aligned16(dv);
+  const bool mma = q->dtype != GP_F32 && rows16(q) && rows16(k) && rows16(v) && rows16(dout) &&
+                   rows16(dq) && rows16(dk) && rows16(dv);
   if (mma) {
     if (D == 64) {
       GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_tc<T, 64>(P, BH));

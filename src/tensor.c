@@ -446,7 +446,8 @@ int gp_loop_is_flat(const gp_loop *L) {
  * (not checked here). DIMS is ~ (broadcasts to the first argument), = (same
  * shape as the first argument) or a comma list of sizes: an upper-case
  * symbol, a number, or * (any number of leading dims, the same in every
- * argument that uses it). ! requires a contiguous tensor. What follows
+ * argument that uses it). ! requires a contiguous tensor; / requires stride 1
+ * on the last dim only (rows at any strides: the kernel reads t->stride). What follows
  * (<SYM: values below SYM; +: positive) only guides the generated tests. */
 
 typedef struct {
@@ -582,6 +583,9 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
     }
     if (*p == '!' && !gp_is_contiguous(t))
       return gp_error("%s: %s must be contiguous (call :contiguous() first)", op, names[k]);
+    if (*p == '/' && t->ndim > 0 && t->shape[t->ndim - 1] > 1 && t->stride[t->ndim - 1] != 1)
+      return gp_error("%s: %s %s must have stride 1 on its last dim (call :contiguous() first)", op, names[k],
+                      gp_shape_str(t, b1, sizeof b1));
     while (*p && *p != ' ') p++;
     k++;
   }

@@ -19,6 +19,7 @@ local function parse_spec(spec)
     a.scalar = ty == 'f' or ty == 'i'
     a.dims = rest:match('^%[([^%]]*)%]')
     a.contiguous = rest:find('!', 1, true) ~= nil
+    a.rows = rest:find('/', 1, true) ~= nil -- stride 1 on the last dim only
     local def = rest:match('=(.+)$')
     if def then a.default = tonumber(def) end
     a.lt = rest:match('<(%u)')

@@ -493,6 +493,7 @@ function nn.attention(q, k, v, opts)
   if opts.dropout and opts.dropout > 0 then att = (gp.dropout(att, opts.dropout)) end
   return att:matmul(v3):view(os)
 end
+local default_attention = nn.attention
 
 -- multi-head causal self-attention: x (B, T, C) -> (B, T, C)
 local CausalSelfAttention = Module:extend('CausalSelfAttention')
@@ -517,10 +518,19 @@ function CausalSelfAttention:forward(x)
   local H = self.n_head
   local hd = C / H
   local qkv = self.qkv(x)
-  local function head(i) return qkv:narrow(3, (i - 1) * C + 1, C):reshape {B, T, H, hd}:transpose(2, 3) end
-  local y = nn.attention(head(1), head(2), head(3),
-    {causal = true, dropout = self.training and self.dropout or 0})
-  y = y:transpose(2, 3):reshape {B, T, C}
+  local dropout = self.training and self.dropout or 0
+  local y
+  -- flash attention straight from the qkv buffer (no permute copies) where
+  -- nn.attention would take flash attention: head dim 64 or 128, no
+  -- attention dropout, and nn.attention not swapped for another core
+  if gp.attention and gp.attention_qkv and nn.attention == default_attention and dropout == 0 and
+    (hd == 64 or hd == 128) then
+    y = gp.attention_qkv(qkv, H, {causal = true})
+  else
+    local function head(i) return qkv:narrow(3, (i - 1) * C + 1, C):reshape {B, T, H, hd}:transpose(2, 3) end
+    y = nn.attention(head(1), head(2), head(3), {causal = true, dropout = dropout})
+    y = y:transpose(2, 3):reshape {B, T, C}
+  end
   return self.resid_drop(self.proj(y))
 end
 -- incremental attention: x (B, Tnew, C) holds positions pos .. pos+Tnew-1; their
@@ -767,7 +777,8 @@ function nn.bind(g)
   doc(nn.MLP, 'nn.MLP(d, hidden=4d, {dropout=0})', 'Linear(d, hidden), GELU (tanh form), Linear(hidden, d)')
   doc(nn.SwiGLUMLP, 'nn.SwiGLUMLP(d, hidden=4d)', 'proj(silu(gate(x)) * up(x)) without biases')
   doc(nn.CausalSelfAttention, 'nn.CausalSelfAttention{n_embd=, n_head=, dropout=0, bias=true}',
-    'multi-head causal self-attention on (B, T, n_embd) through nn.attention')
+    'multi-head causal self-attention on (B, T, n_embd) through nn.attention (through gp.attention_qkv, ' ..
+    'straight from the qkv buffer, where nn.attention would take flash attention and is not swapped)')
   doc(nn.TransformerBlock, "nn.TransformerBlock{n_embd=, n_head=, mlp='gelu'|'swiglu'|'moe', moe={experts=8, k=2, ...}, norm='layer'|'rms', dropout=0, mlp_hidden=4 n_embd}",
     'pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))')
   doc(GPT.forward_cached, 'gpt:forward_cached(idx_new, cache, pos=cache:len())',

@@ -1,5 +1,12 @@
 -- profile_gpt.lua: one training step of a GPT-2-small-sized model (bf16, AdamW), per kernel.
--- Run: gpush scripts/bench/profile_gpt.lua
+-- Run: gpush scripts/bench/profile_gpt.lua [--per-head]
+-- --per-head: attention through the per-head views and nn.attention (the path
+-- before gp.attention_qkv; nn.attention swapped for a wrapper turns it off)
+if arg and arg[1] == '--per-head' then
+  local flash = gp.nn.attention
+  gp.nn.attention = function(...) return flash(...) end
+  print('attention: per-head path (narrow/transpose + gp.attention)')
+end
 local cfg = {vocab_size = 51, block_size = 1024, n_embd = 768, n_layer = 12, n_head = 12, dropout = 0}
 local T0 = gp.train.now()
 local model = gp.nn.GPT(cfg)

@@ -224,6 +224,9 @@ local KCASES = {
   {B = 1, H = 1, T = 200, S = 200, D = 128, o = {window = 1}},
 }
 
+-- GPU against CPU tolerances per dtype
+local TOL = {bf16 = 1e-2, f16 = 3e-3, f32 = 1e-4}
+
 local function kargs(c)
   local o = c.o
   return o.scale or 1 / math.sqrt(c.D), o.window or 0, o.n_global or 0, o.causal == false and 0 or 1
@@ -262,7 +265,6 @@ end)
 T.test('attention kernels on the GPU: forward and backward against the CPU (bf16, f16 tensor cores; f32)', function()
   T.cuda()
   gp.manual_seed(11)
-  local TOL = {bf16 = 1e-2, f16 = 3e-3, f32 = 1e-4}
   for _, c in ipairs(KCASES) do
     for _, dt in ipairs {'bf16', 'f16', 'f32'} do
       local x = kref(c, dt)
@@ -344,4 +346,221 @@ T.test('attention on the GPU: forward, backward and decode against the CPU (bf16
       cache:lens(1):cpu(), o)
     T.ok(T.relnorm(got:float():cpu(), ref) < 1e-2)
   end
+end)
+
+---------------------------------------------------------------------------
+-- strided operands: the kernels read q, k, v, out, dout, dq, dk, dv at any
+-- strides on B, H and T (stride 1 on D); gp.attention_qkv reads the heads
+-- straight from a fused (B, T, 3C) qkv buffer
+
+-- n (B, H, R, D) operands of dtype dt on dev: 'contig' n separate tensors,
+-- 'qkv' the heads of one (B, R, n, H, D) buffer (16-byte aligned rows: the
+-- tensor-core path for bf16/f16), 'odd' the same with rows of D + 1 (odd
+-- strides: the plain path)
+local function operands(dev, dt, layout, B, H, R, D, n)
+  local to = {dtype = dt, device = dev}
+  local r = {}
+  if layout == 'contig' then
+    for i = 1, n do r[i] = gp.empty({B, H, R, D}, to) end
+    return unpack(r)
+  end
+  local buf = layout == 'qkv' and gp.empty({B, R, n, H, D}, to) or gp.empty({B, R, n, H, D + 1}, to):narrow(5, 1, D)
+  for i = 1, n do r[i] = buf:select(3, i):transpose(2, 3) end
+  return unpack(r)
+end
+
+-- attn_fwd and attn_bwd on dev in dtype dt with every operand in `layout`,
+-- from the f32 CPU tensors x.q, x.k, x.v, x.dout; the backward takes the
+-- forward's out rounded to dt (round) or as it is. Returns f32 CPU tensors.
+local function run_layout(dev, dt, layout, c, x, round)
+  local B, H, Tq, S, D = c.B, c.H, c.T, c.S, c.D
+  local q = operands(dev, dt, layout, B, H, Tq, D, 1)
+  local k, v = operands(dev, dt, layout, B, H, S, D, 2)
+  local out, dout = operands(dev, dt, layout, B, H, Tq, D, 2)
+  local dq = operands(dev, dt, layout, B, H, Tq, D, 1)
+  local dk, dv = operands(dev, dt, layout, B, H, S, D, 2)
+  q:copy_(x.q:to(dt)); k:copy_(x.k:to(dt)); v:copy_(x.v:to(dt)); dout:copy_(x.dout:to(dt))
+  for _, t in ipairs {out, dq, dk, dv} do t:fill_(7) end -- poison
+  local lse = gp.empty({B, H, Tq}, {device = dev})
+  local sc, w, ng, cz = kargs(c)
+  gp.k.attn_fwd(out, lse, q, k, v, sc, w, ng, cz)
+  local o = out
+  if round then o = operands(dev, dt, layout, B, H, Tq, D, 1); o:copy_(out:to(round):to(dt)) end
+  gp.k.attn_bwd(dq, dk, dv, q, k, v, o, lse, dout, sc, w, ng, cz)
+  local function f(t) return t:float():cpu():contiguous() end
+  return {out = f(out), lse = f(lse), dq = f(dq), dk = f(dk), dv = f(dv)}
+end
+
+local SCASES = {
+  {B = 2, H = 2, T = 7, S = 7, D = 64, o = {}},
+  {B = 1, H = 3, T = 5, S = 9, D = 128, o = {window = 3, n_global = 1}},
+  {B = 1, H = 2, T = 6, S = 4, D = 64, o = {causal = false, scale = 0.3}},
+}
+local GCASES = {
+  {B = 2, H = 3, T = 77, S = 77, D = 64, o = {}},
+  {B = 1, H = 2, T = 65, S = 130, D = 128, o = {window = 40, n_global = 3}},
+  {B = 2, H = 1, T = 129, S = 129, D = 64, o = {window = 16}},
+  {B = 1, H = 2, T = 33, S = 20, D = 128, o = {causal = false}},
+}
+
+local function inputs(c, dt)
+  local function r(n) return rn({c.B, c.H, n, c.D}):to(dt):float() end
+  return {q = r(c.T), k = r(c.S), v = r(c.S), dout = r(c.T)}
+end
+
+T.test('attention kernels on the CPU: strided views of a qkv buffer and a transposed out equal contiguous operands', function()
+  gp.manual_seed(5)
+  for _, c in ipairs(SCASES) do
+    for _, dt in ipairs {'f32', 'f64'} do
+      local x = inputs(c, dt)
+      local ref = run_layout('cpu', dt, 'contig', c, x)
+      for _, layout in ipairs {'qkv', 'odd'} do
+        local got = run_layout('cpu', dt, layout, c, x)
+        for _, key in ipairs {'out', 'lse', 'dq', 'dk', 'dv'} do
+          T.ok(T.relnorm(got[key], ref[key]) < 1e-6, string.format('%s %s T %d %s', dt, layout, c.T, key))
+        end
+      end
+    end
+  end
+end)
+
+T.test('attention kernels on the GPU: strided operands against the CPU (tensor cores and plain; f32, bf16, f16)', function()
+  T.cuda()
+  gp.manual_seed(13)
+  for _, c in ipairs(GCASES) do
+    for _, dt in ipairs {'f32', 'bf16', 'f16'} do
+      local x = inputs(c, dt)
+      -- the reference: contiguous f32 on the CPU, its backward from its out rounded to dt
+      local ref = run_layout('cpu', 'f32', 'contig', c, x, dt)
+      for _, layout in ipairs {'qkv', 'odd', 'contig'} do
+        local got = run_layout('cuda', dt, layout, c, x)
+        for _, key in ipairs {'out', 'lse', 'dq', 'dk', 'dv'} do
+          local tol = key == 'lse' and 1e-4 or TOL[dt]
+          T.ok(T.relnorm(got[key], ref[key]) < tol, string.format('%s %s T %d S %d D %d %s', dt, layout, c.T, c.S,
+            c.D, key))
+        end
+      end
+    end
+  end
+end)
+
+-- the old path: narrow / reshape / transpose per head, gp.attention, and back
+local function attention_heads(qkv, H, o)
+  local B, Tq, C3 = unpack(qkv.shape)
+  local C = C3 / 3
+  local function head(i) return qkv:narrow(3, (i - 1) * C + 1, C):reshape {B, Tq, H, C / H}:transpose(2, 3) end
+  return (gp.attention(head(1), head(2), head(3), o)):transpose(2, 3):reshape {B, Tq, C}
+end
+
+local function compare_qkv(dev, dt, B, Tq, H, D, o, tol)
+  local qkv0 = rn({B, Tq, 3 * H * D}, {device = dev}):to(dt)
+  local g = rn({B, Tq, H * D}, {device = dev}):to(dt)
+  local a, b = qkv0:clone():requires_grad(), qkv0:clone():requires_grad()
+  local ya, lse = gp.attention_qkv(a, H, o)
+  local yb = attention_heads(b, H, o)
+  T.same(ya.shape, {B, Tq, H * D})
+  T.same(lse.shape, {B, H, Tq})
+  ya:backward(g)
+  yb:backward(g)
+  local name = string.format('%s %s T %d D %d', dev, dt, Tq, D)
+  T.ok(T.relnorm(ya:float(), yb:float()) <= tol, name .. ' y')
+  T.ok(T.relnorm(a.grad:float(), b.grad:float()) <= tol, name .. ' dqkv')
+end
+
+T.test('attention_qkv equals narrow/transpose + gp.attention (values and gradients) on the CPU', function()
+  gp.manual_seed(17)
+  compare_qkv('cpu', 'f32', 2, 5, 2, 64, {}, 1e-6)
+  compare_qkv('cpu', 'f32', 1, 7, 1, 128, {window = 3, n_global = 1}, 1e-6)
+  compare_qkv('cpu', 'f64', 1, 4, 2, 64, {causal = false, scale = 0.2}, 1e-12)
+  -- no copies: the forward allocates y and lse only
+  local qkv = rn {1, 5, 384}
+  local before = gp.memory().host_allocs
+  gp.attention_qkv(qkv, 2)
+  T.eq(gp.memory().host_allocs - before, 2)
+  -- a qkv that is not contiguous on its last dim is copied once and gives the same answer
+  local qt = rn {1, 384, 5}
+  T.ok(T.relnorm(gp.attention_qkv(qt:transpose(2, 3), 2), gp.attention_qkv(qt:transpose(2, 3):contiguous(), 2)) == 0)
+end)
+
+T.test('attention_qkv: gradcheck in f64 (B 1, T 5, H 2, D 64)', function()
+  gp.manual_seed(19)
+  local qkv = rn({1, 5, 3 * 2 * 64}, CPU64)
+  T.ok(gp.gradcheck(function(t) return (gp.attention_qkv(t, 2)) end, {qkv}))
+  T.ok(gp.gradcheck(function(t) return (gp.attention_qkv(t, 2, {window = 2, n_global = 1})) end, {qkv}))
+end)
+
+T.test('attention_qkv errors name the op and the shapes', function()
+  T.raises(function() gp.attention_qkv(rn {1, 4, 100}, 2) end, 'attention_qkv', '(1,4,100)', 'n_head 2')
+  T.raises(function() gp.attention_qkv(rn {1, 4, 192}, 2) end, 'attention_qkv', 'head dim 32', '(1,4,192)')
+  T.raises(function() gp.attention_qkv(rn {4, 384}, 2) end, 'attention_qkv', '(4,384)')
+  T.raises(function() gp.attention_qkv(rn {1, 4, 384}, 0) end, 'attention_qkv', 'n_head')
+  T.raises(function() gp.attention_qkv(rn {1, 4, 384}, 2, {window = -1}) end, 'attention_qkv', 'window')
+  T.raises(function() gp.attention_qkv('x', 2) end, 'attention_qkv', 'qkv must be a tensor')
+end)
+
+-- a tiny GPT (head dim 64) trained a few steps through CausalSelfAttention:
+-- the qkv path (gp.attention_qkv) and the old per-head path (nn.attention
+-- swapped for a wrapper, which turns the qkv path off) give the same losses
+local function train_losses(dev, old_path)
+  local nn = gp.nn
+  local saved = nn.attention
+  if old_path then nn.attention = function(...) return saved(...) end end
+  local ok, res = pcall(function()
+    gp.manual_seed(23)
+    local m = nn.GPT {vocab_size = 11, block_size = 8, n_embd = 128, n_layer = 1, n_head = 2, device = dev}
+    local idx = gp.randint(0, 11, {2, 8}, {device = 'cpu'}):to(dev)
+    local tg = gp.randint(0, 11, {2, 8}, {device = 'cpu'}):to(dev)
+    local opt = gp.optim.AdamW(m:parameters(), {lr = 1e-2})
+    local losses = {}
+    for step = 1, 4 do
+      opt:zero_grad()
+      local _, loss = m(idx, tg)
+      losses[step] = loss:item()
+      loss:backward()
+      opt:step()
+    end
+    return losses
+  end)
+  nn.attention = saved
+  if not ok then error(res, 0) end
+  return res
+end
+
+T.test('a GPT with head dim 64 trains to the same losses through attention_qkv as through the per-head path', function()
+  local a, b = train_losses('cpu', false), train_losses('cpu', true)
+  for i = 1, #a do T.ok(math.abs(a[i] - b[i]) <= 1e-5 * math.abs(b[i]), string.format('step %d: %g vs %g', i, a[i], b[i])) end
+  T.ok(a[4] < a[1], 'the loss goes down')
+end)
+
+T.test('attention_qkv on the GPU: equals the per-head path and the CPU (f32, bf16); GPT losses', function()
+  T.cuda()
+  gp.manual_seed(29)
+  compare_qkv('cuda', 'f32', 2, 77, 3, 64, {}, 1e-5)
+  compare_qkv('cuda', 'bf16', 2, 77, 3, 64, {}, 1e-2)
+  compare_qkv('cuda', 'bf16', 1, 130, 2, 128, {window = 40, n_global = 2}, 1e-2)
+  compare_qkv('cuda', 'f16', 1, 65, 2, 64, {causal = false}, 3e-3)
+  -- against the CPU (f32 on rounded inputs)
+  for _, dt in ipairs {'f32', 'bf16'} do
+    local qkv = rn {2, 33, 384}:to(dt):float()
+    local g = rn {2, 33, 128}:to(dt):float()
+    local function run(dev, d)
+      local x = qkv:to(d):to(dev):requires_grad()
+      local y = gp.attention_qkv(x, 2)
+      y:backward(g:to(d):to(dev))
+      return y:float():cpu(), x.grad:float():cpu()
+    end
+    local yc, gc = run('cpu', 'f32')
+    local yg, gg = run('cuda', dt)
+    local tol = dt == 'f32' and 1e-5 or 2e-2
+    T.ok(T.relnorm(yg, yc) < tol, dt .. ' y')
+    T.ok(T.relnorm(gg, gc) < tol, dt .. ' dqkv')
+  end
+  -- no copies on the device: the forward allocates y and lse only
+  local x = rn({4, 64, 768}, {device = 'cuda'}):bf16()
+  gp.attention_qkv(x, 4) -- (warm)
+  local before = gp.memory().allocs
+  gp.attention_qkv(x, 4)
+  T.eq(gp.memory().allocs - before, 2)
+  local a, b = train_losses('cuda', false), train_losses('cuda', true)
+  for i = 1, #a do T.ok(math.abs(a[i] - b[i]) <= 1e-4 * math.abs(b[i]), string.format('step %d: %g vs %g', i, a[i], b[i])) end
 end)

@@ -196,11 +196,21 @@ local function range_fill(dst, n)
   return dst:copy_(t)
 end
 
--- a tensor of the given shape whose strides are not the contiguous ones
-local function noncontig(shape, dtype, device)
+-- a tensor of the given shape whose strides are not the contiguous ones;
+-- rows (spec `/`): stride 1 on the last dim, the two dims before it swapped
+-- (a head view of a (B, T, H, D) buffer) and rows 8 elements longer
+local function noncontig(shape, dtype, device, rows)
   local s = {}
   for i = 1, #shape do s[i] = shape[i] end
   local o = {dtype = dtype, device = device or 'cpu'}
+  if rows then
+    local n = #s
+    s[n] = s[n] + 8
+    if n >= 3 then s[n - 1], s[n - 2] = s[n - 2], s[n - 1] end
+    local t = gp.empty(s, o)
+    if n >= 3 then t = t:transpose(n - 2, n - 1) end
+    return t:narrow(n, 1, shape[n])
+  end
   if #shape >= 2 then
     s[#s], s[#s - 1] = s[#s - 1], s[#s]
     return gp.empty(s, o):transpose(-1, -2)
@@ -243,7 +253,7 @@ local function make_args(k, case, dts, variant)
       first_shape = first_shape or shape
       local t
       if variant == 2 and not a.contiguous and not case.big then
-        t = noncontig(shape, dt)
+        t = noncontig(shape, dt, 'cpu', a.rows)
       else
         t = gp.empty(shape, {dtype = dt, device = 'cpu'})
       end
@@ -269,7 +279,7 @@ local function run_on(k, args, device, poison_value, seed)
     if not a.scalar then
       -- always a new tensor: runs must not share outputs or in-out state
       local y = x:is_contiguous() and (x.device == device and x:clone() or x:to(device))
-        or noncontig(x.shape, x.dtype, device):copy_(x)
+        or noncontig(x.shape, x.dtype, device, a.rows):copy_(x)
       if a.out and not a.inout then poison(y, poison_value) end
       dargs[i] = y
     else

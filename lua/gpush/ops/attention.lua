@@ -1,7 +1,9 @@
 -- Attention (kernels/attention.*): gp.attention (flash attention, with
--- autograd), gp.attention_decode (one new token over a KV cache) and
--- gp.KVCache (preallocated per-layer key/value buffers).
+-- autograd), gp.attention_qkv (the same straight from a fused (B, T, 3C) qkv
+-- buffer: no permute copies), gp.attention_decode (one new token over a KV
+-- cache) and gp.KVCache (preallocated per-layer key/value buffers).
 return function(gp, tensor)
+  local ffi = require 'ffi'
   local core = require 'gpush.core'
   local raise, empty, shape_str, is_tensor = core.raise, tensor.empty, tensor.shape_str, tensor.is_tensor
   local K = tensor.K
@@ -23,10 +25,63 @@ return function(gp, tensor)
       raise(string.format('%s: %s is on %s but %s is on %s (move one with :to())', op, bn, b.device, an, a.device))
     end
   end
-  -- b as a contiguous tensor of a's dtype
-  local function as(b, a) return tensor.to_dtype(b, a.dtype):contiguous() end
+  -- the flash kernels read q, k, v, out, dout, dq, dk, dv at any strides on
+  -- the leading dims with stride 1 on the last; bf16/f16 take the tensor-core
+  -- path when the base is 16-byte aligned and every other stride (of a dim
+  -- longer than 1) a multiple of 8 elements. fits(t): t may go to the kernel
+  -- as it is (else it is made contiguous, one copy).
+  local HALF = {bf16 = true, f16 = true}
+  local function fits(t)
+    local n = t:dim()
+    if t:size(n) > 1 and t:stride(n) ~= 1 then return false end
+    if not HALF[t.dtype] then return true end
+    for d = 1, n - 1 do
+      if t:size(d) > 1 and t:stride(d) % 8 ~= 0 then return false end
+    end
+    local c = t.c
+    return tonumber(ffi.cast('uintptr_t', c.data) % 16) == 0 and tonumber(c.offset) % 8 == 0
+  end
+  local function usable(t) return fits(t) and t or t:contiguous() end
+  -- b in a's dtype, in a layout the flash kernels read as it is
+  local function as(b, a) return usable(tensor.to_dtype(b, a.dtype)) end
+  -- b in a's dtype, contiguous (attn_decode)
+  local function as_contiguous(b, a) return tensor.to_dtype(b, a.dtype):contiguous() end
 
-  -- checks q (B, H, T, D), k and v (B, H, S, D); returns them contiguous in q's dtype and the options
+  -- an empty (B, H, R, D) tensor of dtype, dense in x's order of the B, H, R
+  -- dims (D last): the gradient of a permuted view (a head of a (B, T, H, D)
+  -- buffer) comes out as the same permutation of a contiguous tensor, so the
+  -- permute's backward gives a contiguous gradient (no copy afterwards)
+  local function empty_like_rows(x, dtype, op)
+    local s, st = x.shape, x:stride()
+    local order = {1, 2, 3}
+    table.sort(order, function(a, b)
+      if st[a] ~= st[b] then return st[a] > st[b] end
+      return a < b
+    end)
+    local t = empty({s[order[1]], s[order[2]], s[order[3]], s[4]}, dtype, x.device, op)
+    if order[1] == 1 and order[2] == 2 then return t end
+    local inv = {}
+    for i = 1, 3 do inv[order[i]] = i end
+    return t:permute {inv[1], inv[2], inv[3], 4}
+  end
+
+  -- causal, scale, window, n_global from opts; the S >= T check
+  local function attn_opts(op, D, Tq, S, opts, shapes)
+    opts = opts or {}
+    local causal = opts.causal
+    if causal == nil then causal = true end
+    local window = nonneg_int(op, 'window', opts.window)
+    local n_global = nonneg_int(op, 'n_global', opts.n_global)
+    local scale = opts.scale or 1 / math.sqrt(D)
+    if (causal or window > 0) and Tq > S then
+      raise(string.format('%s: causal or windowed attention needs S >= T (queries are the last T of S positions); %s',
+        op, shapes()))
+    end
+    return scale, window, n_global, causal and 1 or 0
+  end
+
+  -- checks q (B, H, T, D), k and v (B, H, S, D); returns them in q's dtype, in
+  -- a layout the kernels read (views as they are), and the options
   local function prepare(op, q, k, v, opts)
     need(q, op, 'q'); need(k, op, 'k'); need(v, op, 'v')
     same_dev(op, q, 'q', k, 'k'); same_dev(op, q, 'q', v, 'v')
@@ -40,17 +95,10 @@ return function(gp, tensor)
     if not HEAD_DIMS[qs[4]] then
       raise(string.format('%s: head dim %d is not supported (supported: 64, 128); q is %s', op, qs[4], shape_str(qs)))
     end
-    opts = opts or {}
-    local causal = opts.causal
-    if causal == nil then causal = true end
-    local window = nonneg_int(op, 'window', opts.window)
-    local n_global = nonneg_int(op, 'n_global', opts.n_global)
-    local scale = opts.scale or 1 / math.sqrt(qs[4])
-    if (causal or window > 0) and qs[3] > ks[3] then
-      raise(string.format('%s: causal or windowed attention needs S >= T (queries are the last T of S positions); ' ..
-        'q is %s, k is %s', op, shape_str(qs), shape_str(ks)))
-    end
-    return q:contiguous(), as(k, q), as(v, q), scale, window, n_global, causal and 1 or 0
+    local scale, window, n_global, causal = attn_opts(op, qs[4], qs[3], ks[3], opts, function()
+      return string.format('q is %s, k is %s', shape_str(qs), shape_str(ks))
+    end)
+    return usable(q), as(k, q), as(v, q), scale, window, n_global, causal
   end
 
   function gp.attention(q, k, v, opts)
@@ -69,11 +117,66 @@ return function(gp, tensor)
   require('gpush.autograd').def_function('attention', function(g, a, o)
     if not g[1] then return end
     local qc, kc, vc, scale, window, ng, causal = prepare('attention', a[1], a[2], a[3], a[4])
-    local dq = empty(qc.shape, qc.dtype, qc.device, 'attention')
-    local dk = empty(kc.shape, qc.dtype, qc.device, 'attention')
-    local dv = empty(kc.shape, qc.dtype, qc.device, 'attention')
+    -- gradients in the layout of their inputs (a[i], before any cast or copy)
+    local function like(x, c) return empty_like_rows(fits(x) and x or c, qc.dtype, 'attention') end
+    local dq, dk, dv = like(a[1], qc), like(a[2], kc), like(a[3], vc)
     K.attn_bwd(dq, dk, dv, qc, kc, vc, o[1], o[2], as(g[1], qc), scale, window, ng, causal)
     return dq, dk, dv
+  end, {nout = 1})
+
+  -- qkv (B, T, 3 n_head D) as a fused qkv Linear writes it: the tensor the
+  -- kernels read (qkv itself when it fits, else a contiguous copy) and B, T, H, D
+  local function qkv_input(op, qkv, n_head)
+    need(qkv, op, 'qkv')
+    if type(n_head) ~= 'number' or n_head ~= math.floor(n_head) or n_head < 1 then
+      raise(string.format('%s: n_head must be an integer >= 1, got %s', op, tostring(n_head)))
+    end
+    local s = qkv.shape
+    if #s ~= 3 or s[3] % (3 * n_head) ~= 0 then
+      raise(string.format('%s: qkv must be (B, T, 3 * n_head * D) with n_head %d; got %s', op, n_head, shape_str(s)))
+    end
+    local D = s[3] / (3 * n_head)
+    if not HEAD_DIMS[D] then
+      raise(string.format('%s: head dim %d is not supported (supported: 64, 128); qkv is %s with n_head %d', op, D,
+        shape_str(s), n_head))
+    end
+    if not FLOAT[qkv.dtype] then raise(string.format('%s: qkv must be a float tensor, got %s', op, qkv.dtype)) end
+    return usable(qkv), s[1], s[2], n_head, D
+  end
+  -- the (B, H, T, D) view of part i (of n) of x (B, T, n H D): head h at columns (i-1) H D + h D ..
+  local function heads(x, i, B, T, H, D)
+    return x:narrow(3, (i - 1) * H * D + 1, H * D):view {B, T, H, D}:transpose(2, 3)
+  end
+
+  function gp.attention_qkv(qkv, n_head, opts)
+    local op = 'attention_qkv'
+    local x, B, T, H, D = qkv_input(op, qkv, n_head)
+    local scale, window, ng, causal = attn_opts(op, D, T, T, opts)
+    local y = empty({B, T, H, D}, x.dtype, x.device, op)
+    local lse = empty({B, H, T}, 'f32', x.device, op)
+    K.attn_fwd(y:transpose(2, 3), lse, heads(x, 1, B, T, H, D), heads(x, 2, B, T, H, D), heads(x, 3, B, T, H, D),
+      scale, window, ng, causal)
+    return y:view {B, T, H * D}, lse
+  end
+  gp.doc(gp.attention_qkv, 'gp.attention_qkv(qkv, n_head, {causal=true, scale=1/sqrt(D), window=0, n_global=0})',
+    'gp.attention straight from a fused qkv buffer: qkv (B, T, 3C) holds q | k | v along the last dim (head h of ' ..
+    'each at columns h*D .. h*D+D-1, C = n_head * D, D = 64 or 128), as a Linear(C, 3C) writes it; returns y ' ..
+    '(B, T, C) (heads side by side, ready for the output projection) and lse (B, H, T); the kernels read the ' ..
+    'strided heads in place (no permute copies); differentiable: one node whose backward writes dq, dk, dv ' ..
+    'into one (B, T, 3C) gradient')
+
+  require('gpush.autograd').def_function('attention_qkv', function(g, a, o)
+    if not g[1] then return end
+    local op = 'attention_qkv'
+    local x, B, T, H, D = qkv_input(op, a[1], a[2])
+    local scale, window, ng, causal = attn_opts(op, D, T, T, a[3])
+    local gy = tensor.to_dtype(g[1], x.dtype)
+    if not fits(gy) then gy = gy:contiguous() end
+    local dqkv = empty({B, T, 3 * H * D}, x.dtype, x.device, op)
+    local function hv(t, i) return heads(t, i, B, T, H, D) end
+    K.attn_bwd(hv(dqkv, 1), hv(dqkv, 2), hv(dqkv, 3), hv(x, 1), hv(x, 2), hv(x, 3), hv(o[1], 1), o[2], hv(gy, 1),
+      scale, window, ng, causal)
+    return dqkv
   end, {nout = 1})
 
   -- q (B, H, D) or (B, H, 1, D); kcache, vcache (B, H, C, D); lens [B] or a number
@@ -111,7 +214,7 @@ return function(gp, tensor)
     local cdt = FLOAT[kcache.dtype] and kcache.dtype or q.dtype
     local qc = tensor.to_dtype(q3, cdt):contiguous()
     local out = empty(s3, cdt, q.device, op)
-    K.attn_decode(out, qc, as(kcache, qc), as(vcache, qc), lens:contiguous(),
+    K.attn_decode(out, qc, as_contiguous(kcache, qc), as_contiguous(vcache, qc), lens:contiguous(),
       opts.scale or 1 / math.sqrt(s3[3]), nonneg_int(op, 'window', opts.window),
       nonneg_int(op, 'n_global', opts.n_global))
     if cdt ~= q.dtype then out = tensor.to_dtype(out, q.dtype) end
