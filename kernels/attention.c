@@ -1,6 +1,7 @@
 /* attention.c: checks, dispatch and the CPU references of flash attention
  * (plain attention accumulated in double; q, k, v, out, dout, dq, dk, dv at any
  * strides on B, H and T) and of decode attention. */
+#include <string.h>
 #include <math.h>
 
 #include "common.h"
@@ -22,8 +23,10 @@ int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kca
 /* head dim, scale and mask scalars: the checks every attention kernel shares */
 static int attn_args(const char *op, const gp_tensor *q, int64_t D, double *scale, double window, double n_global,
                      int64_t *win, int64_t *ng) {
-  if (D != 64 && D != 128)
-    return gp_error("%s: head dim %lld is not supported (supported: 64, 128); q is %s", op, (long long)D, GP_SHAPE(q));
+  const int d32 = strcmp(op, "attn_decode") != 0; /* fwd and bwd also take head dim 32 */
+  if (D != 64 && D != 128 && !(d32 && D == 32))
+    return gp_error("%s: head dim %lld is not supported (supported: %s64, 128); q is %s", op, (long long)D,
+                    d32 ? "32, " : "", GP_SHAPE(q));
   if (!(*scale == *scale) || isinf(*scale)) return gp_error("%s: scale must be finite, got %g", op, *scale);
   if (*scale == 0) *scale = 1.0 / sqrt((double)D);
   if (window != floor(window) || window < 0 || window > 9e15)

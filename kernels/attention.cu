@@ -1161,7 +1161,7 @@ template <typename T, int D> int launch_fwd_tc(const AttnP &P, int64_t BH) {
 }
 
 template <typename T, int D> int launch_fwd_plain(const AttnP &P, int64_t BH) {
-  constexpr int RW = D == 64 ? 4 : 2;
+  constexpr int RW = D <= 64 ? 4 : 2;
   dim3 grid((unsigned)((P.T + 4 * RW - 1) / (4 * RW)), (unsigned)BH);
   GP_NOTE_LAUNCH((k_attn_fwd_plain<T, D, RW>), 128, 0);
   k_attn_fwd_plain<T, D, RW><<<grid, 128, 0, gp_cuda_stream()>>>(P);
@@ -1169,7 +1169,7 @@ template <typename T, int D> int launch_fwd_plain(const AttnP &P, int64_t BH) {
 }
 
 template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
-  constexpr int RW = D == 64 ? 4 : 2;
+  constexpr int RW = D <= 64 ? 4 : 2;
   dim3 g1((unsigned)((P.T + 4 * RW - 1) / (4 * RW)), (unsigned)BH);
   GP_NOTE_LAUNCH((k_attn_bwd_dq<T, D, RW>), 128, 0);
   k_attn_bwd_dq<T, D, RW><<<g1, 128, 0, gp_cuda_stream()>>>(P);
@@ -1228,7 +1228,7 @@ extern "C" int gp_cuda_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor 
   P.sk = strides(k);
   P.sv = strides(v);
   P.so = strides(out);
-  const bool mma = q->dtype != GP_F32 && P.S > 0 && rows16(q) && rows16(k) && rows16(v) && rows16(out);
+  const bool mma = q->dtype != GP_F32 && D != 32 && P.S > 0 && rows16(q) && rows16(k) && rows16(v) && rows16(out);
   int rc = GP_OK;
   if (mma) {
     if (D == 64) {
@@ -1236,6 +1236,8 @@ extern "C" int gp_cuda_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor 
     } else {
       GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_fwd_tc<T, 128>(P, BH));
     }
+  } else if (D == 32) { /* head dim 32: the plain kernels only */
+    GP_FLOAT_SWITCH(q->dtype, T, rc = launch_fwd_plain<T, 32>(P, BH));
   } else if (D == 64) {
     GP_FLOAT_SWITCH(q->dtype, T, rc = launch_fwd_plain<T, 64>(P, BH));
   } else {
@@ -1277,7 +1279,7 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
     if (P.T == 0) GP_TRY(zero_rows(dv));
     return gp_cuda_check_launch("attn_bwd");
   }
-  const bool mma = q->dtype != GP_F32 && rows16(q) && rows16(k) && rows16(v) && rows16(dout) &&
+  const bool mma = q->dtype != GP_F32 && D != 32 && rows16(q) && rows16(k) && rows16(v) && rows16(dout) &&
                    rows16(dq) && rows16(dk) && rows16(dv);
   if (mma) {
     if (D == 64) {
@@ -1285,6 +1287,8 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
     } else {
       GP_FLOAT_SWITCH(q->dtype, T, if constexpr (!std::is_same<T, float>::value) rc = launch_bwd_tc<T, 128>(P, BH));
     }
+  } else if (D == 32) {
+    GP_FLOAT_SWITCH(q->dtype, T, rc = launch_bwd<T, 32>(P, BH));
   } else if (D == 64) {
     GP_FLOAT_SWITCH(q->dtype, T, rc = launch_bwd<T, 64>(P, BH));
   } else {

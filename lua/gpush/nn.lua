@@ -454,6 +454,10 @@ function nn.clear_mask_cache() masks = {} end
 -- softmax(q k^T * scale [+ causal mask]) v over the last two dims; q (..., T, d),
 -- k (..., S, d), v (..., S, dv) with the same leading dims. The one function
 -- attention layers call: assign nn.attention to swap the core (flash attention).
+-- head dims with a flash kernel: 64 and 128 (tensor cores for bf16/f16), and
+-- 32 up to S 512 (the plain kernels)
+local function flash_dim(D, S) return D == 64 or D == 128 or (D == 32 and S <= 512) end
+
 function nn.attention(q, k, v, opts)
   opts = opts or {}
   if not (is_tensor(q) and is_tensor(k) and is_tensor(v)) then raise('attention: q, k and v must be tensors') end
@@ -479,8 +483,10 @@ function nn.attention(q, k, v, opts)
   local os = {unpack(s)}
   os[nd] = Dv
   -- flash attention (gp.attention) where it applies: no dropout, head dim 64
-  -- or 128, one dtype, and S >= T when causal; else the matmul path below
-  if gp.attention and (opts.dropout or 0) == 0 and (D == 64 or D == 128) and Dv == D and k.dtype == q.dtype and
+  -- or 128 (or 32 up to S 512: no tensor-core kernel there, so the launches it
+  -- saves only pay at short lengths), one dtype, and S >= T when causal; else
+  -- the matmul path below
+  if gp.attention and (opts.dropout or 0) == 0 and flash_dim(D, S) and Dv == D and k.dtype == q.dtype and
     v.dtype == q.dtype and (not opts.causal or T <= S) then
     local y = gp.attention(nd == 4 and q or q:reshape {lead, 1, T, D}, nd == 4 and k or k:reshape {lead, 1, S, D},
       nd == 4 and v or v:reshape {lead, 1, S, D}, {causal = opts.causal and true or false, scale = opts.scale})
@@ -521,10 +527,9 @@ function CausalSelfAttention:forward(x)
   local dropout = self.training and self.dropout or 0
   local y
   -- flash attention straight from the qkv buffer (no permute copies) where
-  -- nn.attention would take flash attention: head dim 64 or 128, no
+  -- nn.attention would take flash attention: the head dims of flash_dim, no
   -- attention dropout, and nn.attention not swapped for another core
-  if gp.attention and gp.attention_qkv and nn.attention == default_attention and dropout == 0 and
-    (hd == 64 or hd == 128) then
+  if gp.attention and gp.attention_qkv and nn.attention == default_attention and dropout == 0 and flash_dim(hd, T) then
     y = gp.attention_qkv(qkv, H, {causal = true})
   else
     local function head(i) return qkv:narrow(3, (i - 1) * C + 1, C):reshape {B, T, H, hd}:transpose(2, 3) end

@@ -182,11 +182,14 @@ T.test('nn.attention takes the flash path for head dims 64/128 and matches the m
 end)
 
 T.test('attention errors name the op and the shapes', function()
-  local q = rn {1, 2, 4, 32}
-  T.raises(function() gp.attention(q, q, q) end, 'attention', 'head dim 32', 'supported: 64, 128')
+  local q = rn {1, 2, 4, 48}
+  T.raises(function() gp.attention(q, q, q) end, 'attention', 'head dim 48', 'supported: 32, 64, 128')
   T.raises(function() gp.k.attn_fwd(gp.empty(q.shape, CPU), gp.empty({1, 2, 4}, CPU), q, q, q) end, 'attn_fwd',
-    'head dim 32', 'supported: 64, 128')
-  T.raises(function() gp.attention_decode(rn {1, 2, 32}, q, q, 2) end, 'attention_decode', 'supported: 64, 128')
+    'head dim 48', 'supported: 32, 64, 128')
+  local q32 = rn {1, 2, 4, 32} -- head dim 32: attention, not the decode kernel
+  T.raises(function() gp.attention_decode(rn {1, 2, 32}, q32, q32, 2) end, 'attention_decode', 'supported: 64, 128')
+  T.raises(function() gp.k.attn_decode(gp.empty({1, 2, 32}, CPU), rn {1, 2, 32}, q32, q32, gp.full({1}, 2, {dtype = 'i64', device = 'cpu'})) end,
+    'attn_decode', 'head dim 32', 'supported: 64, 128')
   local a, b = rn {1, 2, 4, 64}, rn {1, 3, 4, 64}
   T.raises(function() gp.attention(a, b, b) end, 'attention', '(1,2,4,64)', '(1,3,4,64)')
   T.raises(function() gp.attention(a, a, rn {1, 2, 5, 64}) end, 'attention', '(1,2,5,64)')
@@ -222,6 +225,8 @@ local KCASES = {
   {B = 1, H = 1, T = 129, S = 65, D = 128, o = {causal = false}},
   {B = 1, H = 1, T = 7, S = 200, D = 64, o = {causal = false, window = 50, n_global = 1, scale = 0.2}},
   {B = 1, H = 1, T = 200, S = 200, D = 128, o = {window = 1}},
+  {B = 2, H = 2, T = 67, S = 67, D = 32, o = {}},                         -- head dim 32: the plain kernels
+  {B = 1, H = 1, T = 33, S = 90, D = 32, o = {window = 20, n_global = 2}},
 }
 
 -- GPU against CPU tolerances per dtype
@@ -489,9 +494,17 @@ T.test('attention_qkv: gradcheck in f64 (B 1, T 5, H 2, D 64)', function()
   T.ok(gp.gradcheck(function(t) return (gp.attention_qkv(t, 2, {window = 2, n_global = 1})) end, {qkv}))
 end)
 
+T.test('head dim 32: gradcheck of gp.attention and attention_qkv in f64; attention_qkv equals the per-head path', function()
+  gp.manual_seed(23)
+  local q, k, v = rn({1, 2, 4, 32}, CPU64), rn({1, 2, 5, 32}, CPU64), rn({1, 2, 5, 32}, CPU64)
+  T.ok(gp.gradcheck(function(a, b, d) return (gp.attention(a, b, d)) end, {q, k, v}))
+  T.ok(gp.gradcheck(function(t) return (gp.attention_qkv(t, 2)) end, {rn({1, 5, 3 * 2 * 32}, CPU64)}))
+  compare_qkv('cpu', 'f32', 2, 9, 2, 32, {}, 1e-6)
+end)
+
 T.test('attention_qkv errors name the op and the shapes', function()
   T.raises(function() gp.attention_qkv(rn {1, 4, 100}, 2) end, 'attention_qkv', '(1,4,100)', 'n_head 2')
-  T.raises(function() gp.attention_qkv(rn {1, 4, 192}, 2) end, 'attention_qkv', 'head dim 32', '(1,4,192)')
+  T.raises(function() gp.attention_qkv(rn {1, 4, 288}, 2) end, 'attention_qkv', 'head dim 48', '(1,4,288)')
   T.raises(function() gp.attention_qkv(rn {4, 384}, 2) end, 'attention_qkv', '(4,384)')
   T.raises(function() gp.attention_qkv(rn {1, 4, 384}, 0) end, 'attention_qkv', 'n_head')
   T.raises(function() gp.attention_qkv(rn {1, 4, 384}, 2, {window = -1}) end, 'attention_qkv', 'window')
@@ -539,12 +552,14 @@ T.test('attention_qkv on the GPU: equals the per-head path and the CPU (f32, bf1
   compare_qkv('cuda', 'bf16', 2, 77, 3, 64, {}, 1e-2)
   compare_qkv('cuda', 'bf16', 1, 130, 2, 128, {window = 40, n_global = 2}, 1e-2)
   compare_qkv('cuda', 'f16', 1, 65, 2, 64, {causal = false}, 3e-3)
+  compare_qkv('cuda', 'f32', 2, 70, 4, 32, {}, 1e-5)
+  compare_qkv('cuda', 'bf16', 1, 70, 4, 32, {}, 1e-2)
   -- against the CPU (f32 on rounded inputs)
   for _, dt in ipairs {'f32', 'bf16'} do
     local qkv = rn {2, 33, 384}:to(dt):float()
     local g = rn {2, 33, 128}:to(dt):float()
     local function run(dev, d)
-      local x = qkv:to(d):to(dev):requires_grad()
+      local x = qkv:to(d):to(dev):detach():requires_grad() -- (to() of the same dtype and device is qkv itself)
       local y = gp.attention_qkv(x, 2)
       y:backward(g:to(d):to(dev))
       return y:float():cpu(), x.grad:float():cpu()

@@ -8,7 +8,8 @@ return function(gp, tensor)
   local raise, empty, shape_str, is_tensor = core.raise, tensor.empty, tensor.shape_str, tensor.is_tensor
   local K = tensor.K
   local FLOAT = {f32 = true, bf16 = true, f16 = true, f64 = true}
-  local HEAD_DIMS = {[64] = true, [128] = true}
+  local HEAD_DIMS = {[32] = true, [64] = true, [128] = true} -- 32: the plain (non tensor-core) kernels
+  local DECODE_DIMS = {[64] = true, [128] = true}
 
   local function need(x, op, name)
     if not is_tensor(x) then raise(string.format('%s: %s must be a tensor, got %s', op, name, type(x))) end
@@ -93,7 +94,7 @@ return function(gp, tensor)
         shape_str(ks), shape_str(vs)))
     end
     if not HEAD_DIMS[qs[4]] then
-      raise(string.format('%s: head dim %d is not supported (supported: 64, 128); q is %s', op, qs[4], shape_str(qs)))
+      raise(string.format('%s: head dim %d is not supported (supported: 32, 64, 128); q is %s', op, qs[4], shape_str(qs)))
     end
     local scale, window, n_global, causal = attn_opts(op, qs[4], qs[3], ks[3], opts, function()
       return string.format('q is %s, k is %s', shape_str(qs), shape_str(ks))
@@ -137,7 +138,7 @@ return function(gp, tensor)
     end
     local D = s[3] / (3 * n_head)
     if not HEAD_DIMS[D] then
-      raise(string.format('%s: head dim %d is not supported (supported: 64, 128); qkv is %s with n_head %d', op, D,
+      raise(string.format('%s: head dim %d is not supported (supported: 32, 64, 128); qkv is %s with n_head %d', op, D,
         shape_str(s), n_head))
     end
     if not FLOAT[qkv.dtype] then raise(string.format('%s: qkv must be a float tensor, got %s', op, qkv.dtype)) end
@@ -197,7 +198,7 @@ return function(gp, tensor)
         shape_str(qs), shape_str(ks), shape_str(vcache.shape)))
     end
     if not FLOAT[q.dtype] then raise(string.format('%s: q must be a float tensor, got %s', op, q.dtype)) end
-    if not HEAD_DIMS[s3[3]] then
+    if not DECODE_DIMS[s3[3]] then
       raise(string.format('%s: head dim %d is not supported (supported: 64, 128); q is %s', op, s3[3], shape_str(qs)))
     end
     if type(lens) == 'number' then
