@@ -334,11 +334,10 @@ T.test('LayerNorm, RMSNorm, add_rms_norm: weight/bias gradients accumulate into 
     end
   end
   -- LayerNorm with only one of w, b holding a .grad: the other gets its own gradient
-  local w1, b1 = ln.weight.grad:clone(), nil
   ln.weight:zero_grad(); ln.bias:zero_grad()
   local function lnloss() return (ln(x):sin() * x):sum() end
   lnloss():backward()
-  w1, b1 = ln.weight.grad:clone(), ln.bias.grad:clone()
+  local w1, b1 = ln.weight.grad:clone(), ln.bias.grad:clone()
   ln.bias:zero_grad()
   lnloss():backward()                    -- weight accumulates, bias is new
   T.ok(T.relnorm(ln.weight.grad, w1 * 2) < 1e-12 and T.relnorm(ln.bias.grad, b1) < 1e-12, 'w buffer, b new')
