@@ -101,9 +101,10 @@ int gp_k_layer_norm(gp_tensor *out, gp_tensor *mean, gp_tensor *rstd, const gp_t
   return GP_OK;
 }
 
-/* dw[j] (and db[j]) summed over rows, for either norm; mean == NULL: RMSNorm */
+/* dw[j] (and db[j]) summed over rows, for either norm; mean == NULL: RMSNorm;
+ * acc: the sums are added to the existing dw, db */
 static void norm_dw_cpu(gp_tensor *dw, gp_tensor *db, const gp_tensor *x, const gp_tensor *mean, const gp_tensor *rstd,
-                        const gp_tensor *dout) {
+                        const gp_tensor *dout, int acc) {
   int64_t R = gp_rows_of(x), D = gp_cols_of(x);
   const char *px = gp_ptr(x), *pg = gp_ptr(dout);
   const float *pm = mean ? gp_ptr(mean) : NULL, *pr = gp_ptr(rstd);
@@ -115,8 +116,9 @@ static void norm_dw_cpu(gp_tensor *dw, gp_tensor *db, const gp_tensor *x, const 
       sw += g * (gp_load(px, dt, r * D + j) - (pm ? pm[r] : 0.0)) * pr[r];
       sb += g;
     }
+    if (acc) sw += gp_load(gp_ptr(dw), dw->dtype, j);
     gp_store(gp_ptr(dw), dw->dtype, j, sw);
-    if (db) gp_store(gp_ptr(db), db->dtype, j, sb);
+    if (db) gp_store(gp_ptr(db), db->dtype, j, acc ? gp_load(gp_ptr(db), db->dtype, j) + sb : sb);
   }
 }
 
@@ -146,12 +148,18 @@ static void norm_dx_cpu(gp_tensor *dx, const gp_tensor *x, const gp_tensor *w, c
   }
 }
 
+static int check_accumulate(const char *op, double acc) {
+  if (acc != 0 && acc != 1) return gp_error("%s: accumulate = %g; it must be 0 or 1", op, acc);
+  return GP_OK;
+}
+
 int gp_k_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tensor *db, const gp_tensor *x, const gp_tensor *w,
-                             const gp_tensor *mean, const gp_tensor *rstd, const gp_tensor *dout) {
+                             const gp_tensor *mean, const gp_tensor *rstd, const gp_tensor *dout, double accumulate) {
   GP_CHECK(layer_norm_backward, dx, dw, db, x, w, mean, rstd, dout);
-  GP_CUDA_DISPATCH(dx, gp_cuda_layer_norm_backward(dx, dw, db, x, w, mean, rstd, dout));
+  GP_TRY(check_accumulate("layer_norm_backward", accumulate));
+  GP_CUDA_DISPATCH(dx, gp_cuda_layer_norm_backward(dx, dw, db, x, w, mean, rstd, dout, (int)accumulate));
   norm_dx_cpu(dx, x, w, mean, rstd, dout);
-  norm_dw_cpu(dw, db, x, mean, rstd, dout);
+  norm_dw_cpu(dw, db, x, mean, rstd, dout, (int)accumulate);
   return GP_OK;
 }
 
@@ -179,10 +187,11 @@ int gp_k_rms_norm(gp_tensor *out, gp_tensor *rstd, const gp_tensor *x, const gp_
 }
 
 int gp_k_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_tensor *x, const gp_tensor *w, const gp_tensor *rstd,
-                           const gp_tensor *dout) {
+                           const gp_tensor *dout, double accumulate) {
   GP_CHECK(rms_norm_backward, dx, dw, x, w, rstd, dout);
-  GP_CUDA_DISPATCH(dx, gp_cuda_rms_norm_backward(dx, dw, x, w, rstd, dout));
+  GP_TRY(check_accumulate("rms_norm_backward", accumulate));
+  GP_CUDA_DISPATCH(dx, gp_cuda_rms_norm_backward(dx, dw, x, w, rstd, dout, (int)accumulate));
   norm_dx_cpu(dx, x, w, NULL, rstd, dout);
-  norm_dw_cpu(dw, NULL, x, NULL, rstd, dout);
+  norm_dw_cpu(dw, NULL, x, NULL, rstd, dout, (int)accumulate);
   return GP_OK;
 }

@@ -323,19 +323,20 @@ __global__ void k_norm_dw_part(const T *__restrict__ x, const T *__restrict__ do
   }
 }
 
+/* dw[j] = sum of the S partial sums (acc: + the existing dw[j]); db likewise */
 template <typename T>
-__global__ void k_norm_dw_final(const float *__restrict__ part, T *dw, T *db, int64_t D, int S) {
+__global__ void k_norm_dw_final(const float *__restrict__ part, T *dw, T *db, int64_t D, int S, int acc) {
   for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < D; j += (int64_t)gridDim.x * blockDim.x) {
     float aw = 0.f, ab = 0.f;
     for (int s = 0; s < S; s++) aw += part[(int64_t)s * D + j], ab += part[((int64_t)S + s) * D + j];
-    dw[j] = st<T>(aw);
-    if (db) db[j] = st<T>(ab);
+    dw[j] = st<T>(acc ? ld(dw[j]) + aw : aw);
+    if (db) db[j] = st<T>(acc ? ld(db[j]) + ab : ab);
   }
 }
 
 template <typename T>
 static int norm_dw(const char *name, gp_tensor *dw, gp_tensor *db, const gp_tensor *x, const gp_tensor *mean,
-                   const gp_tensor *rstd, const gp_tensor *dout) {
+                   const gp_tensor *rstd, const gp_tensor *dout, int acc) {
   const int64_t R = gp_rows_of(x), D = gp_cols_of(x);
   if (D == 0) return GP_OK;
   cudaStream_t stream = gp_cuda_stream();
@@ -354,7 +355,8 @@ static int norm_dw(const char *name, gp_tensor *dw, gp_tensor *db, const gp_tens
   k_norm_dw_part<T><<<dim3((unsigned)ct, (unsigned)S), 256, 0, stream>>>(
       (const T *)gp_ptr(x), (const T *)gp_ptr(dout), mean ? (const float *)gp_ptr(mean) : nullptr,
       (const float *)gp_ptr(rstd), part, R, D, chunk, (int)S);
-  k_norm_dw_final<T><<<gp_grid(D, 256), 256, 0, stream>>>(part, (T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, D, (int)S);
+  k_norm_dw_final<T><<<gp_grid(D, 256), 256, 0, stream>>>(part, (T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, D, (int)S,
+                                                         acc);
   int rc = gp_cuda_check_launch(name);
   gp_free(scratch, sbytes, GP_CUDA);
   return rc;
@@ -362,7 +364,7 @@ static int norm_dw(const char *name, gp_tensor *dw, gp_tensor *db, const gp_tens
 
 extern "C" int gp_cuda_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tensor *db, const gp_tensor *x,
                                            const gp_tensor *w, const gp_tensor *mean, const gp_tensor *rstd,
-                                           const gp_tensor *dout) {
+                                           const gp_tensor *dout, int accumulate) {
   int64_t R = gp_rows_of(x), D = gp_cols_of(x);
   int rc = GP_OK;
   bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx));
@@ -370,13 +372,13 @@ extern "C" int gp_cuda_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tens
     NormDxOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
                           (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
     rc = rows_launch<T>("layer_norm_backward", op, R, D, al);
-    if (rc == GP_OK) rc = norm_dw<T>("layer_norm_backward", dw, db, x, mean, rstd, dout);
+    if (rc == GP_OK) rc = norm_dw<T>("layer_norm_backward", dw, db, x, mean, rstd, dout, accumulate);
   });
   return rc;
 }
 
 extern "C" int gp_cuda_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_tensor *x, const gp_tensor *w,
-                                         const gp_tensor *rstd, const gp_tensor *dout) {
+                                         const gp_tensor *rstd, const gp_tensor *dout, int accumulate) {
   int64_t R = gp_rows_of(x), D = gp_cols_of(x);
   int rc = GP_OK;
   bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx));
@@ -384,7 +386,7 @@ extern "C" int gp_cuda_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_
     NormDxOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
                          (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
     rc = rows_launch<T>("rms_norm_backward", op, R, D, al);
-    if (rc == GP_OK) rc = norm_dw<T>("rms_norm_backward", dw, nullptr, x, nullptr, rstd, dout);
+    if (rc == GP_OK) rc = norm_dw<T>("rms_norm_backward", dw, nullptr, x, nullptr, rstd, dout, accumulate);
   });
   return rc;
 }

@@ -16,6 +16,17 @@ return function(A)
   local function floatc(x) return (FLOAT[x.dtype] and x or tensor.to_dtype(x, 'f32')):contiguous() end
   local function like(t, x) return tensor.to_dtype(t, x.dtype):contiguous() end
 
+  -- a leaf's existing .grad that a kernel can accumulate into (a GEMM with
+  -- beta = 1, a norm backward with accumulate = 1), as accumulate's add_
+  -- would: saves a launch and a pass over the gradient
+  local function grad_buffer(p, dt, dev)
+    if rawget(p, '_node') then return nil end
+    local gr = rawget(p, 'grad')
+    if gr and gr.dtype == dt and gr.device == dev and gr:is_contiguous() and shape_str(gr.shape) == shape_str(p.shape) then
+      return gr
+    end
+  end
+
   ---------------------------------------------------------------------------
   -- reductions: x:op(d, {keepdim=}) or x:op{keepdim=}
 
@@ -138,38 +149,57 @@ return function(A)
     return gpmod().ones({D}, {dtype = x.dtype, device = x.device})
   end
 
+  -- dw (and db when has_b) for a norm backward over x's last dim D: the .grad
+  -- of w (b) where the kernel can add into it, else a new tensor; with either
+  -- .grad taken the kernel accumulates (accumulate = 1) and the other output
+  -- is a zeroed scratch. Returns dw, db, accumulate and the gradients for the
+  -- rule to return (nil where the kernel added into .grad)
+  local function norm_outs(x, D, op, w, b, has_b)
+    local gw = w and A.needs(w) and grad_buffer(w, x.dtype, x.device)
+    local gb = has_b and b and A.needs(b) and grad_buffer(b, x.dtype, x.device)
+    local acc = (gw or gb) and 1 or 0
+    local function out(buf)
+      if buf then return buf end
+      local t = empty({D}, x.dtype, x.device, op)
+      if acc == 1 then t:zero_() end
+      return t
+    end
+    local dw, db = out(gw), has_b and out(gb) or nil
+    return dw, db, acc, (w and not gw) and dw or nil, (b and not gb) and db or nil
+  end
+
   F('layer_norm', function(g, a, o)
     local x, w, b = floatc(a[1]), a[2], a[3]
     local D = x:size(-1)
     local dx = empty(x.shape, x.dtype, x.device, 'layer_norm')
-    local dw = empty({D}, x.dtype, x.device, 'layer_norm')
-    local db = empty({D}, x.dtype, x.device, 'layer_norm')
-    K.layer_norm_backward(dx, dw, db, x, norm_w(w, x, D), o[2], o[3], like(g[1], x))
-    return dx, w and dw or nil, b and db or nil
+    local dw, db, acc, rw, rb = norm_outs(x, D, 'layer_norm', w, b, true)
+    K.layer_norm_backward(dx, dw, db, x, norm_w(w, x, D), o[2], o[3], like(g[1], x), acc)
+    return dx, rw, rb
   end, {nout = 1})
 
   F('rms_norm', function(g, a, o)
     local x, w = floatc(a[1]), a[2]
     local D = x:size(-1)
     local dx = empty(x.shape, x.dtype, x.device, 'rms_norm')
-    local dw = empty({D}, x.dtype, x.device, 'rms_norm')
-    K.rms_norm_backward(dx, dw, x, norm_w(w, x, D), o[2], like(g[1], x))
-    return dx, w and dw or nil
+    local dw, _, acc, rw = norm_outs(x, D, 'rms_norm', w)
+    K.rms_norm_backward(dx, dw, x, norm_w(w, x, D), o[2], like(g[1], x), acc)
+    return dx, rw
   end, {nout = 1})
 
   -- add_rms_norm: h = x + res (returned as res_out), out = rms_norm(h) * w
   F('add_rms_norm', function(g, a, o)
     local w = a[3]
     local h = o[2]
-    local dh, dw = g[2], nil
+    local dh, rw = g[2], nil
     if g[1] then
       local D = h:size(-1)
       local dx = empty(h.shape, h.dtype, h.device, 'add_rms_norm')
-      dw = empty({D}, h.dtype, h.device, 'add_rms_norm')
-      K.rms_norm_backward(dx, dw, h, norm_w(w, h, D), o[3], like(g[1], h))
+      local dw, _, acc
+      dw, _, acc, rw = norm_outs(h, D, 'add_rms_norm', w)
+      K.rms_norm_backward(dx, dw, h, norm_w(w, h, D), o[3], like(g[1], h), acc)
       dh = dh and dx + dh or dx
     end
-    return dh, dh, w and dw or nil
+    return dh, dh, rw
   end, {nout = 2})
 
   F('swiglu', function(g, a)
@@ -251,16 +281,6 @@ return function(A)
       raise('matmul: out= and beta are not differentiable (call it under gp.no_grad, or without out=)')
     end
   end})
-
-  -- a leaf's existing .grad that a GEMM can accumulate into (beta = 1), as
-  -- accumulate's add_ would: saves a launch and a pass over the gradient
-  local function grad_buffer(p, dt, dev)
-    if rawget(p, '_node') then return nil end
-    local gr = rawget(p, 'grad')
-    if gr and gr.dtype == dt and gr.device == dev and gr:is_contiguous() and shape_str(gr.shape) == shape_str(p.shape) then
-      return gr
-    end
-  end
 
   -- a cached ones vector (rows) for bias gradients as one GEMV into .grad; none
   -- is made while a graph is being captured (it would live in the graph's pool)

@@ -69,6 +69,20 @@ KCASES.rows = {
   {name = '1000003', shape = {1000003}, syms = {D = 1000003}, big = true, tol = {f32 = 1e-4}},
 }
 KCASES.add_rms_norm, KCASES.bias_gelu = KCASES.rows, KCASES.rows
+-- norm backward: the rows cases, then accumulate = 1 (dw, db are read and
+-- written: random values added to, the sums over rows, warp, block and long rows)
+local NORM_BWD = {}
+for i, c in ipairs(KCASES.rows) do NORM_BWD[i] = c end
+for _, c in ipairs {
+  {name = '7 accumulate', shape = {7}, syms = {D = 7}},
+  {name = '3x5x7 accumulate', shape = {3, 5, 7}, syms = {D = 7}},
+  {name = '300x1003 accumulate', shape = {300, 0}, syms = {D = 1003}},
+  {name = '2x8200 accumulate', shape = {2, 0}, syms = {D = 8200}},
+} do
+  c.scalars = {accumulate = 1}
+  NORM_BWD[#NORM_BWD + 1] = c
+end
+KCASES.layer_norm_backward, KCASES.rms_norm_backward = NORM_BWD, NORM_BWD
 -- optimizer updates: no 1-element case, where m' = b1 m + (1 - b1) g can cancel
 -- and make f32 against double meaningless; f32 updates carry ~1e-6 relative error
 KCASES.optim = {

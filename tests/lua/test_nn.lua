@@ -294,3 +294,157 @@ T.test('Linear weight and bias gradients accumulate into an existing .grad (in p
   T.ok(T.relnorm(first, want) < 1e-12, 'against the formula')
   T.ok(T.relnorm(bfirst, (y * 2):reshape {6, 4}:sum(1)) < 1e-12, 'bias against the formula')
 end)
+
+-- norm backward kernels add their weight/bias gradients straight into an
+-- existing .grad (accumulate = 1) instead of a new tensor and an add_
+T.test('LayerNorm, RMSNorm, add_rms_norm: weight/bias gradients accumulate into an existing .grad in place', function()
+  gp.manual_seed(7)
+  local D = 6
+  local x, r = rn {3, 2, D}, rn {3, 2, D}
+  local ln, rms = nn.LayerNorm(D, {device = 'cpu'}):to('f64'), nn.RMSNorm(D, {device = 'cpu'}):to('f64')
+  local aw = rn({D}):requires_grad()
+  gp.no_grad(function()
+    ln.weight:copy_(rn {D}); ln.bias:copy_(rn {D}); rms.weight:copy_(rn {D})
+  end)
+  local cases = {
+    {'LayerNorm', {ln.weight, ln.bias}, function() return (ln(x):sin() * x):sum() end},
+    {'RMSNorm', {rms.weight}, function() return (rms(x):sin() * x):sum() end},
+    {'add_rms_norm', {aw}, function()
+      local out, res = gp.add_rms_norm(x, r, aw)
+      return (out:sin() * x + res):sum()
+    end},
+  }
+  for _, c in ipairs(cases) do
+    local name, ps, loss = c[1], c[2], c[3]
+    for _, p in ipairs(ps) do p:zero_grad() end
+    loss():backward()                    -- no .grad yet: new tensors
+    local first, bufs = {}, {}
+    for i, p in ipairs(ps) do first[i], bufs[i] = p.grad:clone(), p.grad end
+    loss():backward()                    -- accumulates into the same tensors
+    for i, p in ipairs(ps) do
+      T.ok(rawequal(p.grad, bufs[i]), name .. ' param ' .. i .. ': the same .grad tensor')
+      T.ok(T.relnorm(p.grad, first[i] * 2) < 1e-12, name .. ' param ' .. i .. ': two backwards')
+    end
+    -- random existing values (not zeros): old + one gradient
+    local old = {}
+    for i, p in ipairs(ps) do old[i] = rn {D}; p.grad:copy_(old[i]) end
+    loss():backward()
+    for i, p in ipairs(ps) do
+      T.ok(T.relnorm(p.grad, old[i] + first[i]) < 1e-12, name .. ' param ' .. i .. ': added to random values')
+    end
+  end
+  -- LayerNorm with only one of w, b holding a .grad: the other gets its own gradient
+  ln.weight:zero_grad(); ln.bias:zero_grad()
+  local function lnloss() return (ln(x):sin() * x):sum() end
+  lnloss():backward()
+  local w1, b1 = ln.weight.grad:clone(), ln.bias.grad:clone()
+  ln.bias:zero_grad()
+  lnloss():backward()                    -- weight accumulates, bias is new
+  T.ok(T.relnorm(ln.weight.grad, w1 * 2) < 1e-12 and T.relnorm(ln.bias.grad, b1) < 1e-12, 'w buffer, b new')
+  ln.weight:zero_grad()
+  lnloss():backward()                    -- bias accumulates, weight is new
+  T.ok(T.relnorm(ln.weight.grad, w1) < 1e-12 and T.relnorm(ln.bias.grad, b1 * 2) < 1e-12, 'b buffer, w new')
+  -- a frozen bias keeps no gradient while the weight accumulates
+  ln.bias:requires_grad(false)
+  ln.bias:zero_grad()
+  lnloss():backward()
+  T.ok(ln.bias.grad == nil and T.relnorm(ln.weight.grad, w1 * 2) < 1e-12, 'frozen bias')
+  ln.bias:requires_grad()
+  -- a .grad the kernel cannot add into (another dtype) still accumulates through add_
+  ln.weight.grad = w1:to('f32')
+  ln.bias:zero_grad()
+  lnloss():backward()
+  T.ok(ln.weight.grad.dtype == 'f32' and T.relnorm(ln.weight.grad:to('f64'), w1 * 2) < 1e-6, 'f32 .grad of an f64 weight')
+end)
+
+-- kernel calls while fn runs (gp.k wrapped as gp.profile does), and the
+-- calls that are given one of the tensors in watch (by data pointer and offset)
+local function count_k(fn, watch)
+  local tensor_mod = require 'gpush.tensor'
+  local n, touched, saved_k, saved_t = 0, {}, {}, {}
+  local ptrs = {}
+  local function key(t) return tostring(t.c.data) .. '+' .. tostring(t.c.offset) end
+  for _, t in ipairs(watch or {}) do ptrs[key(t)] = true end
+  for name, f in pairs(gp.k) do
+    saved_k[name] = f
+    gp.k[name] = function(...)
+      n = n + 1
+      for i = 1, select('#', ...) do
+        local a = select(i, ...)
+        if gp.is_tensor(a) and ptrs[key(a)] then touched[name] = (touched[name] or 0) + 1 end
+      end
+      return f(...)
+    end
+  end
+  for name, f in pairs(tensor_mod.K) do saved_t[name] = f; tensor_mod.K[name] = gp.k[name] end
+  local ok, err = pcall(fn)
+  for name, f in pairs(saved_k) do gp.k[name] = f end
+  for name, f in pairs(saved_t) do tensor_mod.K[name] = f end
+  if not ok then error(err, 0) end
+  return n, touched
+end
+
+T.test('a GPT training step: norm weight/bias gradients need no extra launches', function()
+  for _, norm in ipairs {'layer', 'rms'} do
+    gp.manual_seed(11)
+    local m = tiny_gpt({norm = norm, n_layer = 2})
+    local opt = gp.optim.AdamW(m, {lr = 1e-3})
+    local idx = gp.tensor({{1, 2, 3, 4, 0, 1}}, {dtype = 'i64', device = 'cpu'})
+    local tg = gp.tensor({{2, 3, 4, 0, 1, 2}}, {dtype = 'i64', device = 'cpu'})
+    local norms = {}
+    for _, nt in ipairs(m:named_parameters()) do
+      if nt[1]:match('ln') then norms[#norms + 1] = nt[2] end
+    end
+    T.eq(#norms, norm == 'layer' and 10 or 5, norm .. ': norm parameters')
+    local function step()
+      local _, loss = m(idx, tg)
+      loss:backward()
+    end
+    opt:zero_grad()
+    step()
+    opt:step()
+    -- the baseline: norm .grad set to none, so the rule makes new tensors and
+    -- autograd copies them in (one launch each, as the add_ into a kept .grad was)
+    opt:zero_grad()
+    for _, p in ipairs(norms) do p:zero_grad() end
+    local base = count_k(step)
+    opt:zero_grad()
+    local grads = {}
+    for i, p in ipairs(norms) do grads[i] = p.grad end
+    local n, touched = count_k(step, grads)
+    T.eq(base - n, #norms, norm .. ': launches saved per step (' .. base .. ' -> ' .. n .. ')')
+    local names = {}
+    for k in pairs(touched) do names[#names + 1] = k end
+    table.sort(names)
+    local want = norm == 'layer' and 'layer_norm_backward' or 'rms_norm_backward'
+    T.eq(table.concat(names, ','), want, norm .. ': the only kernel given a norm .grad')
+  end
+end)
+
+T.test('cuda: LayerNorm and RMSNorm gradients accumulated into random .grad values match the cpu', function()
+  T.cuda()
+  gp.manual_seed(13)
+  local D = 96
+  local x = gp.randn({4, 50, D}, CPU)
+  for _, kind in ipairs {'LayerNorm', 'RMSNorm'} do
+    local mc, mg = nn[kind](D, CPU), nn[kind](D, {device = 'cuda'})
+    local ps_c, ps_g = mc:parameters(), mg:parameters()
+    for i, p in ipairs(ps_c) do
+      gp.no_grad(function() p:copy_(gp.randn({D}, CPU)); ps_g[i]:copy_(p:cuda()) end)
+      p.grad = gp.randn({D}, CPU)
+      ps_g[i].grad = p.grad:cuda()
+    end
+    local bufs = {}
+    for i, p in ipairs(ps_g) do bufs[i] = p.grad end
+    for _ = 1, 2 do
+      (mc(x):sin() * x):sum():backward()
+      local xg = x:cuda();
+      (mg(xg):sin() * xg):sum():backward()
+    end
+    for i, p in ipairs(ps_c) do
+      T.ok(rawequal(ps_g[i].grad, bufs[i]), kind .. ' param ' .. i .. ': the same .grad')
+      local r = T.relnorm(ps_g[i].grad:cpu(), p.grad)
+      T.ok(r < 1e-4, kind .. ' param ' .. i .. ': relative norm ' .. r)
+    end
+  end
+end)

@@ -131,3 +131,44 @@ T.test('cuda rows against the cpu: wide, unaligned, long rows', function()
     end
   end
 end)
+
+-- accumulate = 1 adds dw, db into random existing values (f32 partial sums,
+-- one add at the end); many rows: the column sums are split over blocks
+T.test('layer_norm_backward and rms_norm_backward: accumulate into dw, db (cpu exact; cuda against the cpu)', function()
+  local function run(dev, dt, R, D, acc, seed)
+    gp.manual_seed(seed)
+    local o = {dtype = dt, device = 'cpu'}
+    local x, w, b, dout = gp.randn({R, D}, o), gp.randn({D}, o), gp.randn({D}, o), gp.randn({R, D}, o)
+    local dw, db, rdw = gp.randn({D}, o), gp.randn({D}, o), gp.randn({D}, o)
+    local old = {dw:clone(), db:clone(), rdw:clone()}
+    x, w, b, dout, dw, db, rdw = x:to(dev), w:to(dev), b:to(dev), dout:to(dev), dw:to(dev), db:to(dev), rdw:to(dev)
+    local _, mean, rstd = gp.layer_norm(x, w, b)
+    local dx = gp.empty({R, D}, {dtype = dt, device = dev})
+    gp.k.layer_norm_backward(dx, dw, db, x, w, mean, rstd, dout, acc)
+    local _, rs = gp.rms_norm(x, w)
+    local rdx = gp.empty({R, D}, {dtype = dt, device = dev})
+    gp.k.rms_norm_backward(rdx, rdw, x, w, rs, dout, acc)
+    return {dx:cpu(), dw:cpu(), db:cpu(), rdx:cpu(), rdw:cpu()}, old
+  end
+  -- cpu: accumulate = 1 gives the old values plus accumulate = 0's; dx is overwritten
+  local a0 = run('cpu', 'f64', 5, 7, 0, 3)
+  local a1, old = run('cpu', 'f64', 5, 7, 1, 3)
+  T.ok(T.relnorm(a1[1], a0[1]) == 0 and T.relnorm(a1[4], a0[4]) == 0, 'dx is overwritten')
+  T.ok(T.relnorm(a1[2], old[1] + a0[2]) < 1e-14, 'dw added')
+  T.ok(T.relnorm(a1[3], old[2] + a0[3]) < 1e-14, 'db added')
+  T.ok(T.relnorm(a1[5], old[3] + a0[5]) < 1e-14, 'rms dw added')
+  T.cuda()
+  local names = {'dx', 'dw', 'db', 'rms dx', 'rms dw'}
+  for _, dt in ipairs {'f32', 'bf16'} do
+    local tol = dt == 'f32' and 1e-4 or 1e-2
+    for _, c in ipairs {{4096, 128}, {64, 4096}, {300, 33}, {1, 5}} do
+      for _, acc in ipairs {0, 1} do
+        local g, ref = run('cuda', dt, c[1], c[2], acc, 5), (run('cpu', dt, c[1], c[2], acc, 5))
+        for i = 1, 5 do
+          local r = T.relnorm(g[i], ref[i])
+          T.ok(r <= tol, string.format('%s %s %dx%d accumulate %d: relative norm %g', names[i], dt, c[1], c[2], acc, r))
+        end
+      end
+    end
+  end
+end)
