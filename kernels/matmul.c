@@ -19,12 +19,14 @@ int gp_cuda_bench_cublas_gemm(double *ms, gp_tensor *out, const gp_tensor *a, co
 /* read by matmul.cu */
 int gp_matmul_tf32 = 0;
 int gp_matmul_gemv = 0;
+int gp_matmul_lt = 1;
 
 int gp_matmul_option(const char *name, int value, int *old) {
   int *opt;
   if (name && strcmp(name, "tf32") == 0) opt = &gp_matmul_tf32;
   else if (name && strcmp(name, "gemv") == 0) opt = &gp_matmul_gemv;
-  else return gp_error("matmul_option: unknown option '%s' (tf32 or gemv)", name ? name : "(null)");
+  else if (name && strcmp(name, "lt") == 0) opt = &gp_matmul_lt;
+  else return gp_error("matmul_option: unknown option '%s' (tf32, gemv or lt)", name ? name : "(null)");
   if (old) *old = *opt;
   if (value >= 0) *opt = value ? 1 : 0;
   return GP_OK;

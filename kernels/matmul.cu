@@ -17,8 +17,8 @@
  * n == 1 runs cublas<S|TST|HSH>gemvStridedBatched instead. Bias, GELU-bias,
  * GELU-aux-bias (the pre-activation written to aux too) and DGELU (the product
  * times gelu_tanh'(aux)) epilogues: cublasLtMatmul; where cuBLASLt offers no
- * algorithm (or aux's leading dim is not a multiple of 8), a plain GEMM and a
- * small epilogue kernel. The handles are created on first
+ * algorithm (or aux's leading dim is not a multiple of 8), or with option
+ * "lt" 0, a plain GEMM and a small epilogue kernel. The handles are created on first
  * use and bound to the current stream (gp_cuda_stream()), with a 32 MiB
  * workspace per stream. */
 #include <cublasLt.h>
@@ -33,6 +33,7 @@
 
 extern "C" int gp_matmul_tf32; /* matmul.c */
 extern "C" int gp_matmul_gemv;
+extern "C" int gp_matmul_lt;
 
 static cublasHandle_t g_blas;
 static cublasLtHandle_t g_lt;
@@ -437,7 +438,7 @@ static int mm_run(mm_job &j, const gp_tensor *bias, gp_tensor **tmp) {
     }
     bool done = false;
     if (bias || j.act != GP_MM_NONE) {
-      GP_TRY(mm_lt(j, bias, &done));
+      if (gp_matmul_lt) GP_TRY(mm_lt(j, bias, &done));
       if (!done) {
         GP_TRY(mm_gemm(j));
         GP_TRY(mm_epilogue(j.op, dt, j.C, bias, X, j.batch, j.M, j.N, 1.0, 1, j.act));

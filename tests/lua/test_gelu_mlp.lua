@@ -81,12 +81,24 @@ end
 
 local TOL = {f32 = 1e-5, bf16 = 1e-2, f16 = 2e-3}
 
+-- f with the cuBLASLt epilogues on (lt 1) and off (lt 0: GEMM + epilogue
+-- kernel); the option is restored even when f fails
+local function both_paths(f)
+  for _, lt in ipairs {1, 0} do
+    local prev = gp.matmul_option('lt', lt)
+    local ok, err = pcall(f, lt)
+    gp.matmul_option('lt', prev)
+    if not ok then error(string.format('matmul_option lt %d: %s', lt, tostring(err)), 0) end
+  end
+end
+
 -- M, K, N: odd sizes (the fallback GEMM and epilogue kernel), multiples of 8
 -- (cuBLASLt's GELU_AUX_BIAS and DGELU, aux's leading dim a multiple of 8)
 local SIZES = {{33, 65, 17}, {64, 96, 128}, {40, 24, 200}, {1, 8, 8}, {7, 16, 3}}
 
 T.test('matmul_bias_gelu_aux and matmul_dgelu cuda: CPU reference, odd and multiple-of-8 sizes, batched, transposed', function()
   T.cuda()
+  both_paths(function()
   for _, dt in ipairs {'f32', 'bf16', 'f16'} do
     for _, s in ipairs(SIZES) do
       local M, Kd, N = s[1], s[2], s[3]
@@ -124,6 +136,7 @@ T.test('matmul_bias_gelu_aux and matmul_dgelu cuda: CPU reference, odd and multi
       end, TOL[dt])
     end
   end
+  end)
 end)
 
 -- cuBLASLt's epilogues against the separate kernels they replace, on the GPU:
@@ -131,6 +144,7 @@ end)
 -- gelu_tanh / gelu_tanh_bwd compute (the message gives the relative norm)
 T.test('matmul_bias_gelu_aux and matmul_dgelu cuda: the same as matmul_bias + gelu_tanh and matmul + gelu_tanh_bwd', function()
   T.cuda()
+  both_paths(function(lt)
   for _, dt in ipairs {'f32', 'bf16'} do
     local o = {dtype = dt, device = 'cuda'}
     for _, s in ipairs {{256, 128, 512}, {64, 768, 3072}, {33, 65, 17}} do
@@ -140,7 +154,7 @@ T.test('matmul_bias_gelu_aux and matmul_dgelu cuda: the same as matmul_bias + ge
       gp.k.matmul_bias_gelu_aux(out, aux, a, b, bias)
       local pre = gp.empty({M, N}, o)
       gp.k.matmul_bias(pre, a, b, bias, 1, 0)
-      local name = string.format('%s %dx%dx%d', dt, M, Kd, N)
+      local name = string.format('lt %d %s %dx%dx%d', lt, dt, M, Kd, N)
       local e1, e2 = T.relnorm(aux:float():cpu(), pre:float():cpu()), T.relnorm(out:float():cpu(), pre:gelu_tanh():float():cpu())
       T.ok(e1 <= TOL[dt], name .. ': aux vs matmul_bias: ' .. e1)
       T.ok(e2 <= TOL[dt], name .. ': out vs gelu_tanh(matmul_bias): ' .. e2)
@@ -155,6 +169,7 @@ T.test('matmul_bias_gelu_aux and matmul_dgelu cuda: the same as matmul_bias + ge
       T.ok(e3 <= TOL[dt], name .. ': matmul_dgelu vs gelu_tanh_bwd(matmul): ' .. e3)
     end
   end
+  end)
 end)
 
 T.test('gradcheck gp.linear_gelu_linear in f64 (3-d and 2-d x, a transposed view)', function()

@@ -19,8 +19,8 @@ return function(gp, tensor)
     return old[0]
   end
   gp.matmul_option = option
-  doc(option, "gp.matmul_option('tf32'|'gemv', value)",
-    'set a matmul option (value -1 only reads) and return the previous value: tf32 (1: f32 GEMMs may use TF32), gemv (1: m == 1 or n == 1 through cuBLAS gemv instead of GEMM)')
+  doc(option, "gp.matmul_option('tf32'|'gemv'|'lt', value)",
+    'set a matmul option (value -1 only reads) and return the previous value: tf32 (1: f32 GEMMs may use TF32), gemv (1: m == 1 or n == 1 through cuBLAS gemv instead of GEMM), lt (1, the default: bias/GELU epilogues through cuBLASLt where it has an algorithm; 0: always a GEMM and an epilogue kernel)')
 
   function gp.set_tf32(on) option('tf32', on and 1 or 0) end
   doc(gp.set_tf32, 'gp.set_tf32(true|false)', 'let f32 matrix products use TF32 tensor cores (off by default; ~1e-3 relative error)')
