@@ -14,9 +14,11 @@
  *
  * Plain products: cublasGemmEx / cublasGemmStridedBatchedEx (f32 compute; TF32
  * only with gp_matmul_option("tf32", 1)); with option "gemv" 1, m == 1 or
- * n == 1 runs cublas<S|TST|HSH>gemvStridedBatched instead. Bias (and
- * GELU-bias) epilogues: cublasLtMatmul; where cuBLASLt offers no algorithm,
- * a plain GEMM and a small epilogue kernel. The handles are created on first
+ * n == 1 runs cublas<S|TST|HSH>gemvStridedBatched instead. Bias, GELU-bias,
+ * GELU-aux-bias (the pre-activation written to aux too) and DGELU (the product
+ * times gelu_tanh'(aux)) epilogues: cublasLtMatmul; where cuBLASLt offers no
+ * algorithm (or aux's leading dim is not a multiple of 8), or with option
+ * "lt" 0, a plain GEMM and a small epilogue kernel. The handles are created on first
  * use and bound to the current stream (gp_cuda_stream()), with a 32 MiB
  * workspace per stream. */
 #include <cublasLt.h>
@@ -27,9 +29,11 @@
 #include <vector>
 
 #include "../src/cuda_internal.h"
+#include "matmul.h"
 
 extern "C" int gp_matmul_tf32; /* matmul.c */
 extern "C" int gp_matmul_gemv;
+extern "C" int gp_matmul_lt;
 
 static cublasHandle_t g_blas;
 static cublasLtHandle_t g_lt;
@@ -176,29 +180,41 @@ __device__ __forceinline__ float mm_gelu_tanh(float x) {
   return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
 }
 
+/* gelu_tanh'(x), the formula of gelu_tanh_bwd (elementwise.cu) */
+__device__ __forceinline__ float mm_gelu_tanh_d(float x) {
+  const float k = 0.79788456080286536f;
+  float t = tanhf(k * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 /* o = act(scale * o + bias) over a row-major [batch, M, N] (o read only when
- * read is set); the GEMM fallback of the epilogues, and k = 0 */
+ * read is set); the GEMM fallback of the epilogues, and k = 0. act GP_MM_GELU_AUX
+ * also writes the pre-activation to x; GP_MM_DGELU multiplies by gelu_tanh'(x).
+ * x (aux) has o's shape, leading dim ldx and batch stride xbs. */
 template <typename T>
-__global__ void mm_epilogue_k(T *o, const T *bias, int64_t rows, int64_t M, int64_t N, int64_t ldo, int64_t bs,
-                              float scale, int read, int gelu) {
+__global__ void mm_epilogue_k(T *o, const T *bias, T *x, int64_t rows, int64_t M, int64_t N, int64_t ldo, int64_t bs,
+                              int64_t ldx, int64_t xbs, float scale, int read, int act) {
   int64_t n = rows * N, nth = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += nth) {
     int64_t r = i / N, j = i - r * N, bi = r / M, m = r - bi * M;
     T *p = o + bi * bs + m * ldo + j;
+    T *px = x ? x + bi * xbs + m * ldx + j : nullptr;
     float v = read ? scale * ld(*p) : 0.0f;
     if (bias) v += ld(bias[j]);
-    if (gelu) v = mm_gelu_tanh(v);
+    if (act == GP_MM_GELU_AUX) *px = st<T>(v);
+    if (act == GP_MM_GELU || act == GP_MM_GELU_AUX) v = mm_gelu_tanh(v);
+    else if (act == GP_MM_DGELU) v *= mm_gelu_tanh_d(ld(*px));
     *p = st<T>(v);
   }
 }
 
-static int mm_epilogue(const char *op, int dt, const mm_mat &C, const gp_tensor *bias, int64_t batch, int64_t M,
-                       int64_t N, double scale, int read, int gelu) {
+static int mm_epilogue(const char *op, int dt, const mm_mat &C, const gp_tensor *bias, const mm_mat *X,
+                       int64_t batch, int64_t M, int64_t N, double scale, int read, int act) {
   int64_t rows = batch * M;
   GP_FLOAT_SWITCH(dt, T, GP_NOTE_LAUNCH(mm_epilogue_k<T>, 256, 0);
                   mm_epilogue_k<T><<<gp_grid(rows * N, 256), 256, 0, gp_cuda_stream()>>>(
-                      (T *)C.p, bias ? (const T *)gp_ptr(bias) : nullptr, rows, M, N, C.ld, C.bs, (float)scale, read,
-                      gelu));
+                      (T *)C.p, bias ? (const T *)gp_ptr(bias) : nullptr, X ? (T *)X->p : nullptr, rows, M, N, C.ld,
+                      C.bs, X ? X->ld : 0, X ? X->bs : 0, (float)scale, read, act));
   return gp_cuda_check_launch(op);
 }
 
@@ -209,7 +225,9 @@ struct mm_job {
   const gp_tensor *a, *b;
   const gp_tensor *ta, *tb;     /* a and b as used (maybe scratch copies) */
   gp_tensor *to;                /* the output as written (maybe scratch) */
-  mm_mat A, B, C;
+  const gp_tensor *aux;         /* GELU_AUX: written; DGELU: read (contiguous, out's shape) */
+  int act;                      /* GP_MM_* */
+  mm_mat A, B, C, X = {};       /* X: aux */
   int64_t M, N, K, batch;
   cudaDataType_t ty = CUDA_R_32F;
   cublasComputeType_t ct = CUBLAS_COMPUTE_32F;
@@ -297,12 +315,18 @@ struct lt_guard {
   }
 };
 
-/* the bias (and GELU) epilogue fused by cuBLASLt; *done = false when cuBLASLt
- * has no algorithm for it */
-static int mm_lt(const mm_job &j, const gp_tensor *bias, int gelu, bool *done) {
+/* the bias, GELU and aux epilogues fused by cuBLASLt (bias may be null for
+ * DGELU only); *done = false when cuBLASLt has no algorithm for it, or aux's
+ * leading dim, batch stride or address do not meet its rules (multiples of 8
+ * elements; 16-byte aligned) */
+static int mm_lt(const mm_job &j, const gp_tensor *bias, bool *done) {
   *done = false;
-  const void *bp = gp_ptr(bias);
+  const void *bp = bias ? gp_ptr(bias) : nullptr;
   if ((uintptr_t)bp % 16 != 0) return GP_OK;
+  bool has_aux = j.act == GP_MM_GELU_AUX || j.act == GP_MM_DGELU;
+  if (has_aux && ((uintptr_t)j.X.p % 16 != 0 || j.X.col != 0 || j.X.ld % 8 != 0 || j.X.ld < j.N ||
+                  (j.batch > 1 && j.X.bs % 8 != 0)))
+    return GP_OK;
   lt_guard g;
   cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
   const char *call = "cublasLtMatmulDescCreate";
@@ -313,7 +337,12 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, int gelu, bool *done) {
   } while (0)
   {
     cublasOperation_t opa = j.B.col ? CUBLAS_OP_T : CUBLAS_OP_N, opb = j.A.col ? CUBLAS_OP_T : CUBLAS_OP_N;
-    cublasLtEpilogue_t epi = gelu ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+    cublasLtEpilogue_t epi = j.act == GP_MM_GELU       ? CUBLASLT_EPILOGUE_GELU_BIAS
+                             : j.act == GP_MM_GELU_AUX ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
+                             : j.act == GP_MM_DGELU    ? CUBLASLT_EPILOGUE_DGELU
+                                                       : CUBLASLT_EPILOGUE_BIAS;
+    const void *xp = j.X.p;
+    int64_t x_ld = j.X.ld, x_bs = j.X.bs;
     int32_t bias_ty = (int32_t)j.ty;
     int64_t bias_bs = 0;
     int es = gp_elsize(j.to->dtype);
@@ -327,8 +356,14 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, int gelu, bool *done) {
     LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
     LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-    LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
-    LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_ty, sizeof bias_ty));
+    if (bias) {
+      LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp));
+      LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_ty, sizeof bias_ty));
+    }
+    if (has_aux) { /* aux: out's dtype (the default aux type), row-major like D: column-major [N x M], ld x_ld */
+      LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &xp, sizeof xp));
+      LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &x_ld, sizeof x_ld));
+    }
     /* the memory of each operand, column-major: our b is [N x K] (or [K x N] when transposed) */
     LT(cublasLtMatrixLayoutCreate(&g.la, j.ty, (uint64_t)(j.B.col ? j.K : j.N), (uint64_t)(j.B.col ? j.N : j.K),
                                   j.B.ld));
@@ -337,7 +372,10 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, int gelu, bool *done) {
     LT(cublasLtMatrixLayoutCreate(&g.lc, j.ty, (uint64_t)j.N, (uint64_t)j.M, j.C.ld));
     if (j.batch > 1) {
       int32_t bc = (int32_t)j.batch;
-      LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_bs, sizeof bias_bs));
+      if (bias)
+        LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE, &bias_bs, sizeof bias_bs));
+      if (has_aux)
+        LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE, &x_bs, sizeof x_bs));
       LT(cublasLtMatrixLayoutSetAttribute(g.la, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
       LT(cublasLtMatrixLayoutSetAttribute(g.la, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &j.B.bs, sizeof j.B.bs));
       LT(cublasLtMatrixLayoutSetAttribute(g.lb, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
@@ -363,13 +401,14 @@ fail:
   return mm_fail(j.op, call, s, j.out, j.a, j.b);
 }
 
-static int mm_run(mm_job &j, const gp_tensor *bias, int gelu, gp_tensor **tmp) {
+static int mm_run(mm_job &j, const gp_tensor *bias, gp_tensor **tmp) {
   gp_tensor *out = j.out;
   const gp_tensor *a = j.a, *b = j.b;
   int dt = out->dtype;
   /* the output: row-major, batches apart, sharing no storage with an input */
   bool out_ok = mm_layout(out, &j.C) && j.C.col == 0 && (j.batch == 1 || j.C.bs >= (j.M - 1) * j.C.ld + j.N) &&
-                !gp_same_storage(out, a) && !gp_same_storage(out, b) && !(bias && gp_same_storage(out, bias));
+                !gp_same_storage(out, a) && !gp_same_storage(out, b) && !(bias && gp_same_storage(out, bias)) &&
+                !(j.aux && gp_same_storage(out, j.aux));
   j.to = out;
   if (!out_ok) {
     GP_TRY(gp_tensor_scratch(&tmp[2], dt, GP_CUDA, out->ndim, out->shape));
@@ -377,8 +416,13 @@ static int mm_run(mm_job &j, const gp_tensor *bias, int gelu, gp_tensor **tmp) {
     j.to = tmp[2];
     mm_layout(j.to, &j.C);
   }
+  const mm_mat *X = nullptr;
+  if (j.aux) { /* contiguous (its spec says so): always a row-major layout */
+    mm_layout(j.aux, &j.X);
+    X = &j.X;
+  }
   if (j.K == 0) { /* no products: out = act(beta * out + bias) */
-    GP_TRY(mm_epilogue(j.op, dt, j.C, bias, j.batch, j.M, j.N, j.beta, j.beta != 0, gelu));
+    GP_TRY(mm_epilogue(j.op, dt, j.C, bias, X, j.batch, j.M, j.N, j.beta, j.beta != 0, j.act));
   } else {
     j.ta = a;
     if (!mm_layout(a, &j.A)) {
@@ -393,11 +437,11 @@ static int mm_run(mm_job &j, const gp_tensor *bias, int gelu, gp_tensor **tmp) {
       mm_layout(j.tb, &j.B);
     }
     bool done = false;
-    if (bias) {
-      GP_TRY(mm_lt(j, bias, gelu, &done));
+    if (bias || j.act != GP_MM_NONE) {
+      if (gp_matmul_lt) GP_TRY(mm_lt(j, bias, &done));
       if (!done) {
         GP_TRY(mm_gemm(j));
-        GP_TRY(mm_epilogue(j.op, dt, j.C, bias, j.batch, j.M, j.N, 1.0, 1, gelu));
+        GP_TRY(mm_epilogue(j.op, dt, j.C, bias, X, j.batch, j.M, j.N, 1.0, 1, j.act));
       }
     } else {
       if (gp_matmul_gemv && (j.M == 1 || j.N == 1)) GP_TRY(mm_gemv(j, &done));
@@ -437,9 +481,11 @@ static int mm_sizes(const char *op, const gp_tensor *out, const gp_tensor *a, co
 }
 
 extern "C" int gp_cuda_matmul(const char *op, gp_tensor *out, const gp_tensor *a, const gp_tensor *b,
-                              const gp_tensor *bias, double alpha, double beta, int gelu) {
+                              const gp_tensor *bias, double alpha, double beta, int act, gp_tensor *aux) {
   mm_job j;
   j.op = op;
+  j.act = act;
+  j.aux = aux;
   j.out = out;
   j.a = j.ta = a;
   j.b = j.tb = b;
@@ -450,7 +496,7 @@ extern "C" int gp_cuda_matmul(const char *op, gp_tensor *out, const gp_tensor *a
   if (j.batch == 0 || j.M == 0 || j.N == 0) return GP_OK;
   GP_TRY(mm_init(op));
   gp_tensor *tmp[3] = {nullptr, nullptr, nullptr};
-  int rc = mm_run(j, bias, gelu, tmp);
+  int rc = mm_run(j, bias, tmp);
   for (gp_tensor *t : tmp) gp_tensor_free(t);
   return rc;
 }

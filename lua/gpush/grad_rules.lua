@@ -295,30 +295,63 @@ return function(A)
     return o
   end
 
+  -- the gradient of a weight w (out, in) of a product g2 = x2 w^T, g2 (rows,
+  -- out), x2 (rows, in): g2^T x2 accumulated into w.grad by the GEMM (nil
+  -- returned) where there is one to accumulate into, else returned
+  local function weight_grad(w, g2, x2)
+    if not A.needs(w) then return nil end
+    local gw = x2.dtype == g2.dtype and grad_buffer(w, g2.dtype, g2.device)
+    if gw then gpmod().matmul(g2:t(), x2, {out = gw, beta = 1}); return nil end
+    return g2:t():matmul(x2)
+  end
+
+  -- the gradient of a bias b (out) from g2 (rows, out), the same way
+  local function bias_grad_into(b, g2)
+    if not (b and A.needs(b)) then return nil end
+    local gb = grad_buffer(b, g2.dtype, g2.device)
+    local ones = gb and ones_col(g2:size(1), g2.dtype, g2.device)
+    if ones then -- db += g2^T 1: one GEMV instead of a column sum and an add
+      gpmod().matmul(g2:t(), ones, {out = gb, beta = 1, tf32 = g2.dtype == 'f32' and false or nil})
+      return nil
+    end
+    return g2:sum(1)
+  end
+
   -- gp.linear(x, w, b): x (..., in) @ w^T + b, w (out, in)
   F('linear', function(g, a)
     local x, w, b = a[1], a[2], a[3]
     local O, I = w:size(1), w:size(2)
     local rows = x:numel() / math.max(I, 1)
     local g2 = g[1]:reshape {rows, O}
-    local dx, dw, db
+    local dx
     if A.needs(x) then dx = g2:matmul(w):reshape(x.shape) end
-    if A.needs(w) then
-      local gw = x.dtype == g2.dtype and grad_buffer(w, g2.dtype, g2.device)
-      if gw then gpmod().matmul(g2:t(), x:reshape {rows, I}, {out = gw, beta = 1})
-      else dw = g2:t():matmul(x:reshape {rows, I}) end
-    end
-    if b and A.needs(b) then
-      local gb = grad_buffer(b, g2.dtype, g2.device)
-      local ones = gb and ones_col(rows, g2.dtype, g2.device)
-      if ones then -- db += g2^T 1: one GEMV instead of a column sum and an add
-        gpmod().matmul(g2:t(), ones, {out = gb, beta = 1, tf32 = g2.dtype == 'f32' and false or nil})
-      else
-        db = g2:sum(1)
-      end
-    end
-    return dx, dw, db
+    return dx, weight_grad(w, g2, x:reshape {rows, I}), bias_grad_into(b, g2)
   end)
+
+  -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2.
+  -- The forward saves h (rows, hidden) and the pre-activation pre (the GEMM's
+  -- GELU_AUX_BIAS epilogue); backward: dw2 = g^T h, db2, dpre = (g w2) *
+  -- gelu_tanh'(pre) in one GEMM (DGELU epilogue), dw1 = dpre^T x, db1, dx = dpre w1.
+  F('linear_gelu_linear', function(g, a, _, saved)
+    local x, w1, b1, w2, b2 = a[1], a[2], a[3], a[4], a[5]
+    local D, H, D2 = w1:size(2), w1:size(1), w2:size(1)
+    local rows = x:numel() / math.max(D, 1)
+    local g2 = tensor.to_dtype(g[1], x.dtype):reshape {rows, D2}
+    local dw2, db2 = weight_grad(w2, g2, saved.h), bias_grad_into(b2, g2)
+    local dx, dw1, db1
+    if A.needs(x) or A.needs(w1) or A.needs(b1) then
+      local dpre = empty({rows, H}, x.dtype, x.device, 'linear_gelu_linear')
+      K.matmul_dgelu(dpre, g2, w2, saved.aux)
+      if A.needs(x) then dx = dpre:matmul(w1):reshape(x.shape) end
+      dw1, db1 = weight_grad(w1, dpre, x:reshape {rows, D}), bias_grad_into(b1, dpre)
+    end
+    return dx, dw1, db1, dw2, db2
+  end, {
+    forward = function(_, x, w1, b1, w2, b2)
+      local y, h, aux = gpmod()._linear_gelu_linear_saved(x, w1, b1, w2, b2)
+      return {h = h, aux = aux}, y
+    end,
+  })
 
   ---------------------------------------------------------------------------
   -- index ops

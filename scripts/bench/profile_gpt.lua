@@ -1,16 +1,31 @@
 -- profile_gpt.lua: one training step of a GPT-2-small-sized model (bf16, AdamW), per kernel.
--- Run: gpush scripts/bench/profile_gpt.lua [--per-head]
+-- Run: gpush scripts/bench/profile_gpt.lua [--per-head] [--unfused-mlp]
 -- --per-head: attention through the per-head views and nn.attention (the path
 -- before gp.attention_qkv; nn.attention swapped for a wrapper turns it off)
-if arg and arg[1] == '--per-head' then
-  local flash = gp.nn.attention
-  gp.nn.attention = function(...) return flash(...) end
-  print('attention: per-head path (narrow/transpose + gp.attention)')
+-- --unfused-mlp: the MLPs as fc, gelu_tanh, proj (the path before
+-- gp.linear_gelu_linear; a Linear forward swapped on the instance turns it off)
+local unfused_mlp = false
+for _, a in ipairs(arg or {}) do
+  if a == '--per-head' then
+    local flash = gp.nn.attention
+    gp.nn.attention = function(...) return flash(...) end
+    print('attention: per-head path (narrow/transpose + gp.attention)')
+  elseif a == '--unfused-mlp' then
+    unfused_mlp = true
+    print('mlp: unfused path (linear, gelu_tanh, linear)')
+  end
 end
 local cfg = {vocab_size = 51, block_size = 1024, n_embd = 768, n_layer = 12, n_head = 12, dropout = 0}
 local T0 = gp.train.now()
 local model = gp.nn.GPT(cfg)
 print('build', gp.train.now() - T0)
+if unfused_mlp then
+  local function linear(self, x) return gp.linear(x, self.weight, self.bias) end
+  for _, blk in ipairs(model.h) do
+    rawset(blk.mlp.fc, 'forward', linear)
+    rawset(blk.mlp.proj, 'forward', linear)
+  end
+end
 gp.optim.mixed_precision(model)
 local opt = gp.optim.AdamW(model, {lr = 3e-4})
 local x = gp.randint(0, 51, {8, 1024})

@@ -21,7 +21,8 @@ T.test('lora: wraps attention and MLP Linears, starts as the base, keeps the bas
   local ad = gp.lora.apply(m, {rank = 4, alpha = 8})
   T.eq(#ad, 2 * 4 * 2) -- qkv, proj, fc, proj per block: A and B each
   T.eq(#gp.lora.modules(m), 8)
-  T.ok(T.relnorm(m(x), y0) == 0, 'B = 0 at init: the adapted model is the base')
+  -- (to rounding: the base MLP runs as one gp.linear_gelu_linear, GELU on the unrounded product)
+  T.ok(T.relnorm(m(x), y0) < 1e-6, 'B = 0 at init: the adapted model is the base')
   local sd = m:state_dict()
   for _, k in ipairs(keys0) do T.ok(sd[k] ~= nil, 'base key kept: ' .. k) end
   T.ok(sd['h.1.attn.qkv.lora_A'] ~= nil and sd['h.2.mlp.proj.lora_B'] ~= nil)

@@ -164,6 +164,7 @@ T.test('matmul: options', function()
   T.eq(gp.tf32(), true)
   gp.set_tf32(false)
   T.eq(gp.matmul_option('gemv', -1), 0)
+  T.eq(gp.matmul_option('lt', -1), 1)
   T.raises(function() gp.matmul_option('fast', 1) end, "unknown option 'fast'")
   -- a per-call tf32 option leaves the switch as it was, also after an error
   gp.matmul(cpu {2, 2}, cpu {2, 2}, {tf32 = true})

@@ -19,8 +19,8 @@ return function(gp, tensor)
     return old[0]
   end
   gp.matmul_option = option
-  doc(option, "gp.matmul_option('tf32'|'gemv', value)",
-    'set a matmul option (value -1 only reads) and return the previous value: tf32 (1: f32 GEMMs may use TF32), gemv (1: m == 1 or n == 1 through cuBLAS gemv instead of GEMM)')
+  doc(option, "gp.matmul_option('tf32'|'gemv'|'lt', value)",
+    'set a matmul option (value -1 only reads) and return the previous value: tf32 (1: f32 GEMMs may use TF32), gemv (1: m == 1 or n == 1 through cuBLAS gemv instead of GEMM), lt (1, the default: bias/GELU epilogues through cuBLASLt where it has an algorithm; 0: always a GEMM and an epilogue kernel)')
 
   function gp.set_tf32(on) option('tf32', on and 1 or 0) end
   doc(gp.set_tf32, 'gp.set_tf32(true|false)', 'let f32 matrix products use TF32 tensor cores (off by default; ~1e-3 relative error)')
@@ -173,4 +173,51 @@ return function(gp, tensor)
     return y:view(oshape)
   end
   doc(gp.linear, 'gp.linear(x, w, b)', 'x @ w^T + b with w (out, in) like torch; x (..., in); b (out) or nil')
+
+  -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2:
+  -- two products, GELU in the first one's epilogue. With save (autograd's
+  -- forward, grad_rules.lua) it also returns h = gelu_tanh(pre) and pre (aux),
+  -- both (rows, hidden), from the GELU_AUX_BIAS epilogue.
+  local function lgl(x, w1, b1, w2, b2, save)
+    local op = 'linear_gelu_linear'
+    local names = {'x', 'w1', 'b1', 'w2', 'b2'}
+    local args = {x, w1, b1, w2, b2}
+    for i = 1, 5 do
+      if not is_tensor(args[i]) then raise(string.format('%s: %s must be a tensor, got %s', op, names[i], type(args[i]))) end
+      if args[i].device ~= x.device then
+        raise(string.format('%s: %s is on %s but x is on %s', op, names[i], args[i].device, x.device))
+      end
+      if args[i].dtype ~= x.dtype then raise(string.format('%s: %s is %s but x is %s', op, names[i], args[i].dtype, x.dtype)) end
+    end
+    if not FLOAT[x.dtype] then raise(string.format('%s: x is %s; a float dtype (f32, bf16, f16, f64) is needed', op, x.dtype)) end
+    local sx = x.shape
+    local s1, s2 = w1.shape, w2.shape
+    local H, D, D2 = s1[1], s1[2], s2[1]
+    if #s1 ~= 2 or #s2 ~= 2 or #sx < 1 or sx[#sx] ~= D or s2[2] ~= H or b1:dim() ~= 1 or b1:size(1) ~= H
+      or b2:dim() ~= 1 or b2:size(1) ~= D2 then
+      raise(string.format('%s: x %s, w1 %s, b1 %s, w2 %s, b2 %s; needed: x (..., d), w1 (hidden, d), b1 (hidden), w2 (d2, hidden), b2 (d2)',
+        op, shape_str(sx), shape_str(w1.shape), shape_str(b1.shape), shape_str(w2.shape), shape_str(b2.shape)))
+    end
+    local rows, oshape = 1, {}
+    for i = 1, #sx - 1 do rows = rows * sx[i]; oshape[i] = sx[i] end
+    oshape[#sx] = D2
+    local x2 = x:reshape {rows, D}
+    local h = empty({rows, H}, x.dtype, x.device, op)
+    local aux
+    if save then
+      aux = empty({rows, H}, x.dtype, x.device, op)
+      gp.k.matmul_bias_gelu_aux(h, aux, x2, w1:t(), b1:contiguous())
+    else
+      gp.k.matmul_bias_gelu_tanh(h, x2, w1:t(), b1:contiguous())
+    end
+    local y = empty({rows, D2}, x.dtype, x.device, op)
+    gp.k.matmul_bias(y, h, w2:t(), b2:contiguous(), 1, 0)
+    return y:view(oshape), h, aux
+  end
+
+  function gp.linear_gelu_linear(x, w1, b1, w2, b2) return (lgl(x, w1, b1, w2, b2)) end
+  doc(gp.linear_gelu_linear, 'gp.linear_gelu_linear(x, w1, b1, w2, b2)',
+    'gelu_tanh(x @ w1^T + b1) @ w2^T + b2 (a GELU MLP) with x (..., d), w1 (hidden, d), b1 (hidden), w2 (d2, hidden), b2 (d2): GELU in the first GEMM\'s epilogue; one autograd node that saves the pre-activation from the forward GEMM (GELU_AUX_BIAS) and applies gelu\' in the epilogue of the backward GEMM (DGELU)')
+  -- for autograd's forward: y, h and the pre-activation (rows, hidden)
+  function gp._linear_gelu_linear_saved(x, w1, b1, w2, b2) return lgl(x, w1, b1, w2, b2, true) end
 end
