@@ -79,7 +79,9 @@ local function vs_cpu(name, inputs, f, tol)
   end
 end
 
-local TOL = {f32 = 1e-5, bf16 = 1e-2, f16 = 2e-3}
+-- f32 1e-4: cuBLASLt's GELU epilogue evaluates tanh less exactly than the CPU
+-- (a 1.8e-5 relative norm at 1x8x8 on the H100)
+local TOL = {f32 = 1e-4, bf16 = 1e-2, f16 = 2e-3}
 
 -- f with the cuBLASLt epilogues on (lt 1) and off (lt 0: GEMM + epilogue
 -- kernel); the option is restored even when f fails
