@@ -15,25 +15,28 @@ __device__ __forceinline__ auto gp_call(const F &f, A a, B b) {
   else return f(a, b);
 }
 
-template <int NIN, int V, typename To, typename Ta, typename Tb, typename F>
+/* BS: b is one value broadcast over the loop (read once per thread) */
+template <int NIN, int V, bool BS, typename To, typename Ta, typename Tb, typename F>
 __global__ void gp_ew_flat(To *o, const Ta *a, const Tb *b, int64_t n, F f) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   int64_t nv = n / V;
+  Tb bs{};
+  if constexpr (BS) bs = b[0];
   for (int64_t i = tid; i < nv; i += nth) {
     gp_vec<Ta, V> va;
     gp_vec<Tb, V> vb;
     gp_vec<To, V> vo;
     if constexpr (NIN >= 1) va = reinterpret_cast<const gp_vec<Ta, V> *>(a)[i];
-    if constexpr (NIN >= 2) vb = reinterpret_cast<const gp_vec<Tb, V> *>(b)[i];
+    if constexpr (NIN >= 2 && !BS) vb = reinterpret_cast<const gp_vec<Tb, V> *>(b)[i];
 #pragma unroll
-    for (int j = 0; j < V; j++) vo.v[j] = gp_call<NIN>(f, va.v[j], vb.v[j]);
+    for (int j = 0; j < V; j++) vo.v[j] = gp_call<NIN>(f, va.v[j], BS ? bs : vb.v[j]);
     reinterpret_cast<gp_vec<To, V> *>(o)[i] = vo;
   }
   for (int64_t i = nv * V + tid; i < n; i += nth) {
     Ta x{};
     Tb y{};
     if constexpr (NIN >= 1) x = a[i];
-    if constexpr (NIN >= 2) y = b[i];
+    if constexpr (NIN >= 2) y = BS ? bs : b[i];
     o[i] = gp_call<NIN>(f, x, y);
   }
 }
@@ -86,6 +89,9 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
   cudaStream_t s = gp_cuda_stream();
   bool flat = L.ndim == 1;
   for (int k = 0; k <= NIN; k++) flat = flat && (L.stride[k][0] == 1 || L.numel == 1);
+  /* a dense loop times one broadcast value (dlogits * (upstream / count)) */
+  const bool bscalar = NIN == 2 && !flat && L.ndim == 1 && L.stride[0][0] == 1 && (NIN < 1 || L.stride[1][0] == 1) &&
+                       L.stride[NIN][0] == 0;
   constexpr size_t mx = sizeof(To) > sizeof(Ta) ? (sizeof(To) > sizeof(Tb) ? sizeof(To) : sizeof(Tb))
                                                 : (sizeof(Ta) > sizeof(Tb) ? sizeof(Ta) : sizeof(Tb));
   constexpr int V = (int)(16 / mx);
@@ -118,10 +124,16 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
   } else if (flat) {
     bool al = gp_aligned(po, sizeof(To) * V) && (NIN < 1 || gp_aligned(pa, sizeof(Ta) * V)) &&
               (NIN < 2 || gp_aligned(pb, sizeof(Tb) * V));
-    if (al) GP_NOTE_LAUNCH((gp_ew_flat<NIN, V, To, Ta, Tb, F>), 256, 0);
-    else GP_NOTE_LAUNCH((gp_ew_flat<NIN, 1, To, Ta, Tb, F>), 256, 0);
-    if (al) gp_ew_flat<NIN, V><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
-    else gp_ew_flat<NIN, 1><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
+    if (al) GP_NOTE_LAUNCH((gp_ew_flat<NIN, V, false, To, Ta, Tb, F>), 256, 0);
+    else GP_NOTE_LAUNCH((gp_ew_flat<NIN, 1, false, To, Ta, Tb, F>), 256, 0);
+    if (al) gp_ew_flat<NIN, V, false><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
+    else gp_ew_flat<NIN, 1, false><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
+  } else if (bscalar) {
+    bool al = gp_aligned(po, sizeof(To) * V) && (NIN < 1 || gp_aligned(pa, sizeof(Ta) * V));
+    if (al) GP_NOTE_LAUNCH((gp_ew_flat<NIN, V, true, To, Ta, Tb, F>), 256, 0);
+    else GP_NOTE_LAUNCH((gp_ew_flat<NIN, 1, true, To, Ta, Tb, F>), 256, 0);
+    if (al) gp_ew_flat<NIN, V, true><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
+    else gp_ew_flat<NIN, 1, true><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
   } else {
     const bool small = L.numel < ((int64_t)1 << 31);
     const unsigned g = gp_grid(L.numel, 256);

@@ -385,10 +385,15 @@ return function(A)
   -- cross_entropy: the fused kernel gives dlogits with the loss (saved by the
   -- forward); backward only scales it by the incoming gradient
 
-  F('cross_entropy', function(g, a, o, dl)
+  -- saved: dlogits, and for 'mean' without grad=true the count of rows the
+  -- mean is over (dlogits then unscaled): one pass of dl * (upstream / count)
+  -- over the (N, V) logits instead of a divide in forward and a multiply here
+  F('cross_entropy', function(g, a, o, saved)
     local opts = type(a[3]) == 'table' and a[3] or {}
+    local dl, cnt = saved[1], saved[2]
     local gl = g[1]
     if (opts.reduction or 'mean') == 'none' then gl = gl:unsqueeze(-1) end
+    if cnt then gl = tensor.to_dtype(gl, 'f32') / cnt:view {} end
     return dl * tensor.to_dtype(gl, dl.dtype), nil, nil
   end, {
     nout = 1,
@@ -397,10 +402,10 @@ return function(A)
       opts = opts or {}
       local o2 = {}
       for k, v in pairs(opts) do o2[k] = v end
-      o2.grad = true
-      local loss, dl = f(logits, targets, o2)
-      if opts.grad then return dl, loss, dl end
-      return dl, loss
+      o2.grad = opts.grad and true or 'raw' -- grad = true: the caller gets the scaled dl too
+      local loss, dl, cnt = f(logits, targets, o2)
+      if opts.grad then return {dl}, loss, dl end
+      return {dl, cnt}, loss
     end,
   })
 

@@ -1,12 +1,15 @@
 -- profile_gpt.lua: one training step of a GPT-2-small-sized model (bf16, AdamW), per kernel.
--- Run: gpush scripts/bench/profile_gpt.lua [--per-head] [--unfused-mlp]
+-- Run: gpush scripts/bench/profile_gpt.lua [--per-head] [--unfused-mlp] [--vocab N]
+-- --vocab N: the vocabulary (default 50304, the bench suite's GPT-2 row)
 -- --per-head: attention through the per-head views and nn.attention (the path
 -- before gp.attention_qkv; nn.attention swapped for a wrapper turns it off)
 -- --unfused-mlp: the MLPs as fc, gelu_tanh, proj (the path before
 -- gp.linear_gelu_linear; a Linear forward swapped on the instance turns it off)
-local unfused_mlp = false
-for _, a in ipairs(arg or {}) do
-  if a == '--per-head' then
+local unfused_mlp, V = false, 50304
+for i, a in ipairs(arg or {}) do
+  if a == '--vocab' then
+    V = tonumber(arg[i + 1]) or error('--vocab needs a number')
+  elseif a == '--per-head' then
     local flash = gp.nn.attention
     gp.nn.attention = function(...) return flash(...) end
     print('attention: per-head path (narrow/transpose + gp.attention)')
@@ -15,7 +18,7 @@ for _, a in ipairs(arg or {}) do
     print('mlp: unfused path (linear, gelu_tanh, linear)')
   end
 end
-local cfg = {vocab_size = 51, block_size = 1024, n_embd = 768, n_layer = 12, n_head = 12, dropout = 0}
+local cfg = {vocab_size = V, block_size = 1024, n_embd = 768, n_layer = 12, n_head = 12, dropout = 0}
 local T0 = gp.train.now()
 local model = gp.nn.GPT(cfg)
 print('build', gp.train.now() - T0)
@@ -28,12 +31,13 @@ if unfused_mlp then
 end
 gp.optim.mixed_precision(model)
 local opt = gp.optim.AdamW(model, {lr = 3e-4})
-local x = gp.randint(0, 51, {8, 1024})
-local y = gp.randint(0, 51, {8, 1024})
+local x = gp.randint(0, V, {8, 1024})
+local y = gp.randint(0, V, {8, 1024})
 local function step()
   opt:zero_grad()
   local _, loss = model(x, y)
   loss:backward()
+  gp.optim.clip_grad_norm(opt, 1.0)
   opt:step()
 end
 for i = 1, 2 do local t = gp.train.now(); step(); gp.sync(); print('step', i, gp.train.now() - t) end

@@ -124,3 +124,18 @@ T.test('cross_entropy (cuda): matches the CPU for every dtype; a bad target give
   T.ok(v[1] == v[1] and v[2] ~= v[2], 'row 2 NaN')
   T.near(gp.cross_entropy(gp.zeros({2, 4}, {device = 'cuda'}), gp.tensor({1, 3}, {dtype = 'i64', device = 'cuda'})):item(), math.log(4), 1e-6)
 end)
+
+T.test('cross_entropy backward: upstream x dlogits / count in one pass, with ignored rows (mean, sum, none)', function()
+  local opts = {dtype = 'f64', device = 'cpu'}
+  local logits0 = gp.randn({6, 5}, opts)
+  local tg = gp.tensor({1, -100, 4, 0, -100, 2}, {dtype = 'i64', device = 'cpu'})
+  for _, red in ipairs {'mean', 'sum', 'none'} do
+    local x = logits0:clone():requires_grad()
+    local loss = gp.cross_entropy(x, tg, {reduction = red})
+    local up = red == 'none' and gp.randn({6}, opts) or gp.full({}, 3, opts)
+    loss:backward(up)
+    local _, dl = gp.cross_entropy(logits0, tg, {reduction = red, grad = true}) -- already / count for mean
+    local want = dl * (red == 'none' and up:unsqueeze(-1) or up)
+    T.ok(T.relnorm(x.grad, want) < 1e-6, red) -- (the loss, and so its upstream gradient, is f32)
+  end
+end)

@@ -40,7 +40,12 @@ return function(gp, tensor)
       local cnt = empty({1}, 'f32', logits.device, 'cross_entropy')
       gp.k.loss_reduce(r, cnt, loss, tg, ignore, red == 'mean' and 1 or 0)
       out = r:view {}
-      if dl and red == 'mean' then gp.k.div(dl, dl, cnt:to(dl.dtype)) end
+      if dl and red == 'mean' then
+        -- autograd's path (grad = 'raw') takes dl unscaled and the count: its
+        -- backward scales by upstream / count in the one pass it makes anyway
+        if opts.grad == 'raw' then return out, dl:view(logits.shape), cnt end
+        gp.k.div(dl, dl, cnt:to(dl.dtype))
+      end
     end
     if dl then return out, dl:view(logits.shape) end
     return out
