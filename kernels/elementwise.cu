@@ -4,6 +4,7 @@
  * memory traffic. */
 #include "elementwise.h"
 #include "ew_launch.cuh"
+#include "gelu.cuh"
 
 __device__ __forceinline__ float un(int op, float v) {
   switch (op) {
@@ -18,7 +19,7 @@ __device__ __forceinline__ float un(int op, float v) {
     case U_RELU: return v > 0.f ? v : (v == v ? 0.f : v);
     case U_SILU: return v / (1.0f + expf(-v));
     case U_GELU: return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
-    case U_GELU_TANH: return 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    case U_GELU_TANH: return gp_gelu_tanh(v);
     case U_SIN: return sinf(v);
     default: return cosf(v);
   }
@@ -135,9 +136,7 @@ template <typename T> struct ActBwdF {
     } else if (op == G_GELU) {
       d = 0.5f * (1.0f + erff(x * 0.70710678118654752f)) + x * expf(-0.5f * x * x) * 0.39894228040143268f;
     } else {
-      const float k = 0.79788456080286536f;
-      float t = tanhf(k * (x + 0.044715f * x * x * x));
-      d = 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
+      d = gp_gelu_tanh_d(x);
     }
     return st<T>(dy * d);
   }

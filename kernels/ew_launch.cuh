@@ -90,8 +90,8 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
   bool flat = L.ndim == 1;
   for (int k = 0; k <= NIN; k++) flat = flat && (L.stride[k][0] == 1 || L.numel == 1);
   /* a dense loop times one broadcast value (dlogits * (upstream / count)) */
-  const bool bscalar = NIN == 2 && !flat && L.ndim == 1 && L.stride[0][0] == 1 && (NIN < 1 || L.stride[1][0] == 1) &&
-                       L.stride[NIN][0] == 0;
+  const bool bscalar =
+      NIN == 2 && !flat && L.ndim == 1 && L.stride[0][0] == 1 && L.stride[1][0] == 1 && L.stride[2][0] == 0;
   constexpr size_t mx = sizeof(To) > sizeof(Ta) ? (sizeof(To) > sizeof(Tb) ? sizeof(To) : sizeof(Tb))
                                                 : (sizeof(Ta) > sizeof(Tb) ? sizeof(Ta) : sizeof(Tb));
   constexpr int V = (int)(16 / mx);

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../src/cuda_internal.h"
+#include "gelu.cuh"
 #include "matmul.h"
 
 extern "C" int gp_matmul_tf32; /* matmul.c */
@@ -176,17 +177,6 @@ static uint32_t mm_align(uintptr_t x) {
   return a;
 }
 
-__device__ __forceinline__ float mm_gelu_tanh(float x) {
-  return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));
-}
-
-/* gelu_tanh'(x), the formula of gelu_tanh_bwd (elementwise.cu) */
-__device__ __forceinline__ float mm_gelu_tanh_d(float x) {
-  const float k = 0.79788456080286536f;
-  float t = tanhf(k * (x + 0.044715f * x * x * x));
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * k * (1.0f + 3.0f * 0.044715f * x * x);
-}
-
 /* o = act(scale * o + bias) over a row-major [batch, M, N] (o read only when
  * read is set); the GEMM fallback of the epilogues, and k = 0. act GP_MM_GELU_AUX
  * also writes the pre-activation to x; GP_MM_DGELU multiplies by gelu_tanh'(x).
@@ -202,8 +192,8 @@ __global__ void mm_epilogue_k(T *o, const T *bias, T *x, int64_t rows, int64_t M
     float v = read ? scale * ld(*p) : 0.0f;
     if (bias) v += ld(bias[j]);
     if (act == GP_MM_GELU_AUX) *px = st<T>(v);
-    if (act == GP_MM_GELU || act == GP_MM_GELU_AUX) v = mm_gelu_tanh(v);
-    else if (act == GP_MM_DGELU) v *= mm_gelu_tanh_d(ld(*px));
+    if (act == GP_MM_GELU || act == GP_MM_GELU_AUX) v = gp_gelu_tanh(v);
+    else if (act == GP_MM_DGELU) v *= gp_gelu_tanh_d(ld(*px));
     *p = st<T>(v);
   }
 }
