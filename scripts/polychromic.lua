@@ -2,6 +2,7 @@
 --
 --   gpush scripts/polychromic.lua                      -- built-in task, poly objective
 --   gpush scripts/polychromic.lua --compare            -- rl and poly, same seeds and steps, side by side
+--   gpush scripts/polychromic.lua --compare --set-div distinct --embed exact
 --   gpush scripts/polychromic.lua --objective rl --steps 200 --n 8
 --   gpush scripts/polychromic.lua --data pairs.jsonl --reward reward.lua --checkpoint base.safetensors
 --   gpush scripts/polychromic.lua --help
@@ -36,8 +37,9 @@ local o = gp.args.parse(arg, {
   {'max-subsets', 64, 'subsets per prompt (all of them when C(n, m) is at most this)'},
   {'adv-norm', 'batch', 'advantage scaling: batch | set | none'},
   {'floor', 0, 'poly: f = mean reward * (floor + diversity) (0: the paper\'s pure product)'},
-  {'valid-only', false, 'poly/additive: a pair counts toward diversity with weight r_i r_j (diversity among rewarded replies only)'},
-  {'embed', 'ngram', 'reply embeddings for diversity: ngram (token 2- and 3-gram sets) | base (mean-pooled hidden states of the frozen base)'},
+  {'valid-only', false, 'poly/additive with --set-div pair: a pair counts toward diversity with weight r_i r_j (diversity among rewarded replies only)'},
+  {'set-div', 'pair', 'poly: the subset diversity: pair (mean pair distance) | distinct (effective fraction of different replies among the rewarded ones)'},
+  {'embed', 'ngram', 'reply embeddings for diversity: ngram (token 2- and 3-gram sets) | exact (one-hot of the whole reply: identical or not) | base (mean-pooled hidden states of the frozen base)'},
   {'eval-n', 0, 'samples per prompt in the evaluation, pass@eval-n (0: 8; with --compare, n)'},
   {'max-new', 0, 'longest reply in tokens (0: from the task)'},
   {'data', '', 'JSONL file of {"prompt": ..., "reply": ...} pairs (default: the built-in sum task)'},
@@ -68,6 +70,13 @@ if o.eval_n == 0 then o.eval_n = o.compare and o.n or 8 end
 local OBJ = {poly = true, additive = true, rl = true, sft = true}
 if not OBJ[o.objective] then error('--objective must be poly, additive, rl or sft, got ' .. o.objective) end
 if o.n < 2 and o.objective ~= 'sft' then error('--n must be at least 2 (a set needs pairs)') end
+if o.set_div ~= 'pair' and o.set_div ~= 'distinct' then error('--set-div must be pair or distinct, got ' .. o.set_div) end
+if o.set_div == 'distinct' then
+  if o.objective == 'additive' and not o.compare then error('--set-div distinct is for the poly objective, not additive') end
+  if o.valid_only then error('--valid-only weights pairs (--set-div pair); --set-div distinct counts rewarded replies only already') end
+end
+local EMB = {ngram = P.ngram_embed, exact = P.exact_embed, base = P.base_embed}
+local embed = EMB[o.embed] or error('--embed must be ngram, exact or base, got ' .. o.embed)
 
 -- the task
 local reward_fn = o.reward ~= '' and P.load_reward(o.reward) or nil
@@ -114,8 +123,6 @@ else
   end
 end
 
-local EMB = {ngram = P.ngram_embed, base = P.base_embed}
-local embed = EMB[o.embed] or error('--embed must be ngram or base, got ' .. o.embed)
 local eval_opts = {eval_n = o.eval_n, max_new = max_new, temperature = o.temperature, top_p = o.top_p, embed = embed}
 
 -- a fresh policy: the base weights and new adapters (same seed every time)
@@ -133,7 +140,7 @@ local function run(objective)
   local r = P.finetune(m, tok, task, {objective = objective, steps = o.steps, n = o.n, prompts_per_step = o.prompts_per_step,
     temperature = o.temperature, top_p = o.top_p, lambda = o.lambda, kl = o.kl, clip = o.clip, lr = o.lr,
     epochs = o.epochs, adv_norm = o.adv_norm, subset_size = o.subset_size > 0 and o.subset_size or nil,
-    max_subsets = o.max_subsets, floor = o.floor, valid_only = o.valid_only, max_new = max_new, embed = embed, seed = o.seed, log_every = o.log_every, log = print})
+    max_subsets = o.max_subsets, floor = o.floor, valid_only = o.valid_only, set_div = o.set_div, max_new = max_new, embed = embed, seed = o.seed, log_every = o.log_every, log = print})
   gp.manual_seed(o.seed + 3) -- the same evaluation draws for every objective
   r.eval = P.evaluate(m, tok, task, eval_opts)
   r.model = m
@@ -160,8 +167,9 @@ local base_eval = P.evaluate(policy(), tok, task, eval_opts)
 local objectives = o.compare and {'rl', 'poly'} or {o.objective}
 local results = {}
 for _, obj in ipairs(objectives) do
-  print(string.format('fine-tuning LoRA adapters (rank %d): objective %s, %d steps, %d prompts x %d samples per step',
-    o.lora_rank, obj, o.steps, o.prompts_per_step, o.n))
+  print(string.format('fine-tuning LoRA adapters (rank %d): objective %s%s, %d steps, %d prompts x %d samples per step',
+    o.lora_rank, obj, obj == 'poly' and string.format(' (set diversity %s, embed %s, floor %g)', o.set_div, o.embed, o.floor) or '',
+    o.steps, o.prompts_per_step, o.n))
   results[obj] = run(obj)
 end
 
@@ -191,7 +199,8 @@ if o.save_adapters ~= '' then
 end
 if o.json ~= '' then
   local f = assert(io.open(o.json, 'a'))
-  local rec = {base = base_eval, device = gp.device(), steps = o.steps, n = o.n}
+  local rec = {base = base_eval, device = gp.device(), steps = o.steps, n = o.n, seed = o.seed, set_div = o.set_div, embed = o.embed,
+               floor = o.floor}
   for _, obj in ipairs(objectives) do rec[obj] = {eval = results[obj].eval, times = results[obj].times} end
   f:write(gp.json.encode(rec), '\n')
   f:close()

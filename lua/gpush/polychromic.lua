@@ -13,9 +13,12 @@
 --   sft       no sampling for the loss: cross-entropy on valid (prompt, reply) pairs
 -- The distance of every pair of every prompt's samples comes from one launch
 -- of the set_diversity kernel; a subset's diversity is the mean of its pairs'.
--- The script's defaults add a floor (f = mean r * (floor + diversity)) and
--- count only rewarded pairs (valid_only); floor = 0 without valid_only is the
--- paper's product. The update is the PPO clipped surrogate on the
+-- Variants: a floor (f = mean r * (floor + diversity)); valid_only (a pair
+-- counts with weight r_i r_j); set_div = 'distinct' (diversity = the effective
+-- fraction of different replies among the rewarded ones, so an invalid reply
+-- is never paid for being different and a subset with one valid reply scores
+-- its mean reward, as rl would). floor = 0, set_div = 'pair' without
+-- valid_only is the paper's product. The update is the PPO clipped surrogate on the
 -- sampled tokens' log-probabilities (a teacher-forced forward of the policy
 -- over prompt + reply; prompt and post-stop positions masked), plus an
 -- optional KL penalty (k3 estimator) to the base model (the adapters off).
@@ -317,6 +320,34 @@ function M.bind(gp)
   doc(P.ngram_embed, 'gp.polychromic.ngram_embed(policy, rollout, {ngrams={2,3}, dim=512})',
     "reply embeddings (R, dim): the 0/1 presence of each reply's token n-grams (boundaries included), hashed; 1 - cos is an n-gram set distance in [0, 1]")
 
+  -- exact-match embedder: each reply (its whole token sequence) as a one-hot
+  -- vector in dim (default 4096) buckets of a hash of the sequence, so 1 - cos
+  -- is 0 for identical replies and 1 for different ones (two different replies
+  -- that share a bucket, about 1 pair in dim, count as identical). With
+  -- set_div = 'distinct' a subset's distinct count is then the number of
+  -- different rewarded replies. One scatter_add on the device builds the rows.
+  function P.exact_embed(policy, ro, opts)
+    opts = opts or {}
+    local dim = opts.dim or 4096
+    if type(dim) ~= 'number' or dim < 1 or dim % 1 ~= 0 then
+      raise('polychromic.exact_embed: dim must be a positive integer, got ' .. tostring(dim))
+    end
+    local R = ro.R
+    local BOUND = 1000003 -- a symbol no token id takes: ends the sequence
+    local bucket = {}
+    for i = 1, R do
+      local h = 2166136261
+      for _, v in ipairs(ro.ids[i]) do h = (h * 1000003 + v + 7) % 4294967291 end
+      h = (h * 1000003 + BOUND) % 4294967291
+      bucket[i] = {h % dim}
+    end
+    local dev = policy.wte.weight.device
+    local idx = gp.tensor(bucket, {dtype = 'i64', device = dev})
+    return gp.zeros({R, dim}, {device = dev}):scatter_add(2, idx, gp.ones({R, 1}, {device = dev}))
+  end
+  doc(P.exact_embed, 'gp.polychromic.exact_embed(policy, rollout, {dim=4096})',
+    "reply embeddings (R, dim): a one-hot row in the bucket of a hash of the reply's whole token sequence; 1 - cos is 0 for identical replies and 1 for different ones (up to hash collisions, about 1 pair in dim)")
+
   ---------------------------------------------------------------------------
   -- advantages
 
@@ -366,6 +397,17 @@ function M.bind(gp)
       return adv, stats
     end
     if objective ~= 'poly' and objective ~= 'additive' then raise('polychromic: unknown objective ' .. tostring(objective)) end
+    local set_div = opts.set_div or 'pair'
+    if set_div ~= 'pair' and set_div ~= 'distinct' then
+      raise(string.format("polychromic.advantages: set_div must be 'pair' or 'distinct', got %s", tostring(set_div)))
+    end
+    local distinct = set_div == 'distinct'
+    if distinct and objective ~= 'poly' then
+      raise("polychromic.advantages: set_div 'distinct' is for the poly objective (f = mean reward x diversity), not " .. objective)
+    end
+    if distinct and opts.valid_only then
+      raise("polychromic.advantages: valid_only weights pairs (set_div 'pair'); 'distinct' already counts rewarded replies only")
+    end
     local m = math.max(2, math.min(n, opts.subset_size or math.max(2, math.floor(n / 2))))
     local subs = P.subsets(n, m, opts.max_subsets or 64, opts.rand or math.random)
     local K = #subs
@@ -392,22 +434,50 @@ function M.bind(gp)
     dist = dist:totable()
     local lam, floor, valid_only = opts.lambda or 0.3, opts.floor or 0, opts.valid_only
     local npair = m * (m - 1) / 2
+    -- distinct: with s_ij = 1 - d_ij clamped to [0, 1] (s_ii = 1), reply i's
+    -- soft cluster in S' has the reward mass M_i = sum_{j in S'} r_j s_ij >= r_i;
+    -- the distinct count sum_{i in S', r_i > 0} r_i^2 / M_i is the number of
+    -- different rewarded replies (identical ones count 1 together) for 0/1
+    -- rewards, and diversity = that count / sum r (1 when sum r = 0), in (0, 1]:
+    -- 1 when the rewarded replies are all different or at most one is rewarded
+    local function sim(b, i, j)
+      local s = 1 - dist[(b - 1) * NP + (i < j and pid[i][j] or pid[j][i])]
+      return s < 0 and 0 or (s > 1 and 1 or s)
+    end
     for b = 1, B do
       local o = (b - 1) * n
       local fsum, contain, cnt = 0, {}, {}
       for i = 1, n do contain[i], cnt[i] = 0, 0 end
       for _, sub in ipairs(subs) do
         local r, d = 0, 0
-        for a = 1, m do
-          local i = sub[a]
-          r = r + rewards[o + i]
-          for c = a + 1, m do
-            local j = sub[c]
-            local w = valid_only and rewards[o + i] * rewards[o + j] or 1
-            d = d + w * dist[(b - 1) * NP + pid[i][j]]
+        if distinct then
+          for a = 1, m do
+            local i = sub[a]
+            local ri = rewards[o + i]
+            r = r + ri
+            if ri ~= 0 then
+              local mass = ri
+              for c = 1, m do
+                local j = sub[c]
+                if j ~= i then mass = mass + rewards[o + j] * sim(b, i, j) end
+              end
+              d = d + ri * ri / mass
+            end
           end
+          d = r ~= 0 and d / r or 1
+          r = r / m
+        else
+          for a = 1, m do
+            local i = sub[a]
+            r = r + rewards[o + i]
+            for c = a + 1, m do
+              local j = sub[c]
+              local w = valid_only and rewards[o + i] * rewards[o + j] or 1
+              d = d + w * dist[(b - 1) * NP + pid[i][j]]
+            end
+          end
+          r, d = r / m, d / npair
         end
-        r, d = r / m, d / npair
         local f = objective == 'poly' and r * (floor + d) or r + lam * d
         fsum = fsum + f
         for _, i in ipairs(sub) do contain[i] = contain[i] + f; cnt[i] = cnt[i] + 1 end
@@ -417,10 +487,14 @@ function M.bind(gp)
     end
     stats.subsets = K
     stats.subset_size = m
+    stats.set_div = set_div
     return adv, stats
   end
-  doc(P.advantages, "gp.polychromic.advantages('poly'|'additive'|'rl', rewards, emb, B, n, {subset_size=n/2, max_subsets=64, lambda=0.3, floor=0, valid_only=false})",
-    'per-sample advantages: poly/additive score subsets of each prompt\'s n samples (f = mean r * (floor + diversity), or mean r + lambda * diversity; diversity = mean pair distance 1 - cos, every pair of every prompt in one set_diversity launch; valid_only weights a pair by r_i r_j) and give each sample the mean score of its subsets minus the mean of all; rl: r - mean r of the set')
+  doc(P.advantages, "gp.polychromic.advantages('poly'|'additive'|'rl', rewards, emb, B, n, {subset_size=n/2, max_subsets=64, lambda=0.3, floor=0, valid_only=false, set_div='pair'})",
+    'per-sample advantages: poly/additive score subsets of each prompt\'s n samples (f = mean r * (floor + diversity), or mean r + lambda * diversity) and give each sample the mean score of its subsets minus the mean of all; rl: r - mean r of the set. '
+    .. "set_div 'pair': diversity = mean pair distance d = 1 - cos (valid_only weights a pair by r_i r_j); "
+    .. "set_div 'distinct' (poly only): diversity = distinct / sum r (1 when sum r = 0), distinct = sum over rewarded i of r_i^2 / sum_j r_j s_ij with s = 1 - d clamped to [0, 1], s_ii = 1 (the number of different rewarded replies for 0/1 rewards), so f = floor * mean r + distinct / m. "
+    .. 'Every pair distance of every prompt comes from one set_diversity launch')
 
   -- scale advantages by the std over the batch ('batch'), per set ('set'), or not ('none')
   function P.normalize(adv, B, n, how)
@@ -502,8 +576,8 @@ function M.bind(gp)
   -- one fine-tuning run
 
   -- o: objective, n, temperature, top_p, steps, prompts_per_step, lambda, kl,
-  -- clip, lr, epochs, adv_norm, subset_size, max_subsets, max_new, seed,
-  -- embed (function(policy, rollout) -> (R, D); default base_embed), log (function(line))
+  -- clip, lr, epochs, adv_norm, subset_size, max_subsets, floor, valid_only,
+  -- set_div ('pair' | 'distinct'), max_new, seed, embed (function(policy, rollout) -> (R, D); default base_embed), log (function(line))
   function P.finetune(policy, tok, task, o)
     local say = o.log or function() end
     local rng_state = o.seed or 1
@@ -569,7 +643,8 @@ function M.bind(gp)
         -- diversity: embeddings (also for rl, to report it), advantages
         local emb = embed(policy, ro)
         local adv, st = P.advantages(o.objective, rewards, emb, B, n, {subset_size = o.subset_size,
-          max_subsets = o.max_subsets, lambda = o.lambda, floor = o.floor, valid_only = o.valid_only, rand = rand})
+          max_subsets = o.max_subsets, lambda = o.lambda, floor = o.floor, valid_only = o.valid_only, set_div = o.set_div,
+          rand = rand})
         local sdiv = gp.set_diversity(emb:float():view {B, n, emb:size(2)}):mean():item()
         adv = P.normalize(adv, B, n, o.adv_norm or 'batch')
         local base_logp
@@ -613,8 +688,8 @@ function M.bind(gp)
     end
     return {history = hist, times = times, steps = o.steps}
   end
-  doc(P.finetune, "gp.polychromic.finetune(policy, tok, task, {objective='poly', steps=, n=4, prompts_per_step=8, ...})",
-    'fine-tune the LoRA adapters of policy with the objective; returns {history, times = {generation, diversity, update, kernel} in seconds}')
+  doc(P.finetune, "gp.polychromic.finetune(policy, tok, task, {objective='poly', steps=, n=4, prompts_per_step=8, set_div='pair', ...})",
+    'fine-tune the LoRA adapters of policy with the objective (set_div, floor, valid_only, subset_size, max_subsets as in advantages); returns {history, times = {generation, diversity, update, kernel} in seconds}')
 
   return P
 end

@@ -66,6 +66,80 @@ T.test('polychromic: n-gram embeddings give set distances in [0, 1]', function()
   T.near(d(1, 4), 1 - 3 / 7, 1e-6)
 end)
 
+T.test('polychromic: exact embeddings: identical replies -> identical rows, different -> orthogonal', function()
+  local pol = {wte = {weight = gp.zeros({1, 1}, cpu)}}
+  local ro = {R = 5, ids = {{1, 2, 3}, {1, 2, 3}, {3, 2, 1}, {1, 2}, {}}}
+  local e = P.exact_embed(pol, ro)
+  T.eq(e:size(1), 5)
+  T.eq(e:size(2), 4096)
+  local rows = e:totable()
+  local function dot(a, b) local s = 0; for k = 1, #a do s = s + a[k] * b[k] end; return s end
+  for i = 1, 5 do T.near(dot(rows[i], rows[i]), 1, 0) end -- one-hot
+  T.same(rows[1], rows[2], 0)
+  for _, p in ipairs {{1, 3}, {1, 4}, {1, 5}, {3, 4}, {3, 5}, {4, 5}} do
+    T.near(dot(rows[p[1]], rows[p[2]]), 0, 0, 'replies ' .. p[1] .. ' and ' .. p[2])
+  end
+  T.eq(P.exact_embed(pol, ro, {dim = 64}):size(2), 64)
+  T.raises(function() P.exact_embed(pol, ro, {dim = 0}) end, 'exact_embed', 'dim')
+end)
+
+T.test('polychromic: distinct set diversity by hand', function()
+  local pol = {wte = {weight = gp.zeros({1, 1}, cpu)}}
+  -- replies 1 and 2 identical and valid, 3 invalid, 4 a different valid one
+  local emb = P.exact_embed(pol, {R = 4, ids = {{5, 6}, {5, 6}, {7}, {6, 5}}})
+  local r = {1, 1, 0, 1}
+  -- m = 2, the 6 pairs: f = (number of different rewarded replies) / 2:
+  -- {1,2} 1/2 (one cluster), {1,3} 1/2, {1,4} 1, {2,3} 1/2, {2,4} 1, {3,4} 1/2;
+  -- mean 4/6; the pairs holding 1: (1/2 + 1/2 + 1) / 3 = 2/3 -> 0, same for 2;
+  -- 3: 3/2 / 3 = 1/2 -> -1/6; 4: 5/2 / 3 = 5/6 -> +1/6
+  local a = P.advantages('poly', r, emb, 1, 4, {subset_size = 2, set_div = 'distinct'})
+  T.same(a, {0, 0, -1 / 6, 1 / 6}, 1e-6)
+  T.ok(a[1] < a[4] and a[3] < a[1], 'the duplicate valid reply below the unique one, the invalid one lowest')
+  -- the pair form pays the invalid reply for being different: there 3 ties with 1
+  -- ({1,2}: 1 x 0, {1,3}: 1/2 x 1, {1,4}: 1 x 1; 3: {1,3}, {2,3}, {3,4} at 1/2 each)
+  local ap = P.advantages('poly', r, emb, 1, 4, {subset_size = 2})
+  T.near(ap[1], ap[3], 1e-6)
+  -- m = 3, the 4 triples: {1,2,3} 1/3, {1,2,4} 2/3, {1,3,4} 2/3, {2,3,4} 2/3; mean 7/12;
+  -- holding 1 (or 2, or 3): 5/9 -> -1/36; holding 4: 2/3 -> +1/12
+  local a3 = P.advantages('poly', r, emb, 1, 4, {subset_size = 3, set_div = 'distinct'})
+  T.same(a3, {-1 / 36, -1 / 36, -1 / 36, 1 / 12}, 1e-6)
+  -- floor F: f = F mean r + distinct / m; the F mean r part over the pairs:
+  -- holding 1, 2, 4: (1 + 1/2 + 1) / 3 = 5/6, holding 3: 1/2, mean 3/4
+  local af = P.advantages('poly', r, emb, 1, 4, {subset_size = 2, set_div = 'distinct', floor = 0.5})
+  T.same(af, {0.5 / 12, 0.5 / 12, -1 / 6 - 0.5 / 4, 1 / 6 + 0.5 / 12}, 1e-6)
+  -- two prompts in one call: the second set (all valid, all different) is independent of the first
+  local emb2 = P.exact_embed(pol, {R = 8, ids = {{5, 6}, {5, 6}, {7}, {6, 5}, {1}, {2}, {3}, {4}}})
+  local a2 = P.advantages('poly', {1, 1, 0, 1, 1, 1, 1, 1}, emb2, 2, 4, {subset_size = 2, set_div = 'distinct'})
+  T.same(a2, {0, 0, -1 / 6, 1 / 6, 0, 0, 0, 0}, 1e-6)
+end)
+
+T.test('polychromic: distinct with all replies different scores the mean reward (as rl would)', function()
+  local pol = {wte = {weight = gp.zeros({1, 1}, cpu)}}
+  local emb = P.exact_embed(pol, {R = 4, ids = {{1}, {2}, {3}, {4}}})
+  -- f = mean r over the 6 pairs, r = {1, 0, 1, 1/2}, sum 5/2, mean 5/8:
+  -- the pairs holding i average (r_i + (5/2 - r_i) / 3) / 2
+  -- r = 1: 3/4 -> +1/8; r = 0: 5/12 -> -5/24; r = 1/2: 7/12 -> -1/24
+  local a = P.advantages('poly', {1, 0, 1, 0.5}, emb, 1, 4, {subset_size = 2, set_div = 'distinct'})
+  T.same(a, {1 / 8, -5 / 24, 1 / 8, -1 / 24}, 1e-6)
+  -- no reward anywhere: every f is 0
+  T.same(P.advantages('poly', {0, 0, 0, 0}, emb, 1, 4, {subset_size = 3, set_div = 'distinct'}), {0, 0, 0, 0}, 1e-12)
+  -- a soft similarity (n-gram embeddings): replies 1 2 3 and 1 2 4 share 3 of 7 n-grams, s = 3/7;
+  -- the pair {1, 2} has distinct count 2 x 1 / (1 + 3/7) = 7/5 -> f = 7/10
+  local e = P.ngram_embed(pol, {R = 3, ids = {{1, 2, 3}, {1, 2, 4}, {9, 9, 9}}})
+  -- the 3 pairs: {1,2} 7/10, {1,3} 1, {2,3} 1 (9 9 9 shares nothing); mean 9/10;
+  -- holding 1: 17/20 -> -1/20, same for 2; holding 3: 1 -> +1/10
+  T.same(P.advantages('poly', {1, 1, 1}, e, 1, 3, {subset_size = 2, set_div = 'distinct'}), {-1 / 20, -1 / 20, 1 / 10}, 1e-6)
+end)
+
+T.test('polychromic: set_div bad values and combinations give clear errors', function()
+  local emb = gp.tensor({{1, 0}, {0, 1}, {1, 1}}, cpu)
+  T.raises(function() P.advantages('poly', {1, 0, 1}, emb, 1, 3, {set_div = 'nope'}) end, 'set_div', 'nope')
+  T.raises(function() P.advantages('additive', {1, 0, 1}, emb, 1, 3, {set_div = 'distinct'}) end, 'distinct', 'poly')
+  T.raises(function() P.advantages('poly', {1, 0, 1}, emb, 1, 3, {set_div = 'distinct', valid_only = true}) end, 'valid_only')
+  -- rl ignores the set diversity
+  T.same(P.advantages('rl', {1, 0, 1}, nil, 1, 3, {set_div = 'distinct'}), {1 / 3, -2 / 3, 1 / 3}, 1e-12)
+end)
+
 T.test('polychromic: the PPO loss gradient at ratio 1 is -A mask / tokens', function()
   local logp = gp.randn({2, 3}, {dtype = 'f64', device = 'cpu'}):requires_grad()
   local old = logp:detach()
@@ -115,5 +189,24 @@ T.test('scripts/polychromic.lua --compare (tiny): both objectives, the report ta
   T.ok(out:find('pass@3', 1, true), 'with --compare, eval-n defaults to n: ' .. out)
   for _, row in ipairs {'\nbase ', '\nrl ', '\npoly ', 'poly vs rl:', 'set_diversity kernel'} do
     T.ok(out:find(row, 1, true), row .. ' in ' .. out)
+  end
+end)
+
+T.test('scripts/polychromic.lua --set-div distinct --embed exact (tiny), and bad values', function()
+  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
+  local base = exe .. ' --device cpu ' .. script .. ' --steps 2 --pretrain-steps 4 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1'
+  local out, rc = T.sh(base .. ' --compare --set-div distinct --embed exact')
+  T.eq(rc, 0, out)
+  for _, row in ipairs {'set diversity distinct, embed exact', '\nrl ', '\npoly ', 'poly vs rl:'} do
+    T.ok(out:find(row, 1, true), row .. ' in ' .. out)
+  end
+  for _, c in ipairs {{'--set-div nope', '--set-div must be pair or distinct'}, {'--embed nope', '--embed must be ngram, exact or base'},
+                      {'--set-div distinct --objective additive', 'poly objective'},
+                      {'--set-div distinct --valid-only', '--valid-only'}} do
+    local o2, rc2 = T.sh(base .. ' ' .. c[1])
+    T.ok(rc2 ~= 0, c[1] .. ' must fail: ' .. o2)
+    T.ok(o2:find(c[2], 1, true), c[2] .. ' in ' .. o2)
+    T.ok(not o2:find('pretraining', 1, true), c[1] .. ': the error comes before pretraining')
   end
 end)
