@@ -2,7 +2,7 @@
 --
 --   gpush scripts/polychromic.lua                      -- built-in task, poly objective
 --   gpush scripts/polychromic.lua --compare            -- rl and poly, same seeds and steps, side by side
---   gpush scripts/polychromic.lua --compare --set-div distinct --embed exact
+--   gpush scripts/polychromic.lua --compare --set-div pair --floor 0  -- the paper's all-pairs product
 --   gpush scripts/polychromic.lua --objective rl --steps 200 --n 8
 --   gpush scripts/polychromic.lua --data pairs.jsonl --reward reward.lua --checkpoint base.safetensors
 --   gpush scripts/polychromic.lua --help
@@ -36,10 +36,10 @@ local o = gp.args.parse(arg, {
   {'subset-size', 0, 'poly/additive subset size m (0: n/2, at least 2)'},
   {'max-subsets', 64, 'subsets per prompt (all of them when C(n, m) is at most this)'},
   {'adv-norm', 'batch', 'advantage scaling: batch | set | none'},
-  {'floor', 0, 'poly: f = mean reward * (floor + diversity) (0: the paper\'s pure product)'},
+  {'floor', -1, 'poly: f = mean reward * (floor + diversity) (-1: 1 with --set-div distinct, else 0, the paper\'s pure product)'},
   {'valid-only', false, 'poly/additive with --set-div pair: a pair counts toward diversity with weight r_i r_j (diversity among rewarded replies only)'},
-  {'set-div', 'pair', 'poly: the subset diversity: pair (mean pair distance) | distinct (effective fraction of different replies among the rewarded ones)'},
-  {'embed', 'ngram', 'reply embeddings for diversity: ngram (token 2- and 3-gram sets) | exact (one-hot of the whole reply: identical or not) | base (mean-pooled hidden states of the frozen base)'},
+  {'set-div', '', 'poly: the subset diversity: distinct (the default: effective number of different replies among the rewarded ones, over the subset size) | pair (mean pair distance over all pairs, the paper\'s form)'},
+  {'embed', '', 'reply embeddings for diversity: exact (the default with distinct: one-hot of the whole reply, identical or not) | ngram (the default with pair: token 2- and 3-gram sets) | base (mean-pooled hidden states of the frozen base)'},
   {'eval-n', 0, 'samples per prompt in the evaluation, pass@eval-n (0: 8; with --compare, n)'},
   {'max-new', 0, 'longest reply in tokens (0: from the task)'},
   {'data', '', 'JSONL file of {"prompt": ..., "reply": ...} pairs (default: the built-in sum task)'},
@@ -70,6 +70,11 @@ if o.eval_n == 0 then o.eval_n = o.compare and o.n or 8 end
 local OBJ = {poly = true, additive = true, rl = true, sft = true}
 if not OBJ[o.objective] then error('--objective must be poly, additive, rl or sft, got ' .. o.objective) end
 if o.n < 2 and o.objective ~= 'sft' then error('--n must be at least 2 (a set needs pairs)') end
+-- poly's defaults: distinct replies among the rewarded ones, counted exactly,
+-- with floor 1 (f = mean reward + distinct / m); additive: pair distances
+if o.set_div == '' then o.set_div = (o.objective == 'additive' or o.valid_only) and 'pair' or 'distinct' end
+if o.embed == '' then o.embed = o.set_div == 'distinct' and 'exact' or 'ngram' end
+if o.floor < 0 then o.floor = o.set_div == 'distinct' and 1 or 0 end
 if o.set_div ~= 'pair' and o.set_div ~= 'distinct' then error('--set-div must be pair or distinct, got ' .. o.set_div) end
 if o.set_div == 'distinct' then
   if o.objective == 'additive' and not o.compare then error('--set-div distinct is for the poly objective, not additive') end

@@ -18,7 +18,9 @@
 -- fraction of different replies among the rewarded ones, so an invalid reply
 -- is never paid for being different and a subset with one valid reply scores
 -- its mean reward, as rl would). floor = 0, set_div = 'pair' without
--- valid_only is the paper's product. The update is the PPO clipped surrogate on the
+-- valid_only (these functions' defaults) is the paper's product;
+-- scripts/polychromic.lua defaults to set_div = 'distinct' over exact reply
+-- embeddings with floor = 1 (README: how that was chosen). The update is the PPO clipped surrogate on the
 -- sampled tokens' log-probabilities (a teacher-forced forward of the policy
 -- over prompt + reply; prompt and post-stop positions masked), plus an
 -- optional KL penalty (k3 estimator) to the base model (the adapters off).

@@ -187,20 +187,24 @@ T.test('scripts/polychromic.lua --compare (tiny): both objectives, the report ta
     ' --compare --steps 2 --pretrain-steps 4 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1')
   T.eq(rc, 0, out)
   T.ok(out:find('pass@3', 1, true), 'with --compare, eval-n defaults to n: ' .. out)
-  for _, row in ipairs {'\nbase ', '\nrl ', '\npoly ', 'poly vs rl:', 'set_diversity kernel'} do
+  for _, row in ipairs {'\nbase ', '\nrl ', '\npoly ', 'poly vs rl:', 'set_diversity kernel',
+                       'set diversity distinct, embed exact, floor 1'} do -- poly's defaults
     T.ok(out:find(row, 1, true), row .. ' in ' .. out)
   end
 end)
 
-T.test('scripts/polychromic.lua --set-div distinct --embed exact (tiny), and bad values', function()
+T.test('scripts/polychromic.lua --set-div pair --floor 0 (tiny), additive\'s defaults, and bad values', function()
   local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
   local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
   local base = exe .. ' --device cpu ' .. script .. ' --steps 2 --pretrain-steps 4 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1'
-  local out, rc = T.sh(base .. ' --compare --set-div distinct --embed exact')
+  local out, rc = T.sh(base .. ' --compare --set-div pair --floor 0')
   T.eq(rc, 0, out)
-  for _, row in ipairs {'set diversity distinct, embed exact', '\nrl ', '\npoly ', 'poly vs rl:'} do
+  for _, row in ipairs {'set diversity pair, embed ngram, floor 0', '\nrl ', '\npoly ', 'poly vs rl:'} do
     T.ok(out:find(row, 1, true), row .. ' in ' .. out)
   end
+  -- additive takes pair distances by default (distinct is poly's)
+  out, rc = T.sh(base .. ' --objective additive')
+  T.eq(rc, 0, out)
   for _, c in ipairs {{'--set-div nope', '--set-div must be pair or distinct'}, {'--embed nope', '--embed must be ngram, exact or base'},
                       {'--set-div distinct --objective additive', 'poly objective'},
                       {'--set-div distinct --valid-only', '--valid-only'}} do
