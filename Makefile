@@ -19,8 +19,12 @@ CUDA_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>
 ifeq ($(strip $(CUDA_ARCH)),)
 CUDA_ARCH := 80 90
 endif
-GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a),code=sm_$(a)) \
-           -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH))
+# 90 builds sm_90a machine code (Hopper's wgmma, in the attention kernels);
+# the PTX for later GPUs stays the generic compute_NN.
+SASS     = $(if $(filter 90,$(1)),90a,$(1))
+GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(call SASS,$(a)),code=sm_$(call SASS,$(a))) \
+           -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH)) \
+           $(if $(filter 90,$(CUDA_ARCH)),-DGP_SM90A=1)
 
 LUAJIT_INC ?= /usr/include/luajit-2.1
 LUAJIT_LIB ?= $(firstword $(wildcard /usr/lib/*/libluajit-5.1.a /usr/lib/libluajit-5.1.a /usr/local/lib/libluajit-5.1.a))

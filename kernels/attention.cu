@@ -12,6 +12,11 @@
  * diagonal and window tiles left of the window are never visited; only the
  * tiles that touch a boundary are masked element by element.
  *
+ * On an H100/H200 (compute capability 9.0, a build with sm_90a code) the
+ * bf16/f16 forward and backward at D 64 run the same algorithms on wgmma
+ * instead (attention_wg.cuh): a warpgroup owns 64 rows and the tensor cores
+ * read Q, K, V, dout straight from the swizzled shared-memory tiles.
+ *
  * f32 (and unaligned views): a plain tiled kernel (K/V tiles in shared memory,
  * one key per lane, FMA in f32). attn_bwd: the same plain tiling in two
  * kernels, dq by query blocks and dk/dv by key blocks (no atomics).
@@ -23,6 +28,7 @@
 #include <cstring>
 
 #include "../src/cuda_internal.h"
+#include "wgmma.cuh"
 
 #define FULL 0xffffffffu
 
@@ -975,6 +981,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
   }
 }
 
+#include "attention_wg.cuh"
+
 /* ------------------------------------------------------------------------ */
 /* decode: split-K over the cache, then a combine                           */
 
@@ -1125,28 +1133,50 @@ int zero_rows(const gp_tensor *t) {
   return GP_OK;
 }
 
-template <typename T, int D, int MT, int NW, bool NEW> int launch_fwd_mma(const AttnP &P, int64_t BH) {
-  constexpr int BM = 16 * MT * NW;
-  const int smem = (BM + 4 * 64) * D * (int)sizeof(T);
-  static bool attr = false; /* per instantiation */
-  GP_TRY(smem_attr(k_attn_fwd_mma<T, D, MT, NW, NEW>, smem, attr, "attn_fwd"));
+/* a forward kernel over query tiles of BM rows: grid BH x ceil(T / BM) */
+template <typename K> int launch_fwd_tiles(K *kern, const AttnP &P, int64_t BH, int BM, int nth, int smem, bool &attr) {
+  GP_TRY(smem_attr(kern, smem, attr, "attn_fwd"));
   const int64_t blocks = BH * ((P.T + BM - 1) / BM);
   if (blocks > INT32_MAX) return gp_error("attn_fwd: too many blocks for one launch (B * H = %lld, T = %d)",
                                           (long long)BH, P.T);
-  GP_NOTE_LAUNCH((k_attn_fwd_mma<T, D, MT, NW, NEW>), NW * 32, smem);
-  k_attn_fwd_mma<T, D, MT, NW, NEW><<<(unsigned)blocks, NW * 32, smem, gp_cuda_stream()>>>(P, (int)BH);
+  GP_NOTE_LAUNCH(kern, nth, smem);
+  kern<<<(unsigned)blocks, nth, smem, gp_cuda_stream()>>>(P, (int)BH);
   return GP_OK;
 }
 
-/* GP_ATTN_IMPL (read once): "old" the first tensor-core kernels, "new" (the
- * default) the revised ones, "new8" as new with the 8-warp forward (16 rows
- * a warp) at D 64 */
-enum { IMPL_OLD = 0, IMPL_NEW = 1, IMPL_NEW8 = 2 };
+template <typename T, int D, int MT, int NW, bool NEW> int launch_fwd_mma(const AttnP &P, int64_t BH) {
+  constexpr int BM = 16 * MT * NW;
+  static bool attr = false; /* per instantiation */
+  return launch_fwd_tiles(k_attn_fwd_mma<T, D, MT, NW, NEW>, P, BH, BM, NW * 32, (BM + 4 * 64) * D * (int)sizeof(T),
+                          attr);
+}
+
+template <typename T, int NWG, int BN, int MINB, int NS> int launch_fwd_wg(const AttnP &P, int64_t BH) {
+  constexpr int BM = 64 * NWG;
+  static bool attr = false; /* per instantiation */
+  return launch_fwd_tiles(k_attn_fwd_wg<T, NWG, BN, MINB, NS>, P, BH, BM, NWG * 128,
+                          (BM + 2 * NS * BN) * 64 * (int)sizeof(T) + 1024, attr);
+}
+
+/* GP_ATTN_IMPL (read once): "old" the first tensor-core kernels, "new" the
+ * revised mma.sync ones, "new8" as new with the 8-warp forward (16 rows a
+ * warp) at D 64; "wg" (the default where it runs: a compute capability 9.0
+ * GPU and a build with sm_90a code; else new) the wgmma kernels at D 64 */
+enum { IMPL_OLD = 0, IMPL_NEW = 1, IMPL_NEW8 = 2, IMPL_WG = 3 };
 int attn_impl() {
   static int impl = -1;
   if (impl < 0) {
     const char *e = getenv("GP_ATTN_IMPL");
-    impl = e && !strcmp(e, "old") ? IMPL_OLD : e && !strcmp(e, "new8") ? IMPL_NEW8 : IMPL_NEW;
+#ifdef GP_SM90A
+    const bool wg = gp_cuda_cc() == 90;
+#else
+    const bool wg = false;
+#endif
+    impl = e && !strcmp(e, "old")    ? IMPL_OLD
+           : e && !strcmp(e, "new")  ? IMPL_NEW
+           : e && !strcmp(e, "new8") ? IMPL_NEW8
+           : wg                      ? IMPL_WG
+                                     : IMPL_NEW;
   }
   return impl;
 }
@@ -1155,8 +1185,12 @@ template <typename T, int D> int launch_fwd_tc(const AttnP &P, int64_t BH) {
   constexpr int MT = D == 64 ? 2 : 1;
   const int impl = P.scale > 0.f ? attn_impl() : IMPL_OLD; /* NEW takes the max of the raw scores */
   if (impl == IMPL_OLD) return launch_fwd_mma<T, D, MT, 4, false>(P, BH);
-  if constexpr (D == 64)
+  if constexpr (D == 64) {
     if (impl == IMPL_NEW8) return launch_fwd_mma<T, D, 1, 8, true>(P, BH);
+    /* 2 warpgroups of 64 rows, key tiles of 64 in 3 stages, 2 CTAs an SM
+     * (the best of the tilings measured: BENCHMARKS.md) */
+    if (impl == IMPL_WG) return launch_fwd_wg<T, 2, 64, 2, 3>(P, BH);
+  }
   return launch_fwd_mma<T, D, MT, 4, true>(P, BH);
 }
 
@@ -1207,7 +1241,41 @@ template <typename T, int D, bool NEW> int launch_bwd_mma(const AttnP &P, int64_
   return rc;
 }
 
+/* the wgmma backward at D 64: delta, then dk/dv (NWG1 warpgroups of 64 keys,
+ * query tiles of BQ), then dq (NWG2 warpgroups of 64 queries, key tiles of BN) */
+template <typename T, int NWG1, int BQ, int MINB1, int NWG2, int BN, int MINB2>
+int launch_bwd_wg(const AttnP &P, int64_t BH) {
+  constexpr int BNK = 64 * NWG1, BM = 64 * NWG2;
+  const int64_t rows = BH * P.T, n_kt = (P.S + BNK - 1) / BNK, n_mt = (P.T + BM - 1) / BM;
+  if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 3) / 4 > INT32_MAX)
+    return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T,
+                    P.S);
+  gp_tensor *dl = 0;
+  GP_TRY(gp_tensor_scratch(&dl, GP_F32, GP_CUDA, 1, &rows));
+  float *delta = (float *)gp_ptr(dl);
+  GP_NOTE_LAUNCH((k_attn_bwd_delta<T, 64>), 128, 0);
+  k_attn_bwd_delta<T, 64><<<(unsigned)((rows + 3) / 4), 128, 0, gp_cuda_stream()>>>(P, delta, rows);
+  const int smem1 = (2 * BNK + 4 * BQ) * 64 * (int)sizeof(T) + 4 * BQ * (int)sizeof(float) + 1024;
+  const int smem2 = (2 * BM + 4 * BN) * 64 * (int)sizeof(T) + 1024;
+  static bool a1 = false, a2 = false; /* per instantiation */
+  int rc = smem_attr(k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1>, smem1, a1, "attn_bwd");
+  if (rc == GP_OK) rc = smem_attr(k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>, smem2, a2, "attn_bwd");
+  if (rc == GP_OK) {
+    GP_NOTE_LAUNCH((k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1>), NWG1 * 128, smem1);
+    k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1><<<(unsigned)(BH * n_kt), NWG1 * 128, smem1, gp_cuda_stream()>>>(
+        P, delta, (int)BH);
+    GP_NOTE_LAUNCH((k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>), NWG2 * 128, smem2);
+    k_attn_bwd_dq_wg<T, NWG2, BN, MINB2><<<(unsigned)(BH * n_mt), NWG2 * 128, smem2, gp_cuda_stream()>>>(
+        P, delta, (int)BH);
+  }
+  gp_tensor_free(dl);
+  return rc;
+}
+
 template <typename T, int D> int launch_bwd_tc(const AttnP &P, int64_t BH) {
+  /* one warpgroup of 64 keys (dk/dv) or queries (dq) a CTA, 2 CTAs an SM */
+  if constexpr (D == 64)
+    if (attn_impl() == IMPL_WG) return launch_bwd_wg<T, 1, 64, 2, 1, 64, 2>(P, BH);
   return attn_impl() == IMPL_OLD ? launch_bwd_mma<T, D, false>(P, BH) : launch_bwd_mma<T, D, true>(P, BH);
 }
 

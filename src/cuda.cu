@@ -10,6 +10,7 @@ static char g_why[256];
 static cudaStream_t g_stream;  /* gpush's own default stream */
 static cudaStream_t g_cur;     /* the current stream: g_stream unless gp.with_stream set another */
 static int g_sms = 80;
+static int g_cc = 0;
 static int g_streams_used;     /* a user stream was current since the last device-wide sync */
 static int g_dev;              /* the device of this process (one per process under gpush --nproc) */
 static int g_capturing;        /* a CUDA graph capture is under way on g_cur (gp.graph) */
@@ -80,6 +81,10 @@ extern "C" int gp_cuda_init(void) {
       g_state = 0;
     } else {
       cudaDeviceGetAttribute(&g_sms, cudaDevAttrMultiProcessorCount, g_dev);
+      int ma = 0, mi = 0;
+      cudaDeviceGetAttribute(&ma, cudaDevAttrComputeCapabilityMajor, g_dev);
+      cudaDeviceGetAttribute(&mi, cudaDevAttrComputeCapabilityMinor, g_dev);
+      g_cc = ma * 10 + mi;
       g_cur = g_stream;
       if ((e = cudaMalloc((void **)&g_bad, 2 * sizeof *g_bad)) != cudaSuccess ||
           (e = cudaMemset(g_bad, 0, 2 * sizeof *g_bad)) != cudaSuccess) {
@@ -96,6 +101,7 @@ extern "C" int gp_cuda_init(void) {
 /* Kernels are queued on the current stream. */
 cudaStream_t gp_cuda_stream(void) { return g_cur; }
 int gp_cuda_sm_count(void) { return g_sms; }
+int gp_cuda_cc(void) { return g_cc; }
 
 extern "C" int gp_cuda_malloc(void **p, size_t n) {
   GP_TRY(gp_cuda_init());

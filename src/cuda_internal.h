@@ -12,6 +12,8 @@
 
 cudaStream_t gp_cuda_stream(void);
 int gp_cuda_sm_count(void);
+/* the device's compute capability, major * 10 + minor (90: H100, H200) */
+int gp_cuda_cc(void);
 
 /* Deferred index checks (kernels/bad_index.cuh): a kernel that finds a bad
  * index writes its ref's id and the value into a device flag; the flag is read

@@ -1,0 +1,453 @@
+/* attention_wg.cuh: the Hopper (sm_90a) flash attention kernels at head dim
+ * 64, bf16/f16, included by attention.cu inside its namespace (they use its
+ * AttnP, KvTiles, load_tile, ex2, acc_to_a and pack2).
+ *
+ * The same algorithms as the mma.sync kernels, with the products on wgmma:
+ * a warpgroup (4 warps) owns 64 rows of a tile and issues m64nNk16 products
+ * whose operands are read by the tensor cores straight from shared memory
+ * (descriptors) or, for P, dS and their transposes, from the registers
+ * holding the accumulators of the previous product. Every tile in shared
+ * memory has rows of 64 elements (128 bytes) with the 16-byte chunk c of row
+ * r at c ^ (r & 7): the layout the existing cp.async loads write is exactly
+ * the wgmma 128-byte swizzle when the tile starts 1024-byte aligned. A
+ * row-major [rows][64] tile is a K-major operand (Q, K as S = Q K^T's A and
+ * B) with the k-th 16-column slice at +32 bytes, or an MN-major B operand
+ * (V in O += P V) with the k-th 16-row slice at +2048 bytes. */
+
+/* the kernels' bodies exist in the sm_90a pass only (GP_WG: in the others,
+ * and in the host pass, they are empty; the host launches them only on a
+ * compute capability 9.0 device of a build with sm_90a code, GP_SM90A) */
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define GP_WG 1
+#else
+#define GP_WG 0
+#endif
+
+#if GP_WG
+/* the descriptors of a [rows][64] swizzled tile at shared address a */
+__device__ __forceinline__ uint64_t wg_kmajor(uint32_t a) { return wg::desc(a, 16, 1024); }
+__device__ __forceinline__ uint64_t wg_mnmajor(uint32_t a) { return wg::desc(a, 16, 1024); }
+
+/* the first 1024-byte aligned address in the dynamic shared memory (the
+ * launch asks for 1 KB more) */
+__device__ __forceinline__ uint4 *align1k(uint4 *p) {
+  const uint32_t a = smem_u32(p);
+  return p + (((1024 - (a & 1023)) & 1023) >> 4);
+}
+#endif
+
+/* forward: NWG warpgroups, 64 query rows each (BM = 64 NWG), key tiles of BN
+ * keys in NS stages loaded with cp.async one tile ahead; S = Q K^T by
+ * descriptors, the online softmax in registers (as k_attn_fwd_mma), O += P V
+ * with P from registers. One barrier a tile: with 3 stages the stage that
+ * tile t + 1 loads into was last read by tile t - 2, which every warpgroup
+ * finished before the barrier of tile t - 1. */
+template <typename T, int NWG, int BN, int MINB, int NS>
+__global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH) {
+  static_assert(NS >= 3, "one barrier a tile needs 3 stages");
+#if GP_WG
+  constexpr int D = 64, NTH = NWG * 128, BM = 64 * NWG, NT = BN / 8, DT = D / 8;
+  extern __shared__ uint4 attn_smem[];
+  T *Qs = (T *)align1k(attn_smem);
+  T *Ks = Qs + BM * D; /* NS stages */
+  T *Vs = Ks + NS * BN * D;
+  const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int n_m = gridDim.x / BH;
+  const int bh = blockIdx.x % BH, i0 = (n_m - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
+  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H);
+  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H);
+  const T *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+
+  const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
+  const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
+  const int n_tiles = kt.n;
+
+  load_tile<T, D, BM, NTH>(Qs, q, P.sq.r, i0, P.T);
+  if (n_tiles > 0) {
+    load_tile<T, D, BN, NTH>(Ks, k, P.sk.r, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH>(Vs, v, P.sv.r, kt.j0(0), P.S);
+  }
+  cp_async_commit();
+
+  float o[DT][4], m[2], l[2];
+  m[0] = m[1] = -INFINITY;
+  l[0] = l[1] = 0.f;
+#pragma unroll
+  for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  const float sl2 = P.scale * LOG2E;
+  const int wrow = wgi * 64 + warp * 16; /* the warp's first row in the tile */
+  const uint32_t qa = smem_u32(Qs + wgi * 64 * D);
+
+  /* one key tile; MK: 0 no mask, 1 mask */
+  auto tile = [&](auto mk_tag, int t) {
+    constexpr int MK = decltype(mk_tag)::value;
+    const int st = t % NS;
+    const int j0 = kt.j0(t);
+    if (t + 1 < kt.n) {
+      const int o2 = ((t + 1) % NS) * BN * D;
+      load_tile<T, D, BN, NTH>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
+      load_tile<T, D, BN, NTH>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    wg::fence_proxy();
+    __syncthreads(); /* NS = 3: also, every warpgroup is done with tile t - 2's stage, which t + 1 overwrites */
+    const uint32_t ka = smem_u32(Ks + st * BN * D), va = smem_u32(Vs + st * BN * D);
+
+    /* S = Q K^T */
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) wg::mma<BN, T>::ss(&s[0][0], wg_kmajor(qa + kk * 32), wg_kmajor(ka + kk * 32), 1);
+    wg::commit();
+    wg::wait<0>();
+
+    if constexpr (MK == 1) {
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int p = i0 + wrow + (lane >> 2) + ((e >> 1) << 3) + off;
+          const int j = j0 + nt * 8 + ((lane & 3) << 1) + (e & 1);
+          if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) s[nt][e] = -INFINITY;
+        }
+    }
+
+    /* online softmax (base 2) on the raw scores: p = ex2(s sl2 - m sl2) */
+    float al[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      float mx = m[h];
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+      const float mus = (mx == -INFINITY ? 0.f : mx) * sl2;
+      const float alpha = ex2(m[h] * sl2 - mus); /* m = -inf: 0 */
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) {
+        const float p0 = ex2(fmaf(s[nt][2 * h], sl2, -mus)), p1 = ex2(fmaf(s[nt][2 * h + 1], sl2, -mus));
+        s[nt][2 * h] = p0;
+        s[nt][2 * h + 1] = p1;
+        sum += p0 + p1;
+      }
+      m[h] = mx;
+      l[h] = l[h] * alpha + sum;
+      al[h] = alpha;
+    }
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+      o[dt][0] *= al[0];
+      o[dt][1] *= al[0];
+      o[dt][2] *= al[1];
+      o[dt][3] *= al[1];
+    }
+
+    /* O += P V: the S accumulators are P's A fragments */
+    uint32_t pa[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) wg::mma<D, T>::template rs<1>(&o[0][0], pa[kk], wg_mnmajor(va + kk * 2048), 1);
+    wg::commit();
+    wg::wait<0>();
+  };
+  for (int t = 0; t < n_tiles; t++) {
+    if (tile_masked(P, pmin, pmax, kt.j0(t), BN))
+      tile(std::integral_constant<int, 1>(), t);
+    else
+      tile(std::integral_constant<int, 0>(), t);
+  }
+  cp_async_wait<0>();
+
+  T *out = (T *)P.out + head_at(P.so, bh, P.H);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float lt = l[h];
+    lt += __shfl_xor_sync(FULL, lt, 1);
+    lt += __shfl_xor_sync(FULL, lt, 2);
+    const int row = i0 + wrow + (lane >> 2) + h * 8;
+    if (row >= P.T) continue;
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+      uint32_t w = pack2<T>(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+      *(uint32_t *)(out + (int64_t)row * P.so.r + dt * 8 + ((lane & 3) << 1)) = w;
+    }
+    if ((lane & 3) == 0) P.lse[(int64_t)bh * P.T + row] = lt > 0.f ? m[h] * P.scale + logf(lt) : -INFINITY;
+  }
+#endif
+}
+
+/* backward, dk and dv: NWG warpgroups, 64 keys each (BNK = 64 NWG keys a
+ * CTA), walking the query tiles of BQ queries that see them (double-buffered
+ * with their lse and delta): S^T = K Q^T and dP^T = V dout^T by descriptors,
+ * P^T and dS^T in registers, dV += P^T dout and dK += dS^T Q with the
+ * accumulators as A operands and dout, Q as MN-major B operands. As
+ * k_attn_bwd_dkdv_mma: no atomics, each output written once. */
+template <typename T, int NWG, int BQ, int MINB>
+__global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int BH) {
+#if GP_WG
+  constexpr int D = 64, NTH = NWG * 128, BNK = 64 * NWG, NQ = BQ / 8, DT = D / 8;
+  extern __shared__ uint4 attn_smem[];
+  T *Ks = (T *)align1k(attn_smem);
+  T *Vs = Ks + BNK * D;
+  T *Qs = Vs + BNK * D;     /* 2 stages */
+  T *Gs = Qs + 2 * BQ * D; /* 2 stages */
+  float *Ls = (float *)(Gs + 2 * BQ * D); /* 2 stages of BQ */
+  float *Dl = Ls + 2 * BQ;                /* 2 stages of BQ */
+  const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int bh = blockIdx.x % BH, j0 = (blockIdx.x / BH) * BNK, off = P.S - P.T;
+  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
+  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+  const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
+
+  const int jmax = min(j0 + BNK, P.S) - 1;
+  const int ilo = P.causal ? max(0, j0 - off) : 0;
+  int ihi = P.T;
+  if (P.win > 0 && j0 >= P.ng) ihi = (int)min((int64_t)P.T, (int64_t)jmax + P.win - off);
+  const int n_qt = ihi > ilo ? (ihi - ilo + BQ - 1) / BQ : 0;
+
+  auto load_q = [&](int stage, int i0) {
+    load_tile<T, D, BQ, NTH>(Qs + stage * BQ * D, q, P.sq.r, i0, P.T);
+    load_tile<T, D, BQ, NTH>(Gs + stage * BQ * D, g, P.sg.r, i0, P.T);
+    for (int e = threadIdx.x; e < BQ; e += NTH) {
+      const int i = i0 + e;
+      const bool ok = i < P.T;
+      cp_async4(smem_u32(Ls + stage * BQ + e), lse + (ok ? i : 0), ok ? 4 : 0);
+      cp_async4(smem_u32(Dl + stage * BQ + e), dlt + (ok ? i : 0), ok ? 4 : 0);
+    }
+  };
+  load_tile<T, D, BNK, NTH>(Ks, k, P.sk.r, j0, P.S);
+  load_tile<T, D, BNK, NTH>(Vs, v, P.sv.r, j0, P.S);
+  if (n_qt > 0) load_q(0, ilo);
+  cp_async_commit();
+
+  float dk[DT][4], dv[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; dt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
+  const float sl2 = P.scale * LOG2E;
+  auto q_masked = [&](int i0) {
+    return i0 + BQ > P.T || tile_masked(P, i0 + off, min(i0 + BQ, P.T) - 1 + off, j0, BNK);
+  };
+  const int wrow = wgi * 64 + warp * 16, g8 = lane >> 2, t2 = (lane & 3) << 1;
+  const uint32_t ka = smem_u32(Ks + wgi * 64 * D), va = smem_u32(Vs + wgi * 64 * D);
+
+  auto tile = [&](auto mk_tag, int t) {
+    constexpr int MK = decltype(mk_tag)::value;
+    const int st = t & 1, i0 = ilo + t * BQ;
+    if (t + 1 < n_qt) load_q(st ^ 1, i0 + BQ);
+    cp_async_commit();
+    cp_async_wait<1>();
+    wg::fence_proxy();
+    __syncthreads();
+    const uint32_t qa = smem_u32(Qs + st * BQ * D), ga = smem_u32(Gs + st * BQ * D);
+    const float *Lst = Ls + st * BQ, *Dst = Dl + st * BQ;
+
+    float s[NQ][4], dp[NQ][4];
+#pragma unroll
+    for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+    /* four groups in flight in turn: S^T, dP^T; P^T (while dP^T runs), dV
+     * += P^T dout; dS^T (while dV runs), dK += dS^T Q */
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) wg::mma<BQ, T>::ss(&s[0][0], wg_kmajor(ka + kk * 32), wg_kmajor(qa + kk * 32), 1);
+    wg::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) wg::mma<BQ, T>::ss(&dp[0][0], wg_kmajor(va + kk * 32), wg_kmajor(ga + kk * 32), 1);
+    wg::commit();
+    wg::wait<1>();
+
+#pragma unroll
+    for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int ic = nt * 8 + t2 + (e & 1);
+        const float2 L2 = *(const float2 *)(Lst + nt * 8 + t2);
+        float pv = ex2(fmaf(s[nt][e], sl2, -((e & 1) ? L2.y : L2.x) * LOG2E));
+        if constexpr (MK == 1) {
+          const int i = i0 + ic, j = j0 + wrow + g8 + ((e >> 1) << 3);
+          if (i >= P.T || j >= P.S || !vis(i + off, j, P.win, P.ng, P.causal)) pv = 0.f;
+        }
+        s[nt][e] = pv;
+      }
+    uint32_t pa[BQ / 16][4], da[BQ / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) wg::mma<D, T>::template rs<1>(&dv[0][0], pa[kk], wg_mnmajor(ga + kk * 2048), 1);
+    wg::commit();
+    wg::wait<1>();
+
+#pragma unroll
+    for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const float2 D2 = *(const float2 *)(Dst + nt * 8 + t2);
+        dp[nt][e] = s[nt][e] * (dp[nt][e] - ((e & 1) ? D2.y : D2.x));
+      }
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) acc_to_a<T>(da[kk], dp, kk);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BQ / 16; kk++) wg::mma<D, T>::template rs<1>(&dk[0][0], da[kk], wg_mnmajor(qa + kk * 2048), 1);
+    wg::commit();
+    wg::wait<0>();
+    __syncthreads(); /* the next iteration loads into this stage */
+  };
+  for (int t = 0; t < n_qt; t++) {
+    if (q_masked(ilo + t * BQ))
+      tile(std::integral_constant<int, 1>(), t);
+    else
+      tile(std::integral_constant<int, 0>(), t);
+  }
+  cp_async_wait<0>();
+
+  T *pdk = (T *)P.dk + head_at(P.sdk, bh, P.H), *pdv = (T *)P.dv + head_at(P.sdv, bh, P.H);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int j = j0 + wrow + g8 + h * 8;
+    if (j >= P.S) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+      *(uint32_t *)(pdk + (int64_t)j * P.sdk.r + dt * 8 + t2) =
+          pack2<T>(dk[dt][2 * h] * P.scale, dk[dt][2 * h + 1] * P.scale);
+      *(uint32_t *)(pdv + (int64_t)j * P.sdv.r + dt * 8 + t2) = pack2<T>(dv[dt][2 * h], dv[dt][2 * h + 1]);
+    }
+  }
+#endif
+}
+
+/* backward, dq: NWG warpgroups, 64 queries each (BM = 64 NWG, the longest
+ * causal rows first), walking the forward's key tiles of BN keys: S = Q K^T
+ * and dP = dout V^T by descriptors, dS in registers, dQ += dS K with K as an
+ * MN-major B operand */
+template <typename T, int NWG, int BN, int MINB>
+__global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, const float *__restrict__ delta, int BH) {
+#if GP_WG
+  constexpr int D = 64, NTH = NWG * 128, BM = 64 * NWG, NT = BN / 8, DT = D / 8;
+  extern __shared__ uint4 attn_smem[];
+  T *Qs = (T *)align1k(attn_smem);
+  T *Gs = Qs + BM * D;
+  T *Ks = Gs + BM * D;     /* 2 stages */
+  T *Vs = Ks + 2 * BN * D; /* 2 stages */
+  const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int n_mt = gridDim.x / BH;
+  const int bh = blockIdx.x % BH, i0 = (n_mt - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
+  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
+  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+
+  const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
+  const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
+  const int n_tiles = kt.n;
+
+  load_tile<T, D, BM, NTH>(Qs, q, P.sq.r, i0, P.T);
+  load_tile<T, D, BM, NTH>(Gs, g, P.sg.r, i0, P.T);
+  if (n_tiles > 0) {
+    load_tile<T, D, BN, NTH>(Ks, k, P.sk.r, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH>(Vs, v, P.sv.r, kt.j0(0), P.S);
+  }
+  cp_async_commit();
+
+  const int wrow = wgi * 64 + warp * 16, g8 = lane >> 2, t2 = (lane & 3) << 1;
+  float L2[2], Dd[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = i0 + wrow + g8 + h * 8;
+    const bool ok = row < P.T;
+    L2[h] = ok ? P.lse_in[(int64_t)bh * P.T + row] * LOG2E : 0.f;
+    Dd[h] = ok ? delta[(int64_t)bh * P.T + row] : 0.f;
+  }
+  float acc[DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; dt++) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
+  const float sl2 = P.scale * LOG2E;
+  const uint32_t qa = smem_u32(Qs + wgi * 64 * D), ga = smem_u32(Gs + wgi * 64 * D);
+
+  auto tile = [&](auto mk_tag, int t) {
+    constexpr int MK = decltype(mk_tag)::value;
+    const int st = t & 1;
+    const int j0 = kt.j0(t);
+    if (t + 1 < kt.n) {
+      const int o2 = (st ^ 1) * BN * D;
+      load_tile<T, D, BN, NTH>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
+      load_tile<T, D, BN, NTH>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    wg::fence_proxy();
+    __syncthreads();
+    const uint32_t ka = smem_u32(Ks + st * BN * D), va = smem_u32(Vs + st * BN * D);
+
+    float s[NT][4], dp[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+    /* S, then dP: P is computed while dP runs */
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) wg::mma<BN, T>::ss(&s[0][0], wg_kmajor(qa + kk * 32), wg_kmajor(ka + kk * 32), 1);
+    wg::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++) wg::mma<BN, T>::ss(&dp[0][0], wg_kmajor(ga + kk * 32), wg_kmajor(va + kk * 32), 1);
+    wg::commit();
+    wg::wait<1>();
+
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float pv = ex2(fmaf(s[nt][e], sl2, -L2[e >> 1]));
+        if constexpr (MK == 1) {
+          const int p = i0 + wrow + g8 + (e >> 1) * 8 + off, j = j0 + nt * 8 + t2 + (e & 1);
+          if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) pv = 0.f;
+        }
+        s[nt][e] = pv;
+      }
+    wg::wait<0>();
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[nt][e] *= dp[nt][e] - Dd[e >> 1];
+
+    uint32_t da[BN / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(da[kk], s, kk);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) wg::mma<D, T>::template rs<1>(&acc[0][0], da[kk], wg_mnmajor(ka + kk * 2048), 1);
+    wg::commit();
+    wg::wait<0>();
+    __syncthreads(); /* the next iteration loads into this stage */
+  };
+  for (int t = 0; t < n_tiles; t++) {
+    if (tile_masked(P, pmin, pmax, kt.j0(t), BN))
+      tile(std::integral_constant<int, 1>(), t);
+    else
+      tile(std::integral_constant<int, 0>(), t);
+  }
+  cp_async_wait<0>();
+
+  T *pdq = (T *)P.dq + head_at(P.sdq, bh, P.H);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = i0 + wrow + g8 + h * 8;
+    if (row >= P.T) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+      *(uint32_t *)(pdq + (int64_t)row * P.sdq.r + dt * 8 + t2) = pack2<T>(acc[dt][2 * h] * P.scale,
+                                                                     acc[dt][2 * h + 1] * P.scale);
+  }
+#endif
+}
+
