@@ -471,6 +471,76 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+/* one m-tile's online softmax (base 2, raw max: scale > 0): rows g and g + 8
+ * of the thread's quad, s (NT n-tiles) becomes p = ex2(s sl2 - m sl2), m and
+ * l are updated, o (DT n-tiles) rescaled; l stays per thread until the end */
+template <int NT, int DT>
+__device__ __forceinline__ void softmax_rows(float (*s)[4], float *m, float *l, float (*o)[4], float sl2) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float mx = m[h];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+    const float mus = (mx == -INFINITY ? 0.f : mx) * sl2;
+    const float alpha = ex2(m[h] * sl2 - mus); /* m = -inf: 0 */
+    float sum = 0.f;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+      const float p0 = ex2(fmaf(s[nt][2 * h], sl2, -mus)), p1 = ex2(fmaf(s[nt][2 * h + 1], sl2, -mus));
+      s[nt][2 * h] = p0;
+      s[nt][2 * h + 1] = p1;
+      sum += p0 + p1;
+    }
+    m[h] = mx;
+    l[h] = l[h] * alpha + sum;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++) {
+      o[dt][2 * h] *= alpha;
+      o[dt][2 * h + 1] *= alpha;
+    }
+  }
+}
+
+/* the forward's output rows row0 + g and row0 + g + 8 (those below T) of one
+ * m-tile: o / l, and lse = m mnat + log l (mnat: the units of m) */
+template <typename T, int DT>
+__device__ __forceinline__ void store_out_rows(const AttnP &P, int bh, int row0, const float (*o)[4],
+                                               const float *m, const float *l, float mnat, int lane) {
+  T *out = (T *)P.out + head_at(P.so, bh, P.H);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    float lt = l[h];
+    lt += __shfl_xor_sync(FULL, lt, 1);
+    lt += __shfl_xor_sync(FULL, lt, 2);
+    const int row = row0 + (lane >> 2) + h * 8;
+    if (row >= P.T) continue;
+    const float inv = lt > 0.f ? 1.f / lt : 0.f;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+      *(uint32_t *)(out + (int64_t)row * P.so.r + dt * 8 + ((lane & 3) << 1)) =
+          pack2<T>(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
+    if ((lane & 3) == 0) P.lse[(int64_t)bh * P.T + row] = lt > 0.f ? m[h] * mnat + logf(lt) : -INFINITY;
+  }
+}
+
+/* rows row0 + g and row0 + g + 8 (those below nrows) of an accumulator
+ * tile a (DT n-tiles) times scale into dst (rows rs elements apart) */
+template <typename T, int DT>
+__device__ __forceinline__ void store_acc_rows(T *dst, int64_t rs, int row0, int nrows, const float (*a)[4],
+                                               float scale, int lane) {
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int row = row0 + (lane >> 2) + h * 8;
+    if (row >= nrows) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; dt++)
+      *(uint32_t *)(dst + (int64_t)row * rs + dt * 8 + ((lane & 3) << 1)) =
+          pack2<T>(a[dt][2 * h] * scale, a[dt][2 * h + 1] * scale);
+  }
+}
+
 /* tile(mk, t) for a tile loop body specialized on its masking: NEW, the
  * unmasked body (mk 0) or the masked one (mk 1) by the block-uniform masked;
  * old (NEW = false), one body that tests its own need_mask (mk 2) */
@@ -588,30 +658,23 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1) k_attn_fwd_mma(AttnP
         }
 
     /* online softmax (base 2); l stays per thread until the end. NEW: m is
-     * the raw max (scale > 0), p = ex2(s sl2 - m sl2) */
+     * the raw max (scale > 0), p = ex2(s sl2 - m sl2); old: m and s are
+     * already scaled by sl2 */
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+    for (int mt = 0; mt < MT; mt++) {
+      if constexpr (NEW) {
+        softmax_rows<NT, DT>(s[mt], m[mt], l[mt], o[mt], sl2);
+      } else {
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        float mx = m[mt][h];
+        for (int h = 0; h < 2; h++) {
+          float mx = m[mt][h];
 #pragma unroll
-        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-        const float mu = mx == -INFINITY ? 0.f : mx;
-        float alpha, sum = 0.f;
-        if constexpr (NEW) {
-          const float mus = mu * sl2;
-          alpha = ex2(m[mt][h] * sl2 - mus); /* m = -inf: 0 */
-#pragma unroll
-          for (int nt = 0; nt < NT; nt++) {
-            float p0 = ex2(fmaf(s[mt][nt][2 * h], sl2, -mus)), p1 = ex2(fmaf(s[mt][nt][2 * h + 1], sl2, -mus));
-            s[mt][nt][2 * h] = p0;
-            s[mt][nt][2 * h + 1] = p1;
-            sum += p0 + p1;
-          }
-        } else {
-          alpha = exp2f(m[mt][h] - mu);
+          for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+          const float mu = mx == -INFINITY ? 0.f : mx;
+          const float alpha = exp2f(m[mt][h] - mu);
+          float sum = 0.f;
 #pragma unroll
           for (int nt = 0; nt < NT; nt++) {
             float p0 = exp2f(s[mt][nt][2 * h] - mu), p1 = exp2f(s[mt][nt][2 * h + 1] - mu);
@@ -619,15 +682,16 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1) k_attn_fwd_mma(AttnP
             s[mt][nt][2 * h + 1] = p1;
             sum += p0 + p1;
           }
-        }
-        m[mt][h] = mx;
-        l[mt][h] = l[mt][h] * alpha + sum;
+          m[mt][h] = mx;
+          l[mt][h] = l[mt][h] * alpha + sum;
 #pragma unroll
-        for (int dt = 0; dt < DT; dt++) {
-          o[mt][dt][2 * h] *= alpha;
-          o[mt][dt][2 * h + 1] *= alpha;
+          for (int dt = 0; dt < DT; dt++) {
+            o[mt][dt][2 * h] *= alpha;
+            o[mt][dt][2 * h + 1] *= alpha;
+          }
         }
       }
+    }
 
     /* O += P V: the S accumulators are P's A fragments */
 #pragma unroll
@@ -652,26 +716,10 @@ __global__ void __launch_bounds__(NW * 32, NW == 8 ? 2 : 1) k_attn_fwd_mma(AttnP
   for (int t = 0; t < n_tiles; t++) run_tile<NEW>(tile, t, NEW && (tile_masked(P, pmin, pmax, kt.j0(t), BN)));
   cp_async_wait<0>();
 
-  T *out = (T *)P.out + head_at(P.so, bh, P.H);
+  /* m: raw max (NEW), base-2 scaled max (old) */
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      float lt = l[mt][h];
-      lt += __shfl_xor_sync(FULL, lt, 1);
-      lt += __shfl_xor_sync(FULL, lt, 2);
-      const int row = i0 + wrow + mt * 16 + (lane >> 2) + h * 8;
-      if (row >= P.T) continue;
-      const float inv = lt > 0.f ? 1.f / lt : 0.f;
-#pragma unroll
-      for (int dt = 0; dt < DT; dt++) {
-        uint32_t w = pack2<T>(o[mt][dt][2 * h] * inv, o[mt][dt][2 * h + 1] * inv);
-        *(uint32_t *)(out + (int64_t)row * P.so.r + dt * 8 + ((lane & 3) << 1)) = w;
-      }
-      /* m: base-2 scaled max (old), raw max (NEW) */
-      const float mnat = NEW ? m[mt][h] * P.scale : m[mt][h] * 0.6931471805599453f;
-      if ((lane & 3) == 0) P.lse[(int64_t)bh * P.T + row] = lt > 0.f ? mnat + logf(lt) : -INFINITY;
-    }
+    store_out_rows<T, DT>(P, bh, i0 + wrow + mt * 16, o[mt], m[mt], l[mt], NEW ? P.scale : 0.6931471805599453f, lane);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -847,18 +895,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   for (int t = 0; t < n_qt; t++) run_tile<NEW>(tile, t, NEW && (q_masked(ilo + t * BQ)));
   cp_async_wait<0>();
 
-  T *pdk = (T *)P.dk + head_at(P.sdk, bh, P.H), *pdv = (T *)P.dv + head_at(P.sdv, bh, P.H);
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int j = j0 + wrow + g8 + h * 8;
-    if (j >= P.S) continue;
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) {
-      *(uint32_t *)(pdk + (int64_t)j * P.sdk.r + dt * 8 + t2) =
-          pack2<T>(dk[dt][2 * h] * P.scale, dk[dt][2 * h + 1] * P.scale);
-      *(uint32_t *)(pdv + (int64_t)j * P.sdv.r + dt * 8 + t2) = pack2<T>(dv[dt][2 * h], dv[dt][2 * h + 1]);
-    }
-  }
+  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bh, P.H), P.sdk.r, j0 + wrow, P.S, dk, P.scale, lane); /* q was not scaled */
+  store_acc_rows<T, DT>((T *)P.dv + head_at(P.sdv, bh, P.H), P.sdv.r, j0 + wrow, P.S, dv, 1.f, lane);
 }
 
 /* dq: block b holds query tile (n_mt - 1 - b / BH) (the longest causal rows
@@ -969,16 +1007,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
   for (int t = 0; t < n_tiles; t++) run_tile<NEW>(tile, t, NEW && (tile_masked(P, pmin, pmax, kt.j0(t), BN)));
   cp_async_wait<0>();
 
-  T *pdq = (T *)P.dq + head_at(P.sdq, bh, P.H);
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int row = i0 + wrow + g8 + h * 8;
-    if (row >= P.T) continue;
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++)
-      *(uint32_t *)(pdq + (int64_t)row * P.sdq.r + dt * 8 + t2) = pack2<T>(acc[dt][2 * h] * P.scale,
-                                                                     acc[dt][2 * h + 1] * P.scale);
-  }
+  store_acc_rows<T, DT>((T *)P.dq + head_at(P.sdq, bh, P.H), P.sdq.r, i0 + wrow, P.T, acc, P.scale, lane);
 }
 
 #include "attention_wg.cuh"
@@ -1213,11 +1242,12 @@ template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
   return GP_OK;
 }
 
-/* tensor-core backward: delta, then dk/dv by key tiles, then dq by query tiles */
-template <typename T, int D, bool NEW> int launch_bwd_mma(const AttnP &P, int64_t BH) {
-  constexpr int BQ = D == 64 ? 64 : 32; /* query tile of the dk/dv kernel */
-  constexpr int BN = 64;                /* key tile of the dq kernel */
-  const int64_t rows = BH * P.T, n_kt = (P.S + 63) / 64, n_mt = (P.T + 63) / 64;
+/* a tensor-core backward: delta (f32 scratch), then the dk/dv kernel over
+ * n_kt key tiles and the dq kernel over n_mt query tiles of every head */
+template <typename T, int D, typename K1, typename K2>
+int launch_bwd_kernels(const AttnP &P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64_t n_kt, bool &a1, K2 *dq,
+                       int nth2, int smem2, int64_t n_mt, bool &a2) {
+  const int64_t rows = BH * P.T;
   if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 3) / 4 > INT32_MAX)
     return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T,
                     P.S);
@@ -1226,50 +1256,39 @@ template <typename T, int D, bool NEW> int launch_bwd_mma(const AttnP &P, int64_
   float *delta = (float *)gp_ptr(dl);
   GP_NOTE_LAUNCH((k_attn_bwd_delta<T, D>), 128, 0);
   k_attn_bwd_delta<T, D><<<(unsigned)((rows + 3) / 4), 128, 0, gp_cuda_stream()>>>(P, delta, rows);
-  const int smem1 = (2 * 64 + 4 * BQ) * D * (int)sizeof(T) + 4 * BQ * (int)sizeof(float);
-  const int smem2 = (2 * 64 + 4 * BN) * D * (int)sizeof(T);
-  static bool a1 = false, a2 = false; /* per instantiation */
-  int rc = smem_attr(k_attn_bwd_dkdv_mma<T, D, BQ, NEW>, smem1, a1, "attn_bwd");
-  if (rc == GP_OK) rc = smem_attr(k_attn_bwd_dq_mma<T, D, BN, NEW>, smem2, a2, "attn_bwd");
+  int rc = smem_attr(dkdv, smem1, a1, "attn_bwd");
+  if (rc == GP_OK) rc = smem_attr(dq, smem2, a2, "attn_bwd");
   if (rc == GP_OK) {
-    GP_NOTE_LAUNCH((k_attn_bwd_dkdv_mma<T, D, BQ, NEW>), 128, smem1);
-    k_attn_bwd_dkdv_mma<T, D, BQ, NEW><<<(unsigned)(BH * n_kt), 128, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
-    GP_NOTE_LAUNCH((k_attn_bwd_dq_mma<T, D, BN, NEW>), 128, smem2);
-    k_attn_bwd_dq_mma<T, D, BN, NEW><<<(unsigned)(BH * n_mt), 128, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
+    GP_NOTE_LAUNCH(dkdv, nth1, smem1);
+    dkdv<<<(unsigned)(BH * n_kt), nth1, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
+    GP_NOTE_LAUNCH(dq, nth2, smem2);
+    dq<<<(unsigned)(BH * n_mt), nth2, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
   }
   gp_tensor_free(dl); /* (stream-ordered, as the decode's partials) */
   return rc;
 }
 
-/* the wgmma backward at D 64: delta, then dk/dv (NWG1 warpgroups of 64 keys,
- * query tiles of BQ), then dq (NWG2 warpgroups of 64 queries, key tiles of BN) */
+/* the mma.sync backward: 4 warps a CTA, 64 keys (dk/dv) or 64 queries (dq) */
+template <typename T, int D, bool NEW> int launch_bwd_mma(const AttnP &P, int64_t BH) {
+  constexpr int BQ = D == 64 ? 64 : 32; /* query tile of the dk/dv kernel */
+  constexpr int BN = 64;                /* key tile of the dq kernel */
+  static bool a1 = false, a2 = false;   /* per instantiation */
+  return launch_bwd_kernels<T, D>(P, BH, k_attn_bwd_dkdv_mma<T, D, BQ, NEW>, 128,
+                                  (2 * 64 + 4 * BQ) * D * (int)sizeof(T) + 4 * BQ * (int)sizeof(float),
+                                  (P.S + 63) / 64, a1, k_attn_bwd_dq_mma<T, D, BN, NEW>, 128,
+                                  (2 * 64 + 4 * BN) * D * (int)sizeof(T), (P.T + 63) / 64, a2);
+}
+
+/* the wgmma backward at D 64: dk/dv by NWG1 warpgroups of 64 keys (query
+ * tiles of BQ), dq by NWG2 warpgroups of 64 queries (key tiles of BN) */
 template <typename T, int NWG1, int BQ, int MINB1, int NWG2, int BN, int MINB2>
 int launch_bwd_wg(const AttnP &P, int64_t BH) {
   constexpr int BNK = 64 * NWG1, BM = 64 * NWG2;
-  const int64_t rows = BH * P.T, n_kt = (P.S + BNK - 1) / BNK, n_mt = (P.T + BM - 1) / BM;
-  if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 3) / 4 > INT32_MAX)
-    return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T,
-                    P.S);
-  gp_tensor *dl = 0;
-  GP_TRY(gp_tensor_scratch(&dl, GP_F32, GP_CUDA, 1, &rows));
-  float *delta = (float *)gp_ptr(dl);
-  GP_NOTE_LAUNCH((k_attn_bwd_delta<T, 64>), 128, 0);
-  k_attn_bwd_delta<T, 64><<<(unsigned)((rows + 3) / 4), 128, 0, gp_cuda_stream()>>>(P, delta, rows);
-  const int smem1 = (2 * BNK + 4 * BQ) * 64 * (int)sizeof(T) + 4 * BQ * (int)sizeof(float) + 1024;
-  const int smem2 = (2 * BM + 4 * BN) * 64 * (int)sizeof(T) + 1024;
   static bool a1 = false, a2 = false; /* per instantiation */
-  int rc = smem_attr(k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1>, smem1, a1, "attn_bwd");
-  if (rc == GP_OK) rc = smem_attr(k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>, smem2, a2, "attn_bwd");
-  if (rc == GP_OK) {
-    GP_NOTE_LAUNCH((k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1>), NWG1 * 128, smem1);
-    k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1><<<(unsigned)(BH * n_kt), NWG1 * 128, smem1, gp_cuda_stream()>>>(
-        P, delta, (int)BH);
-    GP_NOTE_LAUNCH((k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>), NWG2 * 128, smem2);
-    k_attn_bwd_dq_wg<T, NWG2, BN, MINB2><<<(unsigned)(BH * n_mt), NWG2 * 128, smem2, gp_cuda_stream()>>>(
-        P, delta, (int)BH);
-  }
-  gp_tensor_free(dl);
-  return rc;
+  return launch_bwd_kernels<T, 64>(P, BH, k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1>, NWG1 * 128,
+                                   (2 * BNK + 4 * BQ) * 64 * (int)sizeof(T) + 4 * BQ * (int)sizeof(float) + 1024,
+                                   (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>, NWG2 * 128,
+                                   (2 * BM + 4 * BN) * 64 * (int)sizeof(T) + 1024, (P.T + BM - 1) / BM, a2);
 }
 
 template <typename T, int D> int launch_bwd_tc(const AttnP &P, int64_t BH) {

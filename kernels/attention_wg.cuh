@@ -115,36 +115,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
         }
     }
 
-    /* online softmax (base 2) on the raw scores: p = ex2(s sl2 - m sl2) */
-    float al[2];
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      float mx = m[h];
-#pragma unroll
-      for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * h], s[nt][2 * h + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
-      const float mus = (mx == -INFINITY ? 0.f : mx) * sl2;
-      const float alpha = ex2(m[h] * sl2 - mus); /* m = -inf: 0 */
-      float sum = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < NT; nt++) {
-        const float p0 = ex2(fmaf(s[nt][2 * h], sl2, -mus)), p1 = ex2(fmaf(s[nt][2 * h + 1], sl2, -mus));
-        s[nt][2 * h] = p0;
-        s[nt][2 * h + 1] = p1;
-        sum += p0 + p1;
-      }
-      m[h] = mx;
-      l[h] = l[h] * alpha + sum;
-      al[h] = alpha;
-    }
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) {
-      o[dt][0] *= al[0];
-      o[dt][1] *= al[0];
-      o[dt][2] *= al[1];
-      o[dt][3] *= al[1];
-    }
+    softmax_rows<NT, DT>(s, m, l, o, sl2);
 
     /* O += P V: the S accumulators are P's A fragments */
     uint32_t pa[BN / 16][4];
@@ -164,22 +135,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   }
   cp_async_wait<0>();
 
-  T *out = (T *)P.out + head_at(P.so, bh, P.H);
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    float lt = l[h];
-    lt += __shfl_xor_sync(FULL, lt, 1);
-    lt += __shfl_xor_sync(FULL, lt, 2);
-    const int row = i0 + wrow + (lane >> 2) + h * 8;
-    if (row >= P.T) continue;
-    const float inv = lt > 0.f ? 1.f / lt : 0.f;
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) {
-      uint32_t w = pack2<T>(o[dt][2 * h] * inv, o[dt][2 * h + 1] * inv);
-      *(uint32_t *)(out + (int64_t)row * P.so.r + dt * 8 + ((lane & 3) << 1)) = w;
-    }
-    if ((lane & 3) == 0) P.lse[(int64_t)bh * P.T + row] = lt > 0.f ? m[h] * P.scale + logf(lt) : -INFINITY;
-  }
+  store_out_rows<T, DT>(P, bh, i0 + wrow, o, m, l, P.scale, lane);
 #endif
 }
 
@@ -312,18 +268,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
   }
   cp_async_wait<0>();
 
-  T *pdk = (T *)P.dk + head_at(P.sdk, bh, P.H), *pdv = (T *)P.dv + head_at(P.sdv, bh, P.H);
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int j = j0 + wrow + g8 + h * 8;
-    if (j >= P.S) continue;
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) {
-      *(uint32_t *)(pdk + (int64_t)j * P.sdk.r + dt * 8 + t2) =
-          pack2<T>(dk[dt][2 * h] * P.scale, dk[dt][2 * h + 1] * P.scale);
-      *(uint32_t *)(pdv + (int64_t)j * P.sdv.r + dt * 8 + t2) = pack2<T>(dv[dt][2 * h], dv[dt][2 * h + 1]);
-    }
-  }
+  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bh, P.H), P.sdk.r, j0 + wrow, P.S, dk, P.scale, lane); /* q was not scaled */
+  store_acc_rows<T, DT>((T *)P.dv + head_at(P.sdv, bh, P.H), P.sdv.r, j0 + wrow, P.S, dv, 1.f, lane);
 #endif
 }
 
@@ -438,16 +384,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
   }
   cp_async_wait<0>();
 
-  T *pdq = (T *)P.dq + head_at(P.sdq, bh, P.H);
-#pragma unroll
-  for (int h = 0; h < 2; h++) {
-    const int row = i0 + wrow + g8 + h * 8;
-    if (row >= P.T) continue;
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++)
-      *(uint32_t *)(pdq + (int64_t)row * P.sdq.r + dt * 8 + t2) = pack2<T>(acc[dt][2 * h] * P.scale,
-                                                                     acc[dt][2 * h + 1] * P.scale);
-  }
+  store_acc_rows<T, DT>((T *)P.dq + head_at(P.sdq, bh, P.H), P.sdq.r, i0 + wrow, P.T, acc, P.scale, lane);
 #endif
 }
 
