@@ -44,6 +44,7 @@ struct AttnP {
   void *out, *dq, *dk, *dv;
   float *lse; /* contiguous (B, H, T) */
   const float *lse_in;
+  float *dqa; /* the fused wgmma backward's f32 dQ accumulator (tiles of 64 rows, fragment order) */
   /* so: out (forward) or o (backward) */
   Str sq, sk, sv, so, sg, sdq, sdk, sdv;
   int H, T, S;
@@ -436,16 +437,22 @@ template <typename T> __device__ __forceinline__ void acc_to_a(uint32_t *a, cons
 template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * D + ((c ^ (r & 7)) << 3); }
 
 /* ROWS rows from global row row0, rows rs elements apart (rows >= nrows are
- * zero-filled); every row start 16-byte aligned */
+ * zero-filled); every row start 16-byte aligned; NTH threads (the block).
+ * Thread x copies chunk x % (D / 8) of rows x / (D / 8) + NTH / (D / 8) i:
+ * a fixed swizzled column, so each copy is one 64-bit address and an add. */
 template <typename T, int D, int ROWS, int NTH = 128>
 __device__ __forceinline__ void load_tile(T *sm, const T *g, int64_t rs, int row0, int nrows) {
-  constexpr int DC = D / 8;
+  constexpr int DC = D / 8, RSTEP = NTH / DC, N = ROWS * DC;
+  static_assert(NTH % DC == 0 && (RSTEP % 8 == 0 || RSTEP >= ROWS), "load_tile: the swizzle needs rows 8k apart");
+  const int c = threadIdx.x % DC, r0 = threadIdx.x / DC;
+  const T *src = g + (int64_t)row0 * rs + c * 8;
+  const uint32_t dst = smem_u32(sm + swz<D>(r0, c));
 #pragma unroll
-  for (int e = threadIdx.x; e < ROWS * DC; e += NTH) {
-    int r = e / DC, c = e % DC, gr = row0 + r;
-    bool ok = gr < nrows;
-    const T *src = g + (int64_t)(ok ? gr : 0) * rs + c * 8;
-    cp_async16(smem_u32(sm + swz<D>(r, c)), src, ok ? 16 : 0);
+  for (int it = 0; it < (N + NTH - 1) / NTH; it++) {
+    const int r = r0 + it * RSTEP;
+    if (N % NTH != 0 && r >= ROWS) break;
+    const bool ok = row0 + r < nrows;
+    cp_async16(dst + it * RSTEP * D * (int)sizeof(T), ok ? src + (int64_t)r * rs : g, ok ? 16 : 0);
   }
 }
 
@@ -758,20 +765,25 @@ template <int D> __device__ __forceinline__ int bk_off(int k0, int nc0, int lane
   return swz<D>(k0 + (lane & 7) + (((lane >> 3) & 1) << 3), nc0 + (lane >> 4));
 }
 
-/* delta[r] = sum_d dout[r, d] * out[r, d]: a warp per row r = bh * T + i */
+/* delta[r] = sum_d dout[r, d] * out[r, d] for r = bh * T + i: D / 8 threads a
+ * row, 16 bytes each (the tensor-core path: rows 16-byte aligned) */
 template <typename T, int D>
 __global__ void __launch_bounds__(128) k_attn_bwd_delta(AttnP P, float *__restrict__ delta, int64_t rows) {
-  const int64_t row = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-  const int lane = threadIdx.x & 31;
-  if (row >= rows) return; /* warp-uniform */
-  const int bh = (int)(row / P.T), i = (int)(row % P.T);
-  const T *o = (const T *)P.o + head_at(P.so, bh, P.H) + (int64_t)i * P.so.r;
-  const T *g = (const T *)P.dout + head_at(P.sg, bh, P.H) + (int64_t)i * P.sg.r;
+  constexpr int TPR = D / 8; /* threads a row, 16 bytes each */
+  const int64_t row = (int64_t)blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
+  const int c = (threadIdx.x % TPR) * 8;
   float s = 0.f;
+  if (row < rows) {
+    const int bh = (int)(row / P.T), i = (int)(row % P.T);
+    const uint4 o = *(const uint4 *)((const T *)P.o + head_at(P.so, bh, P.H) + (int64_t)i * P.so.r + c);
+    const uint4 g = *(const uint4 *)((const T *)P.dout + head_at(P.sg, bh, P.H) + (int64_t)i * P.sg.r + c);
+    const T *oe = (const T *)&o, *ge = (const T *)&g;
 #pragma unroll
-  for (int d = lane; d < D; d += 32) s += ld(g[d]) * ld(o[d]);
-  s = warp_sum(s);
-  if (lane == 0) delta[row] = s;
+    for (int e = 0; e < 8; e++) s += ld(ge[e]) * ld(oe[e]);
+  }
+#pragma unroll
+  for (int w = TPR / 2; w > 0; w >>= 1) s += __shfl_xor_sync(FULL, s, w);
+  if (row < rows && c == 0) delta[row] = s;
 }
 
 /* dk, dv: block b holds key tile b / BH (the first key tiles, which most
@@ -1243,27 +1255,46 @@ template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
 }
 
 /* a tensor-core backward: delta (f32 scratch), then the dk/dv kernel over
- * n_kt key tiles and the dq kernel over n_mt query tiles of every head */
+ * n_kt key tiles and the dq kernel over n_mt query tiles of every head; dq
+ * null: the dk/dv kernel adds dQ into an f32 accumulator (P.dqa, tiles of
+ * 64 rows) and k_attn_bwd_dq_store converts it */
 template <typename T, int D, typename K1, typename K2>
-int launch_bwd_kernels(const AttnP &P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64_t n_kt, bool &a1, K2 *dq,
+int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64_t n_kt, bool &a1, K2 *dq,
                        int nth2, int smem2, int64_t n_mt, bool &a2) {
   const int64_t rows = BH * P.T;
-  if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 3) / 4 > INT32_MAX)
+  if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 7) / 8 > INT32_MAX)
     return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T,
                     P.S);
-  gp_tensor *dl = 0;
+  gp_tensor *dl = 0, *acc = 0;
   GP_TRY(gp_tensor_scratch(&dl, GP_F32, GP_CUDA, 1, &rows));
+  const int64_t nacc = BH * ((P.T + 63) / 64) * 4096;
+  int rc = dq ? GP_OK : gp_tensor_scratch(&acc, GP_F32, GP_CUDA, 1, &nacc);
+  if (rc == GP_OK && acc) {
+    P.dqa = (float *)gp_ptr(acc);
+    if (cudaMemsetAsync(P.dqa, 0, (size_t)nacc * sizeof(float), gp_cuda_stream()) != cudaSuccess)
+      rc = gp_error("attn_bwd: clearing the dQ accumulator failed");
+  }
   float *delta = (float *)gp_ptr(dl);
-  GP_NOTE_LAUNCH((k_attn_bwd_delta<T, D>), 128, 0);
-  k_attn_bwd_delta<T, D><<<(unsigned)((rows + 3) / 4), 128, 0, gp_cuda_stream()>>>(P, delta, rows);
-  int rc = smem_attr(dkdv, smem1, a1, "attn_bwd");
-  if (rc == GP_OK) rc = smem_attr(dq, smem2, a2, "attn_bwd");
+  if (rc == GP_OK) {
+    GP_NOTE_LAUNCH((k_attn_bwd_delta<T, D>), 128, 0);
+    k_attn_bwd_delta<T, D><<<(unsigned)((rows + 128 / (D / 8) - 1) / (128 / (D / 8))), 128, 0, gp_cuda_stream()>>>(
+        P, delta, rows);
+    rc = smem_attr(dkdv, smem1, a1, "attn_bwd");
+  }
+  if (rc == GP_OK && dq) rc = smem_attr(dq, smem2, a2, "attn_bwd");
   if (rc == GP_OK) {
     GP_NOTE_LAUNCH(dkdv, nth1, smem1);
     dkdv<<<(unsigned)(BH * n_kt), nth1, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
-    GP_NOTE_LAUNCH(dq, nth2, smem2);
-    dq<<<(unsigned)(BH * n_mt), nth2, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
+    if (dq) {
+      GP_NOTE_LAUNCH(dq, nth2, smem2);
+      dq<<<(unsigned)(BH * n_mt), nth2, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
+    } else {
+      const int n64 = (P.T + 63) / 64;
+      GP_NOTE_LAUNCH(k_attn_bwd_dq_store<T>, 128, 0);
+      k_attn_bwd_dq_store<T><<<(unsigned)(BH * n64), 128, 0, gp_cuda_stream()>>>(P, n64);
+    }
   }
+  gp_tensor_free(acc);
   gp_tensor_free(dl); /* (stream-ordered, as the decode's partials) */
   return rc;
 }
@@ -1285,16 +1316,32 @@ template <typename T, int NWG1, int BQ, int MINB1, int NWG2, int BN, int MINB2>
 int launch_bwd_wg(const AttnP &P, int64_t BH) {
   constexpr int BNK = 64 * NWG1, BM = 64 * NWG2;
   static bool a1 = false, a2 = false; /* per instantiation */
-  return launch_bwd_kernels<T, 64>(P, BH, k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1>, NWG1 * 128,
+  return launch_bwd_kernels<T, 64>(P, BH, k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1, false>, NWG1 * 128,
                                    (2 * BNK + 4 * BQ) * 64 * (int)sizeof(T) + 4 * BQ * (int)sizeof(float) + 1024,
                                    (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>, NWG2 * 128,
                                    (2 * BM + 4 * BN) * 64 * (int)sizeof(T) + 1024, (P.T + BM - 1) / BM, a2);
 }
 
+/* the fused wgmma backward at D 64: dk/dv and the dQ atomics by NWG
+ * warpgroups of 64 keys, query tiles of 64 */
+template <typename T, int NWG, int MINB> int launch_bwd_wg_fused(const AttnP &P, int64_t BH) {
+  constexpr int BNK = 64 * NWG;
+  static bool a1 = false, a2 = false; /* per instantiation */
+  return launch_bwd_kernels<T, 64>(P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true>, NWG * 128,
+                                   (3 * BNK + 4 * 64) * 64 * (int)sizeof(T) + 4 * 64 * (int)sizeof(float) + 1024,
+                                   (P.S + BNK - 1) / BNK, a1, (decltype(&k_attn_bwd_dq_wg<T, 1, 64, 2>))nullptr, 0, 0,
+                                   0, a2);
+}
+
 template <typename T, int D> int launch_bwd_tc(const AttnP &P, int64_t BH) {
-  /* one warpgroup of 64 keys (dk/dv) or queries (dq) a CTA, 2 CTAs an SM */
   if constexpr (D == 64)
-    if (attn_impl() == IMPL_WG) return launch_bwd_wg<T, 1, 64, 2, 1, 64, 2>(P, BH);
+    if (attn_impl() == IMPL_WG) {
+      /* GP_ATTN_DETERMINISTIC=1: the two kernels; else dQ by atomics in
+       * the dk/dv kernel, 3 CTAs an SM (BENCHMARKS.md) */
+      static const char *det = getenv("GP_ATTN_DETERMINISTIC");
+      if (det && strcmp(det, "") && strcmp(det, "0")) return launch_bwd_wg<T, 1, 64, 2, 1, 64, 2>(P, BH);
+      return launch_bwd_wg_fused<T, 1, 3>(P, BH);
+    }
   return attn_impl() == IMPL_OLD ? launch_bwd_mma<T, D, false>(P, BH) : launch_bwd_mma<T, D, true>(P, BH);
 }
 

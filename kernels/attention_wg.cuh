@@ -143,10 +143,15 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
  * CTA), walking the query tiles of BQ queries that see them (double-buffered
  * with their lse and delta): S^T = K Q^T and dP^T = V dout^T by descriptors,
  * P^T and dS^T in registers, dV += P^T dout and dK += dS^T Q with the
- * accumulators as A operands and dout, Q as MN-major B operands. As
- * k_attn_bwd_dkdv_mma: no atomics, each output written once. */
-template <typename T, int NWG, int BQ, int MINB>
+ * accumulators as A operands and dout, Q as MN-major B operands. dk and dv
+ * are written once. DQ: also dQ = dS K for each query tile (BQ 64, tiles
+ * aligned to 64 rows): dS^T goes to shared memory, the product reads it as an
+ * MN-major A operand, and the tile is added to P.dqa with f32 vector atomics
+ * (red.global.add.v4.f32, in the accumulator's fragment order so that each
+ * warp's adds are 512 contiguous bytes); k_attn_bwd_dq_store converts. */
+template <typename T, int NWG, int BQ, int MINB, bool DQ>
 __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int BH) {
+  static_assert(!DQ || BQ == 64, "the fused dQ needs query tiles of 64");
 #if GP_WG
   constexpr int D = 64, NTH = NWG * 128, BNK = 64 * NWG, NQ = BQ / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
@@ -154,8 +159,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
   T *Vs = Ks + BNK * D;
   T *Qs = Vs + BNK * D;     /* 2 stages */
   T *Gs = Qs + 2 * BQ * D; /* 2 stages */
-  float *Ls = (float *)(Gs + 2 * BQ * D); /* 2 stages of BQ */
-  float *Dl = Ls + 2 * BQ;                /* 2 stages of BQ */
+  T *Ds = Gs + 2 * BQ * D; /* DQ: dS^T of each warpgroup, [64 keys][64 queries] */
+  float *Ls = (float *)(Ds + (DQ ? BNK * BQ : 0)); /* 2 stages of BQ */
+  float *Dl = Ls + 2 * BQ;                         /* 2 stages of BQ */
   const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int bh = blockIdx.x % BH, j0 = (blockIdx.x / BH) * BNK, off = P.S - P.T;
   const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
@@ -163,7 +169,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
   const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
 
   const int jmax = min(j0 + BNK, P.S) - 1;
-  const int ilo = P.causal ? max(0, j0 - off) : 0;
+  int ilo = P.causal ? max(0, j0 - off) : 0;
+  if (DQ) ilo &= ~63; /* the accumulator's tiles (the rows added above ilo see nothing: P = 0) */
   int ihi = P.T;
   if (P.win > 0 && j0 >= P.ng) ihi = (int)min((int64_t)P.T, (int64_t)jmax + P.win - off);
   const int n_qt = ihi > ilo ? (ihi - ilo + BQ - 1) / BQ : 0;
@@ -257,8 +264,36 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++) wg::mma<D, T>::template rs<1>(&dk[0][0], da[kk], wg_mnmajor(qa + kk * 2048), 1);
     wg::commit();
-    wg::wait<0>();
-    __syncthreads(); /* the next iteration loads into this stage */
+    if constexpr (DQ) {
+      /* dS^T (rows: keys, columns: queries) to shared memory; dQ = dS K
+       * reads it as the MN-major A operand, K as the MN-major B */
+      T *Dw = Ds + wgi * 64 * BQ;
+#pragma unroll
+      for (int nt = 0; nt < NQ; nt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+          const int r = warp * 16 + g8 + 8 * h;
+          *(uint32_t *)(Dw + swz<BQ>(r, nt) + t2) = da[nt >> 1][(nt & 1) * 2 + h];
+        }
+      wg::fence_proxy();
+      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wgi) : "memory"); /* the warpgroup's dS^T is written */
+      float dq[DT][4];
+      wg::fence();
+#pragma unroll
+      for (int kk = 0; kk < 64 / 16; kk++)
+        wg::mma<D, T>::template ss<1, 1>(&dq[0][0], wg_mnmajor(smem_u32(Dw) + kk * 2048), wg_mnmajor(ka + kk * 2048), kk > 0);
+      wg::commit();
+      wg::wait<0>();
+      float *dst = P.dqa + ((int64_t)bh * ((P.T + 63) >> 6) + (i0 >> 6)) * 4096 + (threadIdx.x & 127) * 4;
+#pragma unroll
+      for (int j = 0; j < DT; j++)
+        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + j * 512), "f"(dq[j][0]),
+                     "f"(dq[j][1]), "f"(dq[j][2]), "f"(dq[j][3])
+                     : "memory");
+    } else {
+      wg::wait<0>();
+    }
+    __syncthreads(); /* the next iteration loads into this stage (DQ: and writes Ds) */
   };
   for (int t = 0; t < n_qt; t++) {
     if (q_masked(ilo + t * BQ))
@@ -271,6 +306,23 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
   store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bh, P.H), P.sdk.r, j0 + wrow, P.S, dk, P.scale, lane); /* q was not scaled */
   store_acc_rows<T, DT>((T *)P.dv + head_at(P.sdv, bh, P.H), P.sdv.r, j0 + wrow, P.S, dv, 1.f, lane);
 #endif
+}
+
+/* the fused backward's dQ: one CTA a tile of 64 rows of P.dqa (fragment
+ * order: float4 j of thread tid is at (j 128 + tid) 4, holding the
+ * accumulator entries d[4j .. 4j + 3] of that thread) to dq, times scale */
+template <typename T>
+__global__ void __launch_bounds__(128) k_attn_bwd_dq_store(AttnP P, int n_mt) {
+  const int bh = blockIdx.x / n_mt, mt = blockIdx.x % n_mt;
+  const float4 *src = (const float4 *)(P.dqa + (int64_t)blockIdx.x * 4096);
+  float a[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; j++) {
+    const float4 f = src[j * 128 + threadIdx.x];
+    a[j][0] = f.x, a[j][1] = f.y, a[j][2] = f.z, a[j][3] = f.w;
+  }
+  store_acc_rows<T, 8>((T *)P.dq + head_at(P.sdq, bh, P.H), P.sdq.r, mt * 64 + (threadIdx.x >> 5) * 16, P.T, a,
+                       P.scale, threadIdx.x & 31);
 }
 
 /* backward, dq: NWG warpgroups, 64 queries each (BM = 64 NWG, the longest

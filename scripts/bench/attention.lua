@@ -28,8 +28,9 @@ local opts = {warmup = 3, iters = a.iters}
 local fwd_ms = gp.time(function() gp.k.attn_fwd(out, lse, q, k, v, scale, 0, 0, 1) end, opts)
 local bwd_ms = gp.time(function() gp.k.attn_bwd(dq, dk, dv, q, k, v, out, lse, dout, scale, 0, 0, 1) end, opts)
 local fb_ms = fwd_ms + bwd_ms
-print(string.format('attention bf16 causal B=%d H=%d T=%d D=%d (GP_ATTN_IMPL=%s)', B, H, Tn, D,
-  os.getenv('GP_ATTN_IMPL') or 'default: wg on compute capability 9.0, else new'))
+print(string.format('attention bf16 causal B=%d H=%d T=%d D=%d (GP_ATTN_IMPL=%s%s)', B, H, Tn, D,
+  os.getenv('GP_ATTN_IMPL') or 'default: wg on compute capability 9.0, else new',
+  os.getenv('GP_ATTN_DETERMINISTIC') and (' GP_ATTN_DETERMINISTIC=' .. os.getenv('GP_ATTN_DETERMINISTIC')) or ''))
 print(string.format('  forward          %8.3f ms  %7.1f TFLOP/s', fwd_ms, flops / fwd_ms / 1e9))
 print(string.format('  backward         %8.3f ms  %7.1f TFLOP/s', bwd_ms, 2.5 * flops / bwd_ms / 1e9))
 print(string.format('  forward+backward %8.3f ms  %7.1f TFLOP/s', fb_ms, 3.5 * flops / fb_ms / 1e9))
