@@ -306,6 +306,58 @@ T.test('attention kernels on the GPU: forward and backward against the CPU (bf16
   T.ok(T.relnorm(g1, c1) < 2e-2 and T.relnorm(g2, c2) < 2e-2 and T.relnorm(g3, c3) < 2e-2, 'bf16 autograd grads')
 end)
 
+-- the backward's determinism contract: dk and dv are written once (bitwise
+-- repeatable); dq is too under GP_ATTN_DETERMINISTIC=1, while the Hopper
+-- default adds it with f32 atomics (repeatable up to rounding)
+local DET_SNIPPET = [[
+gp.manual_seed(5)
+local CU = {dtype = 'bf16', device = 'cuda'}
+local sh = {2, 3, 300, 64}
+local q, k, v, g = gp.randn(sh, CU), gp.randn(sh, CU), gp.randn(sh, CU), gp.randn(sh, CU)
+local out, lse = gp.empty(sh, CU), gp.empty({2, 3, 300}, {device = 'cuda'})
+gp.k.attn_fwd(out, lse, q, k, v, 0, 0, 0, 1)
+local function grads()
+  local dq, dk, dv = gp.empty(sh, CU), gp.empty(sh, CU), gp.empty(sh, CU)
+  gp.k.attn_bwd(dq, dk, dv, q, k, v, out, lse, g, 0, 0, 0, 1)
+  return {dq, dk, dv}
+end
+local a, b = grads(), grads()
+local td = require('gpush.tensor').to_doubles
+local r = {}
+for i = 1, 3 do
+  local x, n = td(a[i]:float():cpu())
+  local y = td(b[i]:float():cpu())
+  local diff, big = 0, 0
+  for e = 0, n - 1 do
+    diff = diff + (x[e] ~= y[e] and 1 or 0)
+    big = math.max(big, math.abs(x[e] - y[e]) / (math.abs(x[e]) + 1e-3))
+  end
+  r[i] = string.format('%d:%g', diff, big)
+end
+print('DET ' .. table.concat(r, ' '))
+]]
+local function det_run(env)
+  local f = os.tmpname()
+  local h = assert(io.open(f, 'w'))
+  h:write(DET_SNIPPET)
+  h:close()
+  local out, rc = T.sh(string.format('%s %s/build/gpush %s', env, GPUSH_ROOT or '.', f))
+  os.remove(f)
+  T.eq(rc, 0, out)
+  local dq, dqr, dk, dv = out:match('DET (%d+):(%S+) (%d+):%S+ (%d+):%S+')
+  T.ok(dq, out)
+  return tonumber(dq), tonumber(dqr), tonumber(dk), tonumber(dv)
+end
+T.test('attention backward on the GPU: GP_ATTN_DETERMINISTIC=1 repeats bitwise; the default repeats dk, dv bitwise', function()
+  T.cuda()
+  local dq, _, dk, dv = det_run('GP_ATTN_DETERMINISTIC=1')
+  T.eq(dq + dk + dv, 0, 'elements that differ between two deterministic backwards')
+  local _, dqr
+  dq, dqr, dk, dv = det_run('GP_ATTN_DETERMINISTIC=0')
+  T.eq(dk + dv, 0, 'dk, dv elements that differ between two default backwards')
+  T.ok(dqr < 2e-2, 'dq of two default backwards within bf16 rounding: ' .. dqr)
+end)
+
 T.test('attention on the GPU: forward, backward and decode against the CPU (bf16, f16, f32)', function()
   T.cuda()
   local CU = {device = 'cuda'}
