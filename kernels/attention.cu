@@ -1030,7 +1030,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
 struct DecP {
   const void *q, *kc, *vc, *lens;
   void *out;
-  float *part; /* [BH, nsplit, D + 2]: acc (unnormalized), max, sum */
+  float *part; /* [BH, nsplit, D + 2]: acc (unnormalized), max (log2 units), sum */
   int lens64, H, C, chunk, nsplit;
   float scale;
   int win, ng;
@@ -1041,61 +1041,132 @@ __device__ __forceinline__ int dec_len(const DecP &P, int b) {
   return (int)(n < 0 ? 0 : n > P.C ? P.C : n); /* clamped: never outside the cache */
 }
 
-template <typename T, int D>
+/* 16 bytes at p: one load (VEC: p 16-byte aligned) or element by element */
+template <typename T, bool VEC> __device__ __forceinline__ uint4 ld16(const T *p) {
+  if constexpr (VEC) {
+    return *(const uint4 *)p;
+  } else {
+    uint4 v;
+    T *e = (T *)&v;
+#pragma unroll
+    for (int t = 0; t < 16 / (int)sizeof(T); t++) e[t] = p[t];
+    return v;
+  }
+}
+/* one 16-byte vector of a row as floats */
+template <typename T, int N> __device__ __forceinline__ void vec_f32(float *f, const uint4 &v) {
+  const T *e = (const T *)&v;
+#pragma unroll
+  for (int t = 0; t < N; t++) f[t] = ld(e[t]);
+}
+
+/* one (b, h) and one slice of its cache a block: each key's row is read by
+ * LPK lanes with 16-byte loads (a warp reads KPW consecutive keys, 512
+ * bytes, at a time), U keys a lane group in flight, one online-softmax
+ * rescale per U keys (base 2); the 4 KPW lane groups' partials meet in
+ * shared memory and go to part (m in log2 units). VEC: q, kc and vc start
+ * 16-byte aligned (else the vectors are read element by element). */
+template <typename T, int D, bool VEC>
 __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
-  constexpr int DL = D / 32;
-  __shared__ float sm_m[4], sm_l[4], sm_acc[4][D];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  constexpr int EPL = 16 / (int)sizeof(T), LPK = D / EPL, KPW = 32 / LPK, NPART = 4 * KPW, U = 4;
+  static_assert(LPK <= 32 && 32 % LPK == 0, "decode: a key's row is 16-byte vectors of one warp");
+  __shared__ float sm_m[NPART], sm_l[NPART], sm_acc[NPART][D];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % LPK;
+  const int gi = warp * KPW + lane / LPK; /* the lane group */
   const int bh = blockIdx.y, b = bh / P.H, split = blockIdx.x;
   const int n = dec_len(P, b), p = n - 1;
   const int jb = split * P.chunk, je = min(n, jb + P.chunk);
-  const T *q = (const T *)P.q + (int64_t)bh * D + lane * DL;
-  float qr[DL], acc[DL];
+  float qr[EPL], acc[EPL];
+  {
+    const uint4 qv = ld16<T, VEC>((const T *)P.q + (int64_t)bh * D + sub * EPL);
+    vec_f32<T, EPL>(qr, qv);
+  }
+  const float sl2 = P.scale * LOG2E;
 #pragma unroll
-  for (int t = 0; t < DL; t++) {
-    qr[t] = ld(q[t]) * P.scale;
+  for (int t = 0; t < EPL; t++) {
+    qr[t] *= sl2;
     acc[t] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const T *kc = (const T *)P.kc + (int64_t)bh * P.C * D + lane * DL;
-  const T *vc = (const T *)P.vc + (int64_t)bh * P.C * D + lane * DL;
-  for (int j = jb + warp; j < je; j += 4) {
-    if (P.win > 0 && j >= P.ng && p - j >= P.win) { /* jump over the keys left of the window */
-      int target = p - P.win + 1;
-      j += ((target - j + 3) / 4) * 4 - 4;
-      continue;
+  const T *kc = (const T *)P.kc + (int64_t)bh * P.C * D + sub * EPL;
+  const T *vc = (const T *)P.vc + (int64_t)bh * P.C * D + sub * EPL;
+  /* keys [lo, hi): the block walks NPART U of them at a time (a uniform
+   * trip count: every lane takes part in the shuffles) */
+  auto run = [&](int lo, int hi) {
+    for (int base = lo; base < hi; base += NPART * U) {
+      uint4 kv[U], vv[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int j = base + u * NPART + gi;
+        const bool ok = j < hi;
+        kv[u] = ok ? ld16<T, VEC>(kc + (int64_t)j * D) : make_uint4(0, 0, 0, 0);
+        vv[u] = ok ? ld16<T, VEC>(vc + (int64_t)j * D) : make_uint4(0, 0, 0, 0);
+      }
+      float sc[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        float kf[EPL];
+        vec_f32<T, EPL>(kf, kv[u]);
+        float d = 0.f;
+#pragma unroll
+        for (int t = 0; t < EPL; t++) d = fmaf(qr[t], kf[t], d);
+#pragma unroll
+        for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL, d, o);
+        sc[u] = base + u * NPART + gi < hi ? d : -INFINITY;
+      }
+      float mn = m;
+#pragma unroll
+      for (int u = 0; u < U; u++) mn = fmaxf(mn, sc[u]);
+      if (mn == -INFINITY) continue; /* none of this group's keys */
+      const float alpha = ex2(m - mn); /* m = -inf: 0 */
+      l *= alpha;
+#pragma unroll
+      for (int t = 0; t < EPL; t++) acc[t] *= alpha;
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const float e = ex2(sc[u] - mn);
+        float vf[EPL];
+        vec_f32<T, EPL>(vf, vv[u]);
+        l += e;
+#pragma unroll
+        for (int t = 0; t < EPL; t++) acc[t] = fmaf(e, vf[t], acc[t]);
+      }
+      m = mn;
     }
-    float s = 0.f;
-#pragma unroll
-    for (int t = 0; t < DL; t++) s += qr[t] * ld(kc[(int64_t)j * D + t]);
-    s = warp_sum(s);
-    const float mn = fmaxf(m, s);
-    const float alpha = expf(m - mn), e = expf(s - mn);
-    l = l * alpha + e;
-#pragma unroll
-    for (int t = 0; t < DL; t++) acc[t] = acc[t] * alpha + e * ld(vc[(int64_t)j * D + t]);
-    m = mn;
+  };
+  if (P.win > 0) { /* the leading visible keys, then the window */
+    run(jb, min(je, P.ng));
+    run(max(jb, max(P.ng, p - P.win + 1)), je);
+  } else {
+    run(jb, je);
   }
-  if (lane == 0) {
-    sm_m[warp] = m;
-    sm_l[warp] = l;
+  if (sub == 0) {
+    sm_m[gi] = m;
+    sm_l[gi] = l;
   }
 #pragma unroll
-  for (int t = 0; t < DL; t++) sm_acc[warp][lane * DL + t] = acc[t];
+  for (int t = 0; t < EPL; t++) sm_acc[gi][sub * EPL + t] = acc[t];
   __syncthreads();
-  float M = fmaxf(fmaxf(sm_m[0], sm_m[1]), fmaxf(sm_m[2], sm_m[3]));
-  float w[4];
+  float M = -INFINITY;
 #pragma unroll
-  for (int i = 0; i < 4; i++) w[i] = sm_m[i] == -INFINITY ? 0.f : expf(sm_m[i] - M);
+  for (int i = 0; i < NPART; i++) M = fmaxf(M, sm_m[i]);
   float *part = P.part + ((int64_t)bh * P.nsplit + split) * (D + 2);
-  for (int d = threadIdx.x; d < D; d += 128)
-    part[d] = w[0] * sm_acc[0][d] + w[1] * sm_acc[1][d] + w[2] * sm_acc[2][d] + w[3] * sm_acc[3][d];
+  for (int d = threadIdx.x; d < D; d += 128) {
+    float a = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPART; i++) a += (sm_m[i] == -INFINITY ? 0.f : ex2(sm_m[i] - M)) * sm_acc[i][d];
+    part[d] = a;
+  }
   if (threadIdx.x == 0) {
+    float L = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPART; i++) L += sm_m[i] == -INFINITY ? 0.f : ex2(sm_m[i] - M) * sm_l[i];
     part[D] = M;
-    part[D + 1] = w[0] * sm_l[0] + w[1] * sm_l[1] + w[2] * sm_l[2] + w[3] * sm_l[3];
+    part[D + 1] = L;
   }
 }
 
+/* the splits' partials of one (b, h): weights 2^(m_s - M) */
 template <typename T, int D>
 __global__ void __launch_bounds__(D) k_attn_decode_combine(DecP P) {
   const int bh = blockIdx.x, d = threadIdx.x;
@@ -1107,7 +1178,7 @@ __global__ void __launch_bounds__(D) k_attn_decode_combine(DecP P) {
     for (int s = 0; s < P.nsplit; s++) {
       float ms = part[s * (D + 2) + D];
       if (ms == -INFINITY) continue;
-      float w = expf(ms - M);
+      float w = exp2f(ms - M);
       a += w * part[s * (D + 2) + d];
       L += w * part[s * (D + 2) + D + 1];
     }
@@ -1345,6 +1416,18 @@ template <typename T, int D> int launch_bwd_tc(const AttnP &P, int64_t BH) {
   return attn_impl() == IMPL_OLD ? launch_bwd_mma<T, D, false>(P, BH) : launch_bwd_mma<T, D, true>(P, BH);
 }
 
+template <typename T, int D> void launch_decode(const DecP &P, int64_t BH, bool vec) {
+  dim3 grid((unsigned)P.nsplit, (unsigned)BH);
+  if (vec) {
+    GP_NOTE_LAUNCH((k_attn_decode_split<T, D, true>), 128, 0);
+    k_attn_decode_split<T, D, true><<<grid, 128, 0, gp_cuda_stream()>>>(P);
+  } else {
+    GP_NOTE_LAUNCH((k_attn_decode_split<T, D, false>), 128, 0);
+    k_attn_decode_split<T, D, false><<<grid, 128, 0, gp_cuda_stream()>>>(P);
+  }
+  k_attn_decode_combine<T, D><<<(unsigned)BH, D, 0, gp_cuda_stream()>>>(P);
+}
+
 } // namespace
 
 extern "C" int gp_cuda_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_tensor *k,
@@ -1454,8 +1537,8 @@ extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_
   P.scale = (float)scale;
   P.win = (int)(window > INT32_MAX / 2 ? INT32_MAX / 2 : window);
   P.ng = (int)(n_global > C ? C : n_global);
-  /* enough blocks to fill the GPU twice, slices of at least 64 keys */
-  int64_t want = ((int64_t)gp_cuda_sm_count() * 2 + BH - 1) / BH, most = (C + 63) / 64;
+  /* enough blocks for 4 an SM, slices of at least 128 keys */
+  int64_t want = ((int64_t)gp_cuda_sm_count() * 4 + BH - 1) / BH, most = (C + 127) / 128;
   int64_t nsplit = want < most ? want : most;
   if (nsplit < 1) nsplit = 1;
   int64_t chunk = (C + nsplit - 1) / nsplit;
@@ -1468,15 +1551,11 @@ extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_
   int64_t pn = BH * nsplit * (D + 2);
   GP_TRY(gp_tensor_scratch(&part, GP_F32, GP_CUDA, 1, &pn));
   P.part = (float *)gp_ptr(part);
-  dim3 grid((unsigned)nsplit, (unsigned)BH);
+  const bool vec = (((uintptr_t)P.q | (uintptr_t)P.kc | (uintptr_t)P.vc) & 15) == 0;
   if (D == 64) {
-    GP_FLOAT_SWITCH(q->dtype, T, GP_NOTE_LAUNCH((k_attn_decode_split<T, 64>), 128, 0);
-                    k_attn_decode_split<T, 64><<<grid, 128, 0, gp_cuda_stream()>>>(P);
-                    k_attn_decode_combine<T, 64><<<(unsigned)BH, 64, 0, gp_cuda_stream()>>>(P));
+    GP_FLOAT_SWITCH(q->dtype, T, launch_decode<T, 64>(P, BH, vec));
   } else {
-    GP_FLOAT_SWITCH(q->dtype, T, GP_NOTE_LAUNCH((k_attn_decode_split<T, 128>), 128, 0);
-                    k_attn_decode_split<T, 128><<<grid, 128, 0, gp_cuda_stream()>>>(P);
-                    k_attn_decode_combine<T, 128><<<(unsigned)BH, 128, 0, gp_cuda_stream()>>>(P));
+    GP_FLOAT_SWITCH(q->dtype, T, launch_decode<T, 128>(P, BH, vec));
   }
   gp_tensor_free(part);
   return gp_cuda_check_launch("attn_decode");

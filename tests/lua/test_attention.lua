@@ -403,6 +403,29 @@ T.test('attention on the GPU: forward, backward and decode against the CPU (bf16
       cache:lens(1):cpu(), o)
     T.ok(T.relnorm(got:float():cpu(), ref) < 1e-2)
   end
+  -- the kernel for each dtype and head dim, per-row lengths (0 included),
+  -- with operands 16-byte aligned and starting one element in (element loads)
+  for _, D2 in ipairs {64, 128} do
+    for _, dt in ipairs {'bf16', 'f16', 'f32'} do
+      for _, odd in ipairs {false, true} do
+        local function mk(shape)
+          local n = 1
+          for _, e in ipairs(shape) do n = n * e end
+          local flat = rn({n + 1}, CU):to(dt)
+          return flat:narrow(1, odd and 2 or 1, n):view(shape)
+        end
+        local q2, kc, vc = mk {3, 2, D2}, mk {3, 2, 700, D2}, mk {3, 2, 700, D2}
+        local lens = gp.tensor({700, 0, 333}, {dtype = 'i32', device = 'cuda'})
+        for _, o in ipairs {{}, {window = 100, n_global = 5}} do
+          local got = gp.attention_decode(q2, kc, vc, lens, o)
+          local ref = gp.attention_decode(q2:float():cpu(), kc:float():cpu(), vc:float():cpu(), lens:cpu(), o)
+          local name = string.format('decode %s D %d%s window %d', dt, D2, odd and ' (unaligned)' or '', o.window or 0)
+          T.ok(T.relnorm(got:float():cpu(), ref) < (dt == 'f32' and 1e-5 or 1e-2), name)
+          T.eq(got:float():cpu():sum():item() == got:float():cpu():sum():item(), true, name .. ': no NaN')
+        end
+      end
+    end
+  end
 end)
 
 ---------------------------------------------------------------------------

@@ -181,6 +181,19 @@ return function(gp, tensor)
   end, {nout = 1})
 
   -- q (B, H, D) or (B, H, 1, D); kcache, vcache (B, H, C, D); lens [B] or a number
+  -- a number of cached keys as a (B) i32 tensor, kept for the next call with
+  -- the same (B, length, device) (weak: collected when no longer used)
+  local LENS = setmetatable({}, {__mode = 'v'})
+  local function lens_tensor(b, n, device)
+    local key = device .. ':' .. b .. ':' .. n
+    local t = LENS[key]
+    if not t then
+      t = gp.full({b}, n, {dtype = 'i32', device = device})
+      LENS[key] = t
+    end
+    return t
+  end
+
   function gp.attention_decode(q, kcache, vcache, lens, opts)
     local op = 'attention_decode'
     need(q, op, 'q'); need(kcache, op, 'kcache'); need(vcache, op, 'vcache')
@@ -192,8 +205,9 @@ return function(gp, tensor)
     end
     local q3 = q4 and q:reshape {qs[1], qs[2], qs[4]} or q
     local s3 = q3.shape
-    if #s3 ~= 3 or #ks ~= 4 or ks[1] ~= s3[1] or ks[2] ~= s3[2] or ks[4] ~= s3[3] or
-      shape_str(vcache.shape) ~= shape_str(ks) then
+    local vs = vcache.shape
+    if #s3 ~= 3 or #ks ~= 4 or ks[1] ~= s3[1] or ks[2] ~= s3[2] or ks[4] ~= s3[3] or #vs ~= 4 or vs[1] ~= ks[1] or
+      vs[2] ~= ks[2] or vs[3] ~= ks[3] or vs[4] ~= ks[4] then
       raise(string.format('%s: q must be (B, H, D) and kcache, vcache (B, H, C, D); got q %s, kcache %s, vcache %s', op,
         shape_str(qs), shape_str(ks), shape_str(vcache.shape)))
     end
@@ -205,7 +219,7 @@ return function(gp, tensor)
       if lens ~= math.floor(lens) or lens < 0 or lens > ks[3] then
         raise(string.format('%s: length %s is outside [0, %d] (kcache %s)', op, tostring(lens), ks[3], shape_str(ks)))
       end
-      lens = gp.full({s3[1]}, lens, {dtype = 'i32', device = q.device})
+      lens = lens_tensor(s3[1], lens, q.device)
     end
     need(lens, op, 'lens')
     same_dev(op, q, 'q', lens, 'lens')
