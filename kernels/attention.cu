@@ -1263,11 +1263,11 @@ template <typename T, int D, int MT, int NW, bool NEW> int launch_fwd_mma(const 
                           attr);
 }
 
-template <typename T, int NWG, int BN, int MINB, int NS> int launch_fwd_wg(const AttnP &P, int64_t BH) {
+template <typename T, int D, int NWG, int BN, int MINB, int NS> int launch_fwd_wg(const AttnP &P, int64_t BH) {
   constexpr int BM = 64 * NWG;
   static bool attr = false; /* per instantiation */
-  return launch_fwd_tiles(k_attn_fwd_wg<T, NWG, BN, MINB, NS>, P, BH, BM, NWG * 128,
-                          (BM + 2 * NS * BN) * 64 * (int)sizeof(T) + 1024, attr);
+  return launch_fwd_tiles(k_attn_fwd_wg<T, D, NWG, BN, MINB, NS>, P, BH, BM, NWG * 128,
+                          (BM + 2 * NS * BN) * D * (int)sizeof(T) + 1024, attr);
 }
 
 /* GP_ATTN_IMPL (read once): "old" the first tensor-core kernels, "new" the
@@ -1301,8 +1301,12 @@ template <typename T, int D> int launch_fwd_tc(const AttnP &P, int64_t BH) {
     if (impl == IMPL_NEW8) return launch_fwd_mma<T, D, 1, 8, true>(P, BH);
     /* 2 warpgroups of 64 rows, key tiles of 64 in 3 stages, 2 CTAs an SM
      * (the best of the tilings measured: BENCHMARKS.md) */
-    if (impl == IMPL_WG) return launch_fwd_wg<T, 2, 64, 2, 3>(P, BH);
+    if (impl == IMPL_WG) return launch_fwd_wg<T, 64, 2, 64, 2, 3>(P, BH);
   }
+  /* head dim 128: the same kernel, tiles as two 64-column halves, 1 CTA an
+   * SM (3 warpgroups measured slower: BENCHMARKS.md) */
+  if constexpr (D == 128)
+    if (impl == IMPL_WG) return launch_fwd_wg<T, 128, 2, 64, 1, 3>(P, BH);
   return launch_fwd_mma<T, D, MT, 4, true>(P, BH);
 }
 

@@ -1,5 +1,5 @@
 /* attention_wg.cuh: the Hopper (sm_90a) flash attention kernels at head dim
- * 64, bf16/f16, included by attention.cu inside its namespace (they use its
+ * 64 (forward also 128), bf16/f16, included by attention.cu inside its namespace (they use its
  * AttnP, KvTiles, load_tile, ex2, acc_to_a and pack2).
  *
  * The same algorithms as the mma.sync kernels, with the products on wgmma:
@@ -28,6 +28,26 @@
 __device__ __forceinline__ uint64_t wg_kmajor(uint32_t a) { return wg::desc(a, 16, 1024); }
 __device__ __forceinline__ uint64_t wg_mnmajor(uint32_t a) { return wg::desc(a, 16, 1024); }
 
+/* ROWS rows of D (64 or 128) as D / 64 tiles of [ROWS][64] (each the
+ * 128-byte swizzle's layout), column half h at sm + h ROWS 64: the wgmma
+ * operand layout (a K-major k-slice lies in one half; an MN-major operand's
+ * halves are LBO = ROWS 128 bytes apart). D 64: load_tile's layout. */
+template <typename T, int D, int ROWS, int NTH>
+__device__ __forceinline__ void load_tile_wg(T *sm, const T *g, int64_t rs, int row0, int nrows) {
+  constexpr int DC = D / 8, RSTEP = NTH / DC, N = ROWS * DC;
+  static_assert(NTH % DC == 0 && (RSTEP % 8 == 0 || RSTEP >= ROWS), "load_tile_wg: the swizzle needs rows 8k apart");
+  const int c = threadIdx.x % DC, r0 = threadIdx.x / DC;
+  const T *src = g + (int64_t)row0 * rs + c * 8;
+  const uint32_t dst = smem_u32(sm + (c >> 3) * ROWS * 64 + swz<64>(r0, c & 7));
+#pragma unroll
+  for (int it = 0; it < (N + NTH - 1) / NTH; it++) {
+    const int r = r0 + it * RSTEP;
+    if (N % NTH != 0 && r >= ROWS) break;
+    const bool ok = row0 + r < nrows;
+    cp_async16(dst + it * RSTEP * 64 * (int)sizeof(T), ok ? src + (int64_t)r * rs : g, ok ? 16 : 0);
+  }
+}
+
 /* the first 1024-byte aligned address in the dynamic shared memory (the
  * launch asks for 1 KB more) */
 __device__ __forceinline__ uint4 *align1k(uint4 *p) {
@@ -36,17 +56,18 @@ __device__ __forceinline__ uint4 *align1k(uint4 *p) {
 }
 #endif
 
-/* forward: NWG warpgroups, 64 query rows each (BM = 64 NWG), key tiles of BN
+/* forward at head dim D (64, or 128 with every tile in two column halves:
+ * load_tile_wg): NWG warpgroups, 64 query rows each (BM = 64 NWG), key tiles of BN
  * keys in NS stages loaded with cp.async one tile ahead; S = Q K^T by
  * descriptors, the online softmax in registers (as k_attn_fwd_mma), O += P V
  * with P from registers. One barrier a tile: with 3 stages the stage that
  * tile t + 1 loads into was last read by tile t - 2, which every warpgroup
  * finished before the barrier of tile t - 1. */
-template <typename T, int NWG, int BN, int MINB, int NS>
+template <typename T, int D, int NWG, int BN, int MINB, int NS>
 __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH) {
   static_assert(NS >= 3, "one barrier a tile needs 3 stages");
 #if GP_WG
-  constexpr int D = 64, NTH = NWG * 128, BM = 64 * NWG, NT = BN / 8, DT = D / 8;
+  constexpr int NTH = NWG * 128, BM = 64 * NWG, NT = BN / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
   T *Qs = (T *)align1k(attn_smem);
   T *Ks = Qs + BM * D; /* NS stages */
@@ -62,10 +83,10 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
   const int n_tiles = kt.n;
 
-  load_tile<T, D, BM, NTH>(Qs, q, P.sq.r, i0, P.T);
+  load_tile_wg<T, D, BM, NTH>(Qs, q, P.sq.r, i0, P.T);
   if (n_tiles > 0) {
-    load_tile<T, D, BN, NTH>(Ks, k, P.sk.r, kt.j0(0), P.S);
-    load_tile<T, D, BN, NTH>(Vs, v, P.sv.r, kt.j0(0), P.S);
+    load_tile_wg<T, D, BN, NTH>(Ks, k, P.sk.r, kt.j0(0), P.S);
+    load_tile_wg<T, D, BN, NTH>(Vs, v, P.sv.r, kt.j0(0), P.S);
   }
   cp_async_commit();
 
@@ -76,7 +97,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   const float sl2 = P.scale * LOG2E;
   const int wrow = wgi * 64 + warp * 16; /* the warp's first row in the tile */
-  const uint32_t qa = smem_u32(Qs + wgi * 64 * D);
+  const uint32_t qa = smem_u32(Qs + wgi * 64 * 64); /* the warpgroup's rows in each column half */
 
   /* one key tile; MK: 0 no mask, 1 mask */
   auto tile = [&](auto mk_tag, int t) {
@@ -85,8 +106,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     const int j0 = kt.j0(t);
     if (t + 1 < kt.n) {
       const int o2 = ((t + 1) % NS) * BN * D;
-      load_tile<T, D, BN, NTH>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
-      load_tile<T, D, BN, NTH>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
+      load_tile_wg<T, D, BN, NTH>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
+      load_tile_wg<T, D, BN, NTH>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -100,7 +121,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) wg::mma<BN, T>::ss(&s[0][0], wg_kmajor(qa + kk * 32), wg_kmajor(ka + kk * 32), 1);
+    for (int kk = 0; kk < D / 16; kk++)
+      wg::mma<BN, T>::ss(&s[0][0], wg_kmajor(qa + (kk >> 2) * BM * 128 + (kk & 3) * 32),
+                         wg_kmajor(ka + (kk >> 2) * BN * 128 + (kk & 3) * 32), 1);
     wg::commit();
     wg::wait<0>();
 
@@ -123,7 +146,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) wg::mma<D, T>::template rs<1>(&o[0][0], pa[kk], wg_mnmajor(va + kk * 2048), 1);
+    for (int kk = 0; kk < BN / 16; kk++) wg::mma<D, T>::template rs<1>(&o[0][0], pa[kk], wg::desc(va + kk * 2048, BN * 128, 1024), 1);
     wg::commit();
     wg::wait<0>();
   };
