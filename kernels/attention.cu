@@ -439,20 +439,23 @@ template <int D> __device__ __forceinline__ int swz(int r, int c) { return r * D
 /* ROWS rows from global row row0, rows rs elements apart (rows >= nrows are
  * zero-filled); every row start 16-byte aligned; NTH threads (the block).
  * Thread x copies chunk x % (D / 8) of rows x / (D / 8) + NTH / (D / 8) i:
- * a fixed swizzled column, so each copy is one 64-bit address and an add. */
-template <typename T, int D, int ROWS, int NTH = 128>
+ * a fixed swizzled column, so each copy is one 64-bit address and an add.
+ * Layout: rows of D, swz<D> (HALVES false); or (the wgmma kernels, HALVES)
+ * D / 64 tiles of [ROWS][64], each in the 128-byte swizzle, column half h
+ * at sm + h ROWS 64 (the same as the first for D 64). */
+template <typename T, int D, int ROWS, int NTH = 128, bool HALVES = false>
 __device__ __forceinline__ void load_tile(T *sm, const T *g, int64_t rs, int row0, int nrows) {
-  constexpr int DC = D / 8, RSTEP = NTH / DC, N = ROWS * DC;
+  constexpr int DC = D / 8, RSTEP = NTH / DC, N = ROWS * DC, W = HALVES ? 64 : D; /* W: a row's elements in smem */
   static_assert(NTH % DC == 0 && (RSTEP % 8 == 0 || RSTEP >= ROWS), "load_tile: the swizzle needs rows 8k apart");
   const int c = threadIdx.x % DC, r0 = threadIdx.x / DC;
   const T *src = g + (int64_t)row0 * rs + c * 8;
-  const uint32_t dst = smem_u32(sm + swz<D>(r0, c));
+  const uint32_t dst = smem_u32(HALVES ? sm + (c >> 3) * ROWS * 64 + swz<64>(r0, c & 7) : sm + swz<D>(r0, c));
 #pragma unroll
   for (int it = 0; it < (N + NTH - 1) / NTH; it++) {
     const int r = r0 + it * RSTEP;
     if (N % NTH != 0 && r >= ROWS) break;
     const bool ok = row0 + r < nrows;
-    cp_async16(dst + it * RSTEP * D * (int)sizeof(T), ok ? src + (int64_t)r * rs : g, ok ? 16 : 0);
+    cp_async16(dst + it * RSTEP * W * (int)sizeof(T), ok ? src + (int64_t)r * rs : g, ok ? 16 : 0);
   }
 }
 
@@ -1331,11 +1334,12 @@ template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
 
 /* a tensor-core backward: delta (f32 scratch), then the dk/dv kernel over
  * n_kt key tiles and the dq kernel over n_mt query tiles of every head; dq
- * null: the dk/dv kernel adds dQ into an f32 accumulator (P.dqa, tiles of
+ * nullptr: the dk/dv kernel adds dQ into an f32 accumulator (P.dqa, tiles of
  * 64 rows) and k_attn_bwd_dq_store converts it */
 template <typename T, int D, typename K1, typename K2>
-int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64_t n_kt, bool &a1, K2 *dq,
+int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64_t n_kt, bool &a1, K2 dq,
                        int nth2, int smem2, int64_t n_mt, bool &a2) {
+  constexpr bool SPLIT = !std::is_same<K2, std::nullptr_t>::value; /* a dq kernel */
   const int64_t rows = BH * P.T;
   if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 7) / 8 > INT32_MAX)
     return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T,
@@ -1343,7 +1347,7 @@ int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64
   gp_tensor *dl = 0, *acc = 0;
   GP_TRY(gp_tensor_scratch(&dl, GP_F32, GP_CUDA, 1, &rows));
   const int64_t nacc = BH * ((P.T + 63) / 64) * 4096;
-  int rc = dq ? GP_OK : gp_tensor_scratch(&acc, GP_F32, GP_CUDA, 1, &nacc);
+  int rc = SPLIT ? GP_OK : gp_tensor_scratch(&acc, GP_F32, GP_CUDA, 1, &nacc);
   if (rc == GP_OK && acc) {
     P.dqa = (float *)gp_ptr(acc);
     if (cudaMemsetAsync(P.dqa, 0, (size_t)nacc * sizeof(float), gp_cuda_stream()) != cudaSuccess)
@@ -1356,11 +1360,12 @@ int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64
         P, delta, rows);
     rc = smem_attr(dkdv, smem1, a1, "attn_bwd");
   }
-  if (rc == GP_OK && dq) rc = smem_attr(dq, smem2, a2, "attn_bwd");
+  if constexpr (SPLIT)
+    if (rc == GP_OK) rc = smem_attr(dq, smem2, a2, "attn_bwd");
   if (rc == GP_OK) {
     GP_NOTE_LAUNCH(dkdv, nth1, smem1);
     dkdv<<<(unsigned)(BH * n_kt), nth1, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
-    if (dq) {
+    if constexpr (SPLIT) {
       GP_NOTE_LAUNCH(dq, nth2, smem2);
       dq<<<(unsigned)(BH * n_mt), nth2, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);
     } else {
@@ -1401,11 +1406,10 @@ int launch_bwd_wg(const AttnP &P, int64_t BH) {
  * warpgroups of 64 keys, query tiles of 64 */
 template <typename T, int NWG, int MINB> int launch_bwd_wg_fused(const AttnP &P, int64_t BH) {
   constexpr int BNK = 64 * NWG;
-  static bool a1 = false, a2 = false; /* per instantiation */
+  static bool a1 = false, unused = false; /* per instantiation */
   return launch_bwd_kernels<T, 64>(P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true>, NWG * 128,
                                    (3 * BNK + 4 * 64) * 64 * (int)sizeof(T) + 4 * 64 * (int)sizeof(float) + 1024,
-                                   (P.S + BNK - 1) / BNK, a1, (decltype(&k_attn_bwd_dq_wg<T, 1, 64, 2>))nullptr, 0, 0,
-                                   0, a2);
+                                   (P.S + BNK - 1) / BNK, a1, nullptr, 0, 0, 0, unused);
 }
 
 template <typename T, int D> int launch_bwd_tc(const AttnP &P, int64_t BH) {

@@ -28,36 +28,36 @@
 __device__ __forceinline__ uint64_t wg_kmajor(uint32_t a) { return wg::desc(a, 16, 1024); }
 __device__ __forceinline__ uint64_t wg_mnmajor(uint32_t a) { return wg::desc(a, 16, 1024); }
 
-/* ROWS rows of D (64 or 128) as D / 64 tiles of [ROWS][64] (each the
- * 128-byte swizzle's layout), column half h at sm + h ROWS 64: the wgmma
- * operand layout (a K-major k-slice lies in one half; an MN-major operand's
- * halves are LBO = ROWS 128 bytes apart). D 64: load_tile's layout. */
-template <typename T, int D, int ROWS, int NTH>
-__device__ __forceinline__ void load_tile_wg(T *sm, const T *g, int64_t rs, int row0, int nrows) {
-  constexpr int DC = D / 8, RSTEP = NTH / DC, N = ROWS * DC;
-  static_assert(NTH % DC == 0 && (RSTEP % 8 == 0 || RSTEP >= ROWS), "load_tile_wg: the swizzle needs rows 8k apart");
-  const int c = threadIdx.x % DC, r0 = threadIdx.x / DC;
-  const T *src = g + (int64_t)row0 * rs + c * 8;
-  const uint32_t dst = smem_u32(sm + (c >> 3) * ROWS * 64 + swz<64>(r0, c & 7));
-#pragma unroll
-  for (int it = 0; it < (N + NTH - 1) / NTH; it++) {
-    const int r = r0 + it * RSTEP;
-    if (N % NTH != 0 && r >= ROWS) break;
-    const bool ok = row0 + r < nrows;
-    cp_async16(dst + it * RSTEP * 64 * (int)sizeof(T), ok ? src + (int64_t)r * rs : g, ok ? 16 : 0);
-  }
-}
-
 /* the first 1024-byte aligned address in the dynamic shared memory (the
  * launch asks for 1 KB more) */
 __device__ __forceinline__ uint4 *align1k(uint4 *p) {
   const uint32_t a = smem_u32(p);
   return p + (((1024 - (a & 1023)) & 1023) >> 4);
 }
+
+/* the backward's first two products, each over D / 16 K-major k-slices of
+ * two [rows][64] tiles: s = A1 B1^T, then dp = A2 B2^T, in two commit groups;
+ * returns with s done and dp still on the tensor cores */
+template <int N, typename T, int D>
+__device__ __forceinline__ void wg_s_dp(float (*s)[4], float (*dp)[4], uint32_t a1, uint32_t b1, uint32_t a2,
+                                        uint32_t b2) {
+#pragma unroll
+  for (int nt = 0; nt < N / 8; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+  wg::fence();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) wg::mma<N, T>::ss(&s[0][0], wg_kmajor(a1 + kk * 32), wg_kmajor(b1 + kk * 32), 1);
+  wg::commit();
+#pragma unroll
+  for (int kk = 0; kk < D / 16; kk++) wg::mma<N, T>::ss(&dp[0][0], wg_kmajor(a2 + kk * 32), wg_kmajor(b2 + kk * 32), 1);
+  wg::commit();
+  wg::wait<1>();
+}
 #endif
 
 /* forward at head dim D (64, or 128 with every tile in two column halves:
- * load_tile_wg): NWG warpgroups, 64 query rows each (BM = 64 NWG), key tiles of BN
+ * load_tile's HALVES): NWG warpgroups, 64 query rows each (BM = 64 NWG), key tiles of BN
  * keys in NS stages loaded with cp.async one tile ahead; S = Q K^T by
  * descriptors, the online softmax in registers (as k_attn_fwd_mma), O += P V
  * with P from registers. One barrier a tile: with 3 stages the stage that
@@ -83,10 +83,10 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
   const int n_tiles = kt.n;
 
-  load_tile_wg<T, D, BM, NTH>(Qs, q, P.sq.r, i0, P.T);
+  load_tile<T, D, BM, NTH, true>(Qs, q, P.sq.r, i0, P.T);
   if (n_tiles > 0) {
-    load_tile_wg<T, D, BN, NTH>(Ks, k, P.sk.r, kt.j0(0), P.S);
-    load_tile_wg<T, D, BN, NTH>(Vs, v, P.sv.r, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH, true>(Ks, k, P.sk.r, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH, true>(Vs, v, P.sv.r, kt.j0(0), P.S);
   }
   cp_async_commit();
 
@@ -106,8 +106,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     const int j0 = kt.j0(t);
     if (t + 1 < kt.n) {
       const int o2 = ((t + 1) % NS) * BN * D;
-      load_tile_wg<T, D, BN, NTH>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
-      load_tile_wg<T, D, BN, NTH>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
+      load_tile<T, D, BN, NTH, true>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
+      load_tile<T, D, BN, NTH, true>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -236,21 +236,10 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
     const uint32_t qa = smem_u32(Qs + st * BQ * D), ga = smem_u32(Gs + st * BQ * D);
     const float *Lst = Ls + st * BQ, *Dst = Dl + st * BQ;
 
-    float s[NQ][4], dp[NQ][4];
-#pragma unroll
-    for (int nt = 0; nt < NQ; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
     /* four groups in flight in turn: S^T, dP^T; P^T (while dP^T runs), dV
      * += P^T dout; dS^T (while dV runs), dK += dS^T Q */
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) wg::mma<BQ, T>::ss(&s[0][0], wg_kmajor(ka + kk * 32), wg_kmajor(qa + kk * 32), 1);
-    wg::commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) wg::mma<BQ, T>::ss(&dp[0][0], wg_kmajor(va + kk * 32), wg_kmajor(ga + kk * 32), 1);
-    wg::commit();
-    wg::wait<1>();
+    float s[NQ][4], dp[NQ][4];
+    wg_s_dp<BQ, T, D>(s, dp, ka, qa, va, ga);
 
 #pragma unroll
     for (int nt = 0; nt < NQ; nt++)
@@ -409,20 +398,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
     __syncthreads();
     const uint32_t ka = smem_u32(Ks + st * BN * D), va = smem_u32(Vs + st * BN * D);
 
-    float s[NT][4], dp[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
     /* S, then dP: P is computed while dP runs */
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) wg::mma<BN, T>::ss(&s[0][0], wg_kmajor(qa + kk * 32), wg_kmajor(ka + kk * 32), 1);
-    wg::commit();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++) wg::mma<BN, T>::ss(&dp[0][0], wg_kmajor(ga + kk * 32), wg_kmajor(va + kk * 32), 1);
-    wg::commit();
-    wg::wait<1>();
+    float s[NT][4], dp[NT][4];
+    wg_s_dp<BN, T, D>(s, dp, qa, ka, ga, va);
 
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
