@@ -41,7 +41,7 @@ gp.manual_seed(o.seed)
 local model, tok
 if o.random then
   model = gp.nn.GPT {vocab_size = 256, block_size = o.block, n_embd = o.n_embd, n_layer = o.n_layer, n_head = o.n_head}
-  tok = require('gpush.generate').bytes
+  tok = require('gpush.models.generate').bytes
 elseif o.ckpt ~= '' then
   local sd, meta = gp.load(o.ckpt, {device = gp.device()})
   local cfg = meta.config
@@ -70,7 +70,7 @@ elseif o.ckpt ~= '' then
       end,
     }
   else
-    tok = require('gpush.generate').bytes
+    tok = require('gpush.models.generate').bytes
   end
 else
   error('sample: give --ckpt FILE or --random (see --help)')

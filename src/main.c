@@ -89,17 +89,17 @@ static void set_paths(lua_State *L) {
   lua_setglobal(L, "GPUSH_ROOT");
   lua_getfield(L, -1, "preload");
   lua_pushcfunction(L, luaopen_gpush_json);
-  lua_setfield(L, -2, "gpush.json");
+  lua_setfield(L, -2, "gpush.core.json");
   lua_pop(L, 1);
   /* the FFI declarations, generated from src/gpush.h */
   lua_getfield(L, -1, "loaded");
   lua_pushstring(L, g_cdef);
-  lua_setfield(L, -2, "gpush.cdef");
+  lua_setfield(L, -2, "gpush.core.cdef");
   lua_pop(L, 1);
   /* the C half of the prompt */
   lua_getfield(L, -1, "preload");
   lua_pushcfunction(L, gp_luaopen_repl);
-  lua_setfield(L, -2, "gpush.repl_c");
+  lua_setfield(L, -2, "gpush.tools.repl_c");
   lua_pop(L, 2);
 }
 
@@ -265,7 +265,7 @@ int main(int argc, char **argv) {
     }
   }
   /* the prompt also follows a failed script, so its state can be inspected */
-  if (interactive && dostring(L, "require('gpush.repl').run()", "=(repl)") != 0 && !rc) rc = 1;
+  if (interactive && dostring(L, "require('gpush.tools.repl').run()", "=(repl)") != 0 && !rc) rc = 1;
   lua_close(L);
   return rc ? 1 : 0;
 }

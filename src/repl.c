@@ -3,7 +3,7 @@
  * and Ctrl-C while Lua code runs: a SIGINT handler sets a count/line hook that
  * raises "interrupted" in the running code, as lua.c does.
  *
- * Exposed to Lua as package.preload['gpush.repl_c'] (classic C API: none of
+ * Exposed to Lua as package.preload['gpush.tools.repl_c'] (classic C API: none of
  * this is on a hot path). */
 #include <errno.h>
 #include <lauxlib.h>

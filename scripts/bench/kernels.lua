@@ -17,7 +17,7 @@
 -- shape or broadcast to it); the others are listed at the end as missing.
 local gp = gp or require 'gpush'
 local ffi = require 'ffi'
-local kernels = require 'gpush.kernels'
+local kernels = require 'gpush.core.kernels'
 local C = gp.C
 
 local filter, ITERS = nil, 20
@@ -93,7 +93,7 @@ local BENCH = {
   {'multinomial', {'f32'}, syms = {N = S(4096, 16), V = S(50304, 1000)}},
 }
 
-local shape_str = require('gpush.tensor').shape_str
+local shape_str = require('gpush.core.tensor').shape_str
 
 local function fill(t)
   local dt = t.dtype

@@ -4,7 +4,7 @@
 --   fd.check(what, analytic, numeric, tol): relative norm of the difference under tol
 local gp = require 'gpush'
 local ffi = require 'ffi'
-local tensor = require 'gpush.tensor'
+local tensor = require 'gpush.core.tensor'
 local M = {}
 
 local function dot(a, b)

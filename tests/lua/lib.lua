@@ -55,7 +55,7 @@ end
 
 -- the elements of a tensor as a flat Lua list (row-major)
 function M.flat(t)
-  local b, n = require('gpush.tensor').to_doubles(t)
+  local b, n = require('gpush.core.tensor').to_doubles(t)
   local r = {}
   for i = 0, n - 1 do r[i + 1] = b[i] end
   return r
@@ -63,7 +63,7 @@ end
 
 -- relative norm ||a - b|| / ||b|| of two tensors, in double on the host
 function M.relnorm(a, b)
-  local tensor = require 'gpush.tensor'
+  local tensor = require 'gpush.core.tensor'
   local x, n = tensor.to_doubles(a)
   local y, m = tensor.to_doubles(b)
   assert(n == m, 'relnorm: sizes differ')

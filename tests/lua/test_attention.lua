@@ -322,7 +322,7 @@ local function grads()
   return {dq, dk, dv}
 end
 local a, b = grads(), grads()
-local td = require('gpush.tensor').to_doubles
+local td = require('gpush.core.tensor').to_doubles
 local r = {}
 for i = 1, 3 do
   local x, n = td(a[i]:float():cpu())

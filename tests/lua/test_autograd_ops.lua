@@ -239,7 +239,7 @@ T.test('ops that return their argument itself keep the graph (contiguous, to, it
 end)
 
 T.test('a rule defined after loading wraps the function at once (README example)', function()
-  local A = require 'gpush.autograd'
+  local A = require 'gpush.core.autograd'
   local calls = 0
   function gp.twice_test(x) return x * 2 end
   A.def_function('twice_test', function(g) calls = calls + 1; return g[1] * 2 end)

@@ -16,7 +16,7 @@ end
 
 local function new_cache(gp_, m, batch, cap)
   local c = m.config
-  local Cache = gp_.KVCache or function(o) return require('gpush.generate').simple_cache(gp_, o) end
+  local Cache = gp_.KVCache or function(o) return require('gpush.models.generate').simple_cache(o) end
   return Cache {batch = batch, heads = c.n_head, capacity = cap, head_dim = c.n_embd / c.n_head, layers = c.n_layer,
                 dtype = 'f32', device = m.wte.weight.device}
 end

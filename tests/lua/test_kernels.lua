@@ -7,7 +7,7 @@
 --    (f32 1e-5, f16 2e-3, bf16 1e-2, integers exactly).
 local T = require 'lib'
 local gp = require 'gpush'
-local kernels = require 'gpush.kernels'
+local kernels = require 'gpush.core.kernels'
 
 -- f64 is CPU-only: its cases run the CPU reference and skip the GPU
 local FLOATS = {'f32', 'bf16', 'f16', 'f64'}

@@ -324,7 +324,7 @@ T.test('nn.MoE: cached decoding equals the full forward (cpu)', function()
   gp.no_grad(function()
     local idx = gp.randint(0, 29, {2, 9}, {device = 'cpu'})
     local full = m(idx)
-    local cache = require('gpush.generate').simple_cache(gp, {batch = 2, heads = 4, capacity = 12, head_dim = 8,
+    local cache = require('gpush.models.generate').simple_cache({batch = 2, heads = 4, capacity = 12, head_dim = 8,
       layers = 2, dtype = 'f32', device = 'cpu'})
     local pre = m:forward_cached(idx:narrow(2, 1, 5), cache, 0)
     T.ok(T.relnorm(pre, full:narrow(2, 1, 5)) < 1e-5, 'prefill')

@@ -8,7 +8,7 @@ local nn = gp.nn
 local CPU = {device = 'cpu'}
 local CPU64 = {dtype = 'f64', device = 'cpu'}
 local function rn(shape) return gp.randn(shape, CPU64) end
-local shape_str = require('gpush.tensor').shape_str
+local shape_str = require('gpush.core.tensor').shape_str
 
 -- gradcheck of m(x...) with respect to the inputs and every parameter
 local function check_module(m, inputs, opts)
@@ -360,7 +360,7 @@ end)
 -- kernel calls while fn runs (gp.k wrapped as gp.profile does), and the
 -- calls that are given one of the tensors in watch (by data pointer and offset)
 local function count_k(fn, watch)
-  local tensor_mod = require 'gpush.tensor'
+  local tensor_mod = require 'gpush.core.tensor'
   local n, touched, saved_k, saved_t = 0, {}, {}, {}
   local ptrs = {}
   local function key(t) return tostring(t.c.data) .. '+' .. tostring(t.c.offset) end

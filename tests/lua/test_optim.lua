@@ -394,8 +394,8 @@ end)
 -- f32 copies of the parameters (the same kernel, the same gradients), whose
 -- values are then converted with an explicit copy (p:to(dtype)).
 
-local core = require 'gpush.core'
-local tensor_mod = require 'gpush.tensor'
+local core = require 'gpush.core.runtime'
+local tensor_mod = require 'gpush.core.tensor'
 
 local function maxdiff(a, b) return (a:float() - b:float()):abs():max():item() end
 

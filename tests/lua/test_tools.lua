@@ -152,7 +152,7 @@ test('rtc: a clear error without a GPU', function()
 end)
 
 test('rtc: argument types from the parameter list; free names of a map', function()
-  local rtc = require 'gpush.rtc'
+  local rtc = require 'gpush.tools.rtc'
   list_eq(rtc.parse_args(SCALE, 'scale'), {'ptr', 'ptr', 'float', 'int'})
   list_eq(rtc.parse_args('__global__ void k(const float* __restrict__ a, long long n, unsigned m) {}', 'k'),
     {'ptr', 'i64', 'u32'})
@@ -162,7 +162,7 @@ end)
 
 test('rtc: compile cache in memory and on disk; compile errors show the log', function()
   if not gp.cuda_available() and gp.C.gp_cuda_compiled() ~= 1 then T.skip('built without CUDA') end
-  local rtc = require 'gpush.rtc'
+  local rtc = require 'gpush.tools.rtc'
   local dir = os.tmpname()
   os.remove(dir)
   local old = rtc.cache_dir
@@ -223,7 +223,7 @@ end)
 -- REPL helpers (the terminal itself is tested by tests/repl/test_repl.sh)
 
 test('repl: completion of globals, gp fields and tensor methods', function()
-  local repl = require 'gpush.repl'
+  local repl = require 'gpush.tools.repl'
   local c = repl.complete('gp.ze')
   T.ok(#c >= 1 and c[1] == 'gp.zeros', table.concat(c, ' '))
   rawset(_G, 'repl_t_', gp.ones{2})
@@ -238,7 +238,7 @@ test('repl: completion of globals, gp fields and tensor methods', function()
 end)
 
 test('repl: incomplete chunks ask for more; values print', function()
-  local repl = require 'gpush.repl'
+  local repl = require 'gpush.tools.repl'
   local f, err = repl.compile('function f()')
   T.eq(f, nil)
   T.eq(err, 'more')

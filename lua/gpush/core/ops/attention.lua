@@ -1,0 +1,391 @@
+-- Attention (kernels/attention.*): gp.attention (flash attention, with
+-- autograd), gp.attention_qkv (the same straight from a fused (B, T, 3C) qkv
+-- buffer: no permute copies), gp.attention_decode (one new token over a KV
+-- cache) and gp.KVCache (preallocated per-layer key/value buffers).
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local gp = require 'gpush.core.ns'
+local A = require 'gpush.core.autograd'
+local FLOAT = require('gpush.core.dtype').FLOAT
+local ffi = require 'ffi'
+local raise, empty, shape_str, is_tensor = rt.raise, tensor.empty, tensor.shape_str, tensor.is_tensor
+local K = tensor.K
+local HEAD_DIMS = {[32] = true, [64] = true, [128] = true} -- 32: the plain (non tensor-core) kernels
+local DECODE_DIMS = {[64] = true, [128] = true}
+
+local function need(x, op, name)
+  if not is_tensor(x) then raise(string.format('%s: %s must be a tensor, got %s', op, name, type(x))) end
+end
+local function nonneg_int(op, name, v)
+  if v == nil then return 0 end
+  if type(v) ~= 'number' or v ~= math.floor(v) or v < 0 then
+    raise(string.format('%s: %s must be an integer >= 0, got %s', op, name, tostring(v)))
+  end
+  return v
+end
+local function same_dev(op, a, an, b, bn)
+  if b.device ~= a.device then
+    raise(string.format('%s: %s is on %s but %s is on %s (move one with :to())', op, bn, b.device, an, a.device))
+  end
+end
+-- the flash kernels read q, k, v, out, dout, dq, dk, dv at any strides on
+-- the leading dims with stride 1 on the last; bf16/f16 take the tensor-core
+-- path when the base is 16-byte aligned and every other stride (of a dim
+-- longer than 1) a multiple of 8 elements. fits(t): t may go to the kernel
+-- as it is (else it is made contiguous, one copy).
+local HALF = {bf16 = true, f16 = true}
+local function fits(t)
+  local n = t:dim()
+  if t:size(n) > 1 and t:stride(n) ~= 1 then return false end
+  if not HALF[t.dtype] then return true end
+  for d = 1, n - 1 do
+    if t:size(d) > 1 and t:stride(d) % 8 ~= 0 then return false end
+  end
+  local c = t.c
+  return tonumber(ffi.cast('uintptr_t', c.data) % 16) == 0 and tonumber(c.offset) % 8 == 0
+end
+local function usable(t) return fits(t) and t or t:contiguous() end
+-- b in a's dtype, in a layout the flash kernels read as it is
+local function as(b, a) return usable(tensor.to_dtype(b, a.dtype)) end
+-- b in a's dtype, contiguous (attn_decode)
+local function as_contiguous(b, a) return tensor.to_dtype(b, a.dtype):contiguous() end
+
+-- an empty (B, H, R, D) tensor of dtype, dense in x's order of the B, H, R
+-- dims (D last): the gradient of a permuted view (a head of a (B, T, H, D)
+-- buffer) comes out as the same permutation of a contiguous tensor, so the
+-- permute's backward gives a contiguous gradient (no copy afterwards)
+local function empty_like_rows(x, dtype, op)
+  local s, st = x.shape, x:stride()
+  local order = {1, 2, 3}
+  table.sort(order, function(a, b)
+    if st[a] ~= st[b] then return st[a] > st[b] end
+    return a < b
+  end)
+  local t = empty({s[order[1]], s[order[2]], s[order[3]], s[4]}, dtype, x.device, op)
+  if order[1] == 1 and order[2] == 2 then return t end
+  local inv = {}
+  for i = 1, 3 do inv[order[i]] = i end
+  return t:permute {inv[1], inv[2], inv[3], 4}
+end
+
+-- causal, scale, window, n_global from opts; the S >= T check
+local function attn_opts(op, D, Tq, S, opts, shapes)
+  opts = opts or {}
+  local causal = opts.causal
+  if causal == nil then causal = true end
+  local window = nonneg_int(op, 'window', opts.window)
+  local n_global = nonneg_int(op, 'n_global', opts.n_global)
+  local scale = opts.scale or 1 / math.sqrt(D)
+  if (causal or window > 0) and Tq > S then
+    raise(string.format('%s: causal or windowed attention needs S >= T (queries are the last T of S positions); %s',
+      op, shapes()))
+  end
+  return scale, window, n_global, causal and 1 or 0
+end
+
+-- checks q (B, H, T, D), k and v (B, H, S, D); returns them in q's dtype, in
+-- a layout the kernels read (views as they are), and the options
+local function prepare(op, q, k, v, opts)
+  need(q, op, 'q'); need(k, op, 'k'); need(v, op, 'v')
+  same_dev(op, q, 'q', k, 'k'); same_dev(op, q, 'q', v, 'v')
+  if not FLOAT[q.dtype] then raise(string.format('%s: q must be a float tensor, got %s', op, q.dtype)) end
+  local qs, ks, vs = q.shape, k.shape, v.shape
+  if #qs ~= 4 or #ks ~= 4 or #vs ~= 4 or ks[1] ~= qs[1] or ks[2] ~= qs[2] or ks[4] ~= qs[4] or
+    shape_str(vs) ~= shape_str(ks) then
+    raise(string.format('%s: q must be (B, H, T, D) and k, v (B, H, S, D); got q %s, k %s, v %s', op, shape_str(qs),
+      shape_str(ks), shape_str(vs)))
+  end
+  if not HEAD_DIMS[qs[4]] then
+    raise(string.format('%s: head dim %d is not supported (supported: 32, 64, 128); q is %s', op, qs[4], shape_str(qs)))
+  end
+  local scale, window, n_global, causal = attn_opts(op, qs[4], qs[3], ks[3], opts, function()
+    return string.format('q is %s, k is %s', shape_str(qs), shape_str(ks))
+  end)
+  return usable(q), as(k, q), as(v, q), scale, window, n_global, causal
+end
+
+function gp.attention(q, k, v, opts)
+  local qc, kc, vc, scale, window, ng, causal = prepare('attention', q, k, v, opts)
+  local s = qc.shape
+  local out = empty(s, qc.dtype, qc.device, 'attention')
+  local lse = empty({s[1], s[2], s[3]}, 'f32', qc.device, 'attention')
+  K.attn_fwd(out, lse, qc, kc, vc, scale, window, ng, causal)
+  return out, lse
+end
+gp.doc(gp.attention, 'gp.attention(q, k, v, {causal=true, scale=1/sqrt(D), window=0, n_global=0})',
+  'flash attention: softmax(q k^T * scale + mask) v for q (B, H, T, D), k, v (B, H, S, D), D = 64 or 128; ' ..
+  'queries are the last T of S positions (query i sees keys j <= i + S - T when causal); window > 0 keeps keys ' ..
+  'with p - j < window, plus the first n_global keys; returns out and lse (B, H, T) (f32 logsumexp); differentiable')
+
+A.def_function('attention', function(g, a, o)
+  if not g[1] then return end
+  local qc, kc, vc, scale, window, ng, causal = prepare('attention', a[1], a[2], a[3], a[4])
+  -- gradients in the layout of their inputs (a[i], before any cast or copy)
+  local function like(x, c) return empty_like_rows(fits(x) and x or c, qc.dtype, 'attention') end
+  local dq, dk, dv = like(a[1], qc), like(a[2], kc), like(a[3], vc)
+  K.attn_bwd(dq, dk, dv, qc, kc, vc, o[1], o[2], as(g[1], qc), scale, window, ng, causal)
+  return dq, dk, dv
+end, {nout = 1})
+
+-- qkv (B, T, 3 n_head D) as a fused qkv Linear writes it: the tensor the
+-- kernels read (qkv itself when it fits, else a contiguous copy) and B, T, H, D
+local function qkv_input(op, qkv, n_head)
+  need(qkv, op, 'qkv')
+  if type(n_head) ~= 'number' or n_head ~= math.floor(n_head) or n_head < 1 then
+    raise(string.format('%s: n_head must be an integer >= 1, got %s', op, tostring(n_head)))
+  end
+  local s = qkv.shape
+  if #s ~= 3 or s[3] % (3 * n_head) ~= 0 then
+    raise(string.format('%s: qkv must be (B, T, 3 * n_head * D) with n_head %d; got %s', op, n_head, shape_str(s)))
+  end
+  local D = s[3] / (3 * n_head)
+  if not HEAD_DIMS[D] then
+    raise(string.format('%s: head dim %d is not supported (supported: 32, 64, 128); qkv is %s with n_head %d', op, D,
+      shape_str(s), n_head))
+  end
+  if not FLOAT[qkv.dtype] then raise(string.format('%s: qkv must be a float tensor, got %s', op, qkv.dtype)) end
+  return usable(qkv), s[1], s[2], n_head, D
+end
+-- the (B, H, T, D) view of part i (of n) of x (B, T, n H D): head h at columns (i-1) H D + h D ..
+local function heads(x, i, B, T, H, D)
+  return x:narrow(3, (i - 1) * H * D + 1, H * D):view {B, T, H, D}:transpose(2, 3)
+end
+
+function gp.attention_qkv(qkv, n_head, opts)
+  local op = 'attention_qkv'
+  local x, B, T, H, D = qkv_input(op, qkv, n_head)
+  local scale, window, ng, causal = attn_opts(op, D, T, T, opts)
+  local y = empty({B, T, H, D}, x.dtype, x.device, op)
+  local lse = empty({B, H, T}, 'f32', x.device, op)
+  K.attn_fwd(y:transpose(2, 3), lse, heads(x, 1, B, T, H, D), heads(x, 2, B, T, H, D), heads(x, 3, B, T, H, D),
+    scale, window, ng, causal)
+  return y:view {B, T, H * D}, lse
+end
+gp.doc(gp.attention_qkv, 'gp.attention_qkv(qkv, n_head, {causal=true, scale=1/sqrt(D), window=0, n_global=0})',
+  'gp.attention straight from a fused qkv buffer: qkv (B, T, 3C) holds q | k | v along the last dim (head h of ' ..
+  'each at columns h*D .. h*D+D-1, C = n_head * D, D = 64 or 128), as a Linear(C, 3C) writes it; returns y ' ..
+  '(B, T, C) (heads side by side, ready for the output projection) and lse (B, H, T); the kernels read the ' ..
+  'strided heads in place (no permute copies); differentiable: one node whose backward writes dq, dk, dv ' ..
+  'into one (B, T, 3C) gradient')
+
+A.def_function('attention_qkv', function(g, a, o)
+  if not g[1] then return end
+  local op = 'attention_qkv'
+  local x, B, T, H, D = qkv_input(op, a[1], a[2])
+  local scale, window, ng, causal = attn_opts(op, D, T, T, a[3])
+  local gy = tensor.to_dtype(g[1], x.dtype)
+  if not fits(gy) then gy = gy:contiguous() end
+  local dqkv = empty({B, T, 3 * H * D}, x.dtype, x.device, op)
+  local function hv(t, i) return heads(t, i, B, T, H, D) end
+  K.attn_bwd(hv(dqkv, 1), hv(dqkv, 2), hv(dqkv, 3), hv(x, 1), hv(x, 2), hv(x, 3), hv(o[1], 1), o[2], hv(gy, 1),
+    scale, window, ng, causal)
+  return dqkv
+end, {nout = 1})
+
+-- q (B, H, D) or (B, H, 1, D); kcache, vcache (B, H, C, D); lens [B] or a number
+-- a number of cached keys as a (B) i32 tensor, kept for the next call with
+-- the same (B, length, device) (weak: collected when no longer used)
+local LENS = setmetatable({}, {__mode = 'v'})
+local function lens_tensor(b, n, device)
+  local key = device .. ':' .. b .. ':' .. n
+  local t = LENS[key]
+  if not t then
+    t = gp.full({b}, n, {dtype = 'i32', device = device})
+    LENS[key] = t
+  end
+  return t
+end
+
+function gp.attention_decode(q, kcache, vcache, lens, opts)
+  local op = 'attention_decode'
+  need(q, op, 'q'); need(kcache, op, 'kcache'); need(vcache, op, 'vcache')
+  same_dev(op, q, 'q', kcache, 'kcache'); same_dev(op, q, 'q', vcache, 'vcache')
+  local qs, ks = q.shape, kcache.shape
+  local q4 = #qs == 4
+  if q4 and qs[3] ~= 1 then
+    raise(string.format('%s: q must be (B, H, D) or (B, H, 1, D), got %s', op, shape_str(qs)))
+  end
+  local q3 = q4 and q:reshape {qs[1], qs[2], qs[4]} or q
+  local s3 = q3.shape
+  local vs = vcache.shape
+  if #s3 ~= 3 or #ks ~= 4 or ks[1] ~= s3[1] or ks[2] ~= s3[2] or ks[4] ~= s3[3] or #vs ~= 4 or vs[1] ~= ks[1] or
+    vs[2] ~= ks[2] or vs[3] ~= ks[3] or vs[4] ~= ks[4] then
+    raise(string.format('%s: q must be (B, H, D) and kcache, vcache (B, H, C, D); got q %s, kcache %s, vcache %s', op,
+      shape_str(qs), shape_str(ks), shape_str(vcache.shape)))
+  end
+  if not FLOAT[q.dtype] then raise(string.format('%s: q must be a float tensor, got %s', op, q.dtype)) end
+  if not DECODE_DIMS[s3[3]] then
+    raise(string.format('%s: head dim %d is not supported (supported: 64, 128); q is %s', op, s3[3], shape_str(qs)))
+  end
+  if type(lens) == 'number' then
+    if lens ~= math.floor(lens) or lens < 0 or lens > ks[3] then
+      raise(string.format('%s: length %s is outside [0, %d] (kcache %s)', op, tostring(lens), ks[3], shape_str(ks)))
+    end
+    lens = lens_tensor(s3[1], lens, q.device)
+  end
+  need(lens, op, 'lens')
+  same_dev(op, q, 'q', lens, 'lens')
+  if lens.dtype ~= 'i32' and lens.dtype ~= 'i64' then lens = lens:to('i64') end
+  opts = opts or {}
+  -- the query takes the cache's dtype (never the other way: no copy of the cache per step)
+  local cdt = FLOAT[kcache.dtype] and kcache.dtype or q.dtype
+  local qc = tensor.to_dtype(q3, cdt):contiguous()
+  local out = empty(s3, cdt, q.device, op)
+  K.attn_decode(out, qc, as_contiguous(kcache, qc), as_contiguous(vcache, qc), lens:contiguous(),
+    opts.scale or 1 / math.sqrt(s3[3]), nonneg_int(op, 'window', opts.window),
+    nonneg_int(op, 'n_global', opts.n_global))
+  if cdt ~= q.dtype then out = tensor.to_dtype(out, q.dtype) end
+  return q4 and out:view(qs) or out
+end
+gp.doc(gp.attention_decode, 'gp.attention_decode(q, kcache, vcache, lens, {scale=, window=0, n_global=0})',
+  'one new query per sequence (q (B, H, D) or (B, H, 1, D)) over the first lens[b] entries of kcache, vcache ' ..
+  '(B, H, C, D), at position lens[b] - 1 (window and n_global as in gp.attention); lens: i32/i64 [B] or a number; ' ..
+  'split along the cache on the GPU (flash-decoding)')
+
+---------------------------------------------------------------------------
+-- KV cache: per layer (B, H, capacity, D) keys and values, filled in place
+
+local KVCache = {}
+KVCache.__index = KVCache
+gp.KVCacheClass = KVCache
+
+local function pos_int(op, name, v, default)
+  if v == nil then v = default end
+  if type(v) ~= 'number' or v ~= math.floor(v) or v < 1 then
+    raise(string.format('%s: %s must be an integer >= 1, got %s', op, name, tostring(v)))
+  end
+  return v
+end
+
+function gp.KVCache(o)
+  local op = 'KVCache'
+  if type(o) ~= 'table' then raise('KVCache: give a table {batch=, heads=, capacity=, head_dim=, layers=, dtype=, device=}') end
+  local self = setmetatable({}, KVCache)
+  self.batch = pos_int(op, 'batch', o.batch)
+  self.heads = pos_int(op, 'heads', o.heads)
+  self.capacity = pos_int(op, 'capacity', o.capacity)
+  self.head_dim = pos_int(op, 'head_dim', o.head_dim)
+  self.layers = pos_int(op, 'layers', o.layers, 1)
+  self.dtype = o.dtype or 'f32'
+  self.device = o.device or gp.device()
+  self.k, self.v, self._lens, self.fill = {}, {}, {}, {}
+  local shape = {self.batch, self.heads, self.capacity, self.head_dim}
+  local to = {dtype = self.dtype, device = self.device}
+  for l = 1, self.layers do
+    self.k[l] = gp.zeros(shape, to)
+    self.v[l] = gp.zeros(shape, to)
+    self._lens[l] = gp.zeros({self.batch}, {dtype = 'i32', device = self.device})
+    self.fill[l] = 0
+  end
+  return self
+end
+gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, dtype=f32, device=}',
+  'preallocated keys and values per layer (B, H, capacity, D): cache:append(layer, k, v) writes (B, H, Tnew, D) ' ..
+  'in place (no device allocation), cache:len(), cache:reset(), cache:keys(layer), cache:values(layer) (views of ' ..
+  'the filled part), cache:lens(layer) (i32 [B] on the device), cache:attend(layer, q, opts) (decode attention); ' ..
+  'never grows: going past capacity is an error')
+
+function KVCache:_layer(op, layer)
+  if type(layer) ~= 'number' or layer ~= math.floor(layer) or layer < 1 or layer > self.layers then
+    raise(string.format('KVCache:%s: layer must be an integer in 1..%d, got %s', op, self.layers, tostring(layer)))
+  end
+  return layer
+end
+
+function KVCache:append(layer, k, v)
+  self:_layer('append', layer)
+  local want = string.format('(%d, %d, Tnew, %d)', self.batch, self.heads, self.head_dim)
+  for _, x in ipairs {{k, 'k'}, {v, 'v'}} do
+    local t, name = x[1], x[2]
+    need(t, 'KVCache:append', name)
+    local s = t.shape
+    if #s ~= 4 or s[1] ~= self.batch or s[2] ~= self.heads or s[4] ~= self.head_dim then
+      raise(string.format('KVCache:append: %s must be %s, got %s', name, want, shape_str(s)))
+    end
+    if t.device ~= self.device then
+      raise(string.format('KVCache:append: %s is on %s but the cache is on %s', name, t.device, self.device))
+    end
+  end
+  local n = k:size(3)
+  if v:size(3) ~= n then
+    raise(string.format('KVCache:append: k %s and v %s differ in length', shape_str(k.shape), shape_str(v.shape)))
+  end
+  local pos = self.fill[layer]
+  if pos + n > self.capacity then
+    raise(string.format('KVCache:append: layer %d holds %d of %d positions; %d more would exceed the capacity ' ..
+      '(the cache never grows)', layer, pos, self.capacity, n))
+  end
+  if n == 0 then return self end
+  K.copy(self.k[layer]:narrow(3, pos + 1, n), k)
+  K.copy(self.v[layer]:narrow(3, pos + 1, n), v)
+  self.fill[layer] = pos + n
+  K.fill(self._lens[layer], pos + n)
+  return self
+end
+
+-- device positions: k, v (B, H, Tnew, D) written at the position held by pos
+-- (an i32/i64 [1] tensor on the cache's device), read on the device (for
+-- steps captured as CUDA graphs); the host count (len) is not advanced and
+-- going past capacity is an error at the next synchronization on the GPU
+function KVCache:append_at(layer, k, v, pos)
+  self:_layer('append_at', layer)
+  need(pos, 'KVCache:append_at', 'pos')
+  K.write_at(self.k[layer], k, pos)
+  K.write_at(self.v[layer], v, pos)
+  return self
+end
+-- decode attention of q (B, H, D) over the first lens[b] positions of layer
+function KVCache:attend_at(layer, q, lens, opts)
+  layer = self:_layer('attend_at', layer)
+  return gp.attention_decode(q, self.k[layer], self.v[layer], lens, opts)
+end
+-- set the host count of every layer (after appends at device positions)
+function KVCache:set_len(n)
+  if type(n) ~= 'number' or n ~= math.floor(n) or n < 0 or n > self.capacity then
+    raise(string.format('KVCache:set_len: n must be an integer in [0, %d], got %s', self.capacity, tostring(n)))
+  end
+  for l = 1, self.layers do
+    self.fill[l] = n
+    K.fill(self._lens[l], n)
+  end
+  return self
+end
+
+function KVCache:len(layer) return self.fill[self:_layer('len', layer or 1)] end
+function KVCache:reset()
+  for l = 1, self.layers do
+    self.fill[l] = 0
+    K.fill(self._lens[l], 0)
+  end
+  return self
+end
+function KVCache:keys(layer)
+  layer = self:_layer('keys', layer or 1)
+  return self.k[layer]:narrow(3, 1, self.fill[layer])
+end
+function KVCache:values(layer)
+  layer = self:_layer('values', layer or 1)
+  return self.v[layer]:narrow(3, 1, self.fill[layer])
+end
+function KVCache:lens(layer) return self._lens[self:_layer('lens', layer or 1)] end
+function KVCache:attend(layer, q, opts)
+  layer = self:_layer('attend', layer)
+  return gp.attention_decode(q, self.k[layer], self.v[layer], self._lens[layer], opts)
+end
+local D = gp.doc
+D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at the next positions of layer, in place; an error past capacity')
+D(KVCache.len, 'cache:len(layer=1)', 'positions filled in layer')
+D(KVCache.append_at, 'cache:append_at(layer, k, v, pos)', 'write k, v (B, H, Tnew, D) at the position held by the device tensor pos (i64 [1]); for CUDA graphs: nothing read on the host, len not advanced')
+D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, H, D) over the first lens[b] positions of layer (lens a device tensor)')
+D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (after append_at)')
+D(KVCache.reset, 'cache:reset()', 'empty every layer (the buffers are kept)')
+D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys')
+D(KVCache.values, 'cache:values(layer=1)', 'view (B, H, len, D) of the filled values')
+D(KVCache.lens, 'cache:lens(layer=1)', 'i32 [B] device tensor holding len (for gp.attention_decode)')
+D(KVCache.attend, 'cache:attend(layer, q, opts)', 'gp.attention_decode of q (B, H, D) over the filled part of layer')
+KVCache.__tostring = function(self)
+  return string.format('KVCache(batch=%d, heads=%d, capacity=%d, head_dim=%d, layers=%d, %s, %s, len=%d)',
+    self.batch, self.heads, self.capacity, self.head_dim, self.layers, self.dtype, self.device, self.fill[1])
+end
+
+return gp

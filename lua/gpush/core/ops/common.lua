@@ -1,0 +1,65 @@
+-- common: small helpers the op families and their gradient rules share.
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local A = require 'gpush.core.autograd'
+local gp = require 'gpush.core.ns'
+local FLOAT = require('gpush.core.dtype').FLOAT
+local shape_str = tensor.shape_str
+
+local M = {}
+
+-- x as a contiguous float tensor (integers become f32)
+function M.floatc(x) return (FLOAT[x.dtype] and x or tensor.to_dtype(x, 'f32')):contiguous() end
+
+-- t in x's dtype, contiguous
+function M.like(t, x) return tensor.to_dtype(t, x.dtype):contiguous() end
+
+-- a leaf's existing .grad that a kernel can accumulate into (a GEMM with
+-- beta = 1, a norm backward with accumulate = 1), as autograd's add_ would:
+-- saves a launch and a pass over the gradient
+function M.grad_buffer(p, dt, dev)
+  if rawget(p, '_node') then return nil end
+  local gr = rawget(p, 'grad')
+  if gr and gr.dtype == dt and gr.device == dev and gr:is_contiguous() and shape_str(gr.shape) == shape_str(p.shape) then
+    return gr
+  end
+end
+
+-- w (and b) must be 1-d of size D, on x's device; they take x's dtype
+function M.norm_param(p, x, op, name, D)
+  if not tensor.is_tensor(p) then rt.raise(string.format('%s: %s must be a tensor, got %s', op, name, type(p))) end
+  if p.device ~= x.device then
+    rt.raise(string.format('%s: %s is on %s but x is on %s (move one with :to())', op, name, p.device, x.device))
+  end
+  if p:dim() ~= 1 or p:size(1) ~= D then
+    rt.raise(string.format('%s: %s is %s but x is %s (%s must be (%d))', op, name, shape_str(p.shape), shape_str(x.shape), name, D))
+  end
+  return tensor.to_dtype(p, x.dtype):contiguous()
+end
+
+-- the norms' gradient rules (rows, fused)
+function M.norm_w(w, x, D)
+  if w then return M.like(w, x) end
+  return gp.ones({D}, {dtype = x.dtype, device = x.device})
+end
+
+-- dw (and db when has_b) for a norm backward over x's last dim D: the .grad
+-- of w (b) where the kernel can add into it, else a new tensor; with either
+-- .grad taken the kernel accumulates (accumulate = 1) and the other output
+-- is a zeroed scratch. Returns dw, db, accumulate and the gradients for the
+-- rule to return (nil where the kernel added into .grad)
+function M.norm_outs(x, D, op, w, b, has_b)
+  local gw = w and A.needs(w) and M.grad_buffer(w, x.dtype, x.device)
+  local gb = has_b and b and A.needs(b) and M.grad_buffer(b, x.dtype, x.device)
+  local acc = (gw or gb) and 1 or 0
+  local function out(buf)
+    if buf then return buf end
+    local t = tensor.empty({D}, x.dtype, x.device, op)
+    if acc == 1 then t:zero_() end
+    return t
+  end
+  local dw, db = out(gw), has_b and out(gb) or nil
+  return dw, db, acc, (w and not gw) and dw or nil, (b and not gb) and db or nil
+end
+
+return M

@@ -1,0 +1,102 @@
+-- Fused ops (kernels/fused.*): gp.swiglu, gp.add_rms_norm, gp.bias_gelu.
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local gp = require 'gpush.core.ns'
+local A = require 'gpush.core.autograd'
+local FLOAT = require('gpush.core.dtype').FLOAT
+local common = require 'gpush.core.ops.common'
+local floatc, like_dt, norm_w, norm_outs = common.floatc, common.like, common.norm_w, common.norm_outs
+local raise, empty, shape_str = rt.raise, tensor.empty, tensor.shape_str
+local K = tensor.K
+
+local function need(x, op, name)
+  if not tensor.is_tensor(x) then raise(string.format('%s: %s must be a tensor, got %s', op, name, type(x))) end
+end
+-- b like a: same shape and device (its dtype becomes a's)
+local function like(op, a, an, b, bn)
+  need(b, op, bn)
+  if b.device ~= a.device then
+    raise(string.format('%s: %s is on %s but %s is on %s (move one with :to())', op, bn, b.device, an, a.device))
+  end
+  if shape_str(b.shape) ~= shape_str(a.shape) then
+    raise(string.format('%s: %s is %s but %s is %s', op, bn, shape_str(b.shape), an, shape_str(a.shape)))
+  end
+  return tensor.to_dtype(b, a.dtype)
+end
+
+function gp.swiglu(gate, up)
+  need(gate, 'swiglu', 'gate')
+  gate = FLOAT[gate.dtype] and gate or tensor.to_dtype(gate, 'f32')
+  up = like('swiglu', gate, 'gate', up, 'up')
+  local out = empty(gate.shape, gate.dtype, gate.device, 'swiglu')
+  K.swiglu(out, gate, up)
+  return out
+end
+gp.doc(gp.swiglu, 'gp.swiglu(gate, up)', 'silu(gate) * up in one pass (16-byte vectors)')
+
+function gp.add_rms_norm(x, res, w, eps)
+  need(x, 'add_rms_norm', 'x')
+  if x:dim() == 0 then raise('add_rms_norm: x is 0-dim; at least one dim is needed') end
+  x = floatc(x)
+  res = like('add_rms_norm', x, 'x', res, 'res'):contiguous()
+  local D = x:size(-1)
+  w = w and common.norm_param(w, x, 'add_rms_norm', 'w', D) or gp.ones({D}, {dtype = x.dtype, device = x.device})
+  local s = x.shape
+  s[#s] = nil
+  local out = empty(x.shape, x.dtype, x.device, 'add_rms_norm')
+  local res_out = empty(x.shape, x.dtype, x.device, 'add_rms_norm')
+  local rstd = empty(s, 'f32', x.device, 'add_rms_norm')
+  K.add_rms_norm(out, res_out, rstd, x, res, w, eps or 1e-5)
+  return out, res_out, rstd
+end
+gp.doc(gp.add_rms_norm, 'gp.add_rms_norm(x, res, w, eps=1e-5)',
+  'res_out = x + res; out = rms_norm(res_out, w, eps), one pass; returns out, res_out, rstd')
+
+function gp.bias_gelu(x, b)
+  need(x, 'bias_gelu', 'x')
+  if x:dim() == 0 then raise('bias_gelu: x is 0-dim; at least one dim is needed') end
+  x = floatc(x)
+  local D = x:size(-1)
+  local bb = common.norm_param(b, x, 'bias_gelu', 'b', D)
+  local out = empty(x.shape, x.dtype, x.device, 'bias_gelu')
+  K.bias_gelu(out, x, bb)
+  return out
+end
+gp.doc(gp.bias_gelu, 'gp.bias_gelu(x, b)', 'gelu(x + b) (erf form), b of size x:size(-1) broadcast over rows')
+
+-- add_rms_norm: h = x + res (returned as res_out), out = rms_norm(h) * w
+A.def_function('add_rms_norm', function(g, a, o)
+  local w = a[3]
+  local h = o[2]
+  local dh, rw = g[2], nil
+  if g[1] then
+    local D = h:size(-1)
+    local dx = empty(h.shape, h.dtype, h.device, 'add_rms_norm')
+    local dw, _, acc
+    dw, _, acc, rw = norm_outs(h, D, 'add_rms_norm', w)
+    K.rms_norm_backward(dx, dw, h, norm_w(w, h, D), o[3], like_dt(g[1], h), acc)
+    dh = dh and dx + dh or dx
+  end
+  return dh, dh, rw
+end, {nout = 2})
+
+A.def_function('swiglu', function(g, a)
+  local gate = floatc(a[1])
+  local up = like_dt(a[2], gate)
+  local dgate = empty(gate.shape, gate.dtype, gate.device, 'swiglu')
+  local dup = empty(gate.shape, gate.dtype, gate.device, 'swiglu')
+  K.swiglu_backward(dgate, dup, gate, up, like_dt(g[1], gate))
+  return dgate, dup
+end)
+
+-- bias_gelu: out = gelu(x + b); db sums the pre-activation gradient over rows
+A.def_function('bias_gelu', function(g, a)
+  local x = floatc(a[1])
+  local D = x:size(-1)
+  local pre = x + like_dt(a[2], x)
+  local dpre = empty(x.shape, x.dtype, x.device, 'bias_gelu')
+  K.gelu_bwd(dpre, pre, like_dt(g[1], x))
+  return dpre, dpre:view {x:numel() / math.max(D, 1), D}:sum(1)
+end)
+
+return gp

@@ -1,0 +1,86 @@
+-- loss ops: gp.cross_entropy. The loss stays on the device (no host sync).
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local gp = require 'gpush.core.ns'
+local A = require 'gpush.core.autograd'
+local raise = rt.raise
+local is_tensor, empty, shape_str = tensor.is_tensor, tensor.empty, tensor.shape_str
+local doc = gp.doc
+
+-- logits (..., V), targets (...) of 0-based class ids
+function gp.cross_entropy(logits, targets, opts)
+  opts = opts or {}
+  if not is_tensor(logits) or not is_tensor(targets) then raise('cross_entropy: logits and targets must be tensors') end
+  if type(opts) ~= 'table' then raise("cross_entropy: options must be a table like {ignore_index=-100, reduction='mean'}") end
+  local ignore = opts.ignore_index or -100
+  local red = opts.reduction or 'mean'
+  if red ~= 'mean' and red ~= 'sum' and red ~= 'none' then
+    raise("cross_entropy: reduction must be 'mean', 'sum' or 'none', got " .. tostring(red))
+  end
+  if logits:dim() < 1 then raise('cross_entropy: logits must have a class dim') end
+  local V = logits:size(-1)
+  local N = V > 0 and logits:numel() / V or 0
+  if targets:numel() ~= N or targets:dim() ~= logits:dim() - 1 then
+    raise(string.format('cross_entropy: logits are %s so targets must be %s, got %s', shape_str(logits.shape),
+      shape_str({unpack(logits.shape, 1, logits:dim() - 1)}), shape_str(targets.shape)))
+  end
+  local lg = logits:contiguous():reshape {N, V}
+  local tg = targets:contiguous():reshape {N}
+  local loss = empty({N}, 'f32', logits.device, 'cross_entropy')
+  local dl
+  if opts.grad then
+    dl = empty({N, V}, logits.dtype, logits.device, 'cross_entropy')
+    gp.k.cross_entropy_fwd_bwd(loss, dl, lg, tg, ignore, 1)
+  else
+    gp.k.cross_entropy(loss, lg, tg, ignore)
+  end
+  local out
+  if red == 'none' then
+    out = loss:view(targets.shape)
+  else
+    local r = empty({1}, 'f32', logits.device, 'cross_entropy')
+    local cnt = empty({1}, 'f32', logits.device, 'cross_entropy')
+    gp.k.loss_reduce(r, cnt, loss, tg, ignore, red == 'mean' and 1 or 0)
+    out = r:view {}
+    if dl and red == 'mean' then
+      -- autograd's path (grad = 'raw') takes dl unscaled and the count: its
+      -- backward scales by upstream / count in the one pass it makes anyway
+      if opts.grad == 'raw' then return out, dl:view(logits.shape), cnt end
+      gp.k.div(dl, dl, cnt:to(dl.dtype))
+    end
+  end
+  if dl then return out, dl:view(logits.shape) end
+  return out
+end
+doc(gp.cross_entropy, "gp.cross_entropy(logits, targets, {ignore_index=-100, reduction='mean', grad=false})",
+  "softmax cross-entropy of logits (..., V) against 0-based targets (...): a 0-dim f32 device tensor ('mean' over rows whose target is not ignore_index, or 'sum'), or per-row losses ('none'); with grad=true also d(loss)/d(logits)")
+
+---------------------------------------------------------------------------
+-- cross_entropy: the fused kernel gives dlogits with the loss (saved by the
+-- forward); backward only scales it by the incoming gradient
+
+-- saved: dlogits, and for 'mean' without grad=true the count of rows the
+-- mean is over (dlogits then unscaled): one pass of dl * (upstream / count)
+-- over the (N, V) logits instead of a divide in forward and a multiply here
+A.def_function('cross_entropy', function(g, a, o, saved)
+  local opts = type(a[3]) == 'table' and a[3] or {}
+  local dl, cnt = saved[1], saved[2]
+  local gl = g[1]
+  if (opts.reduction or 'mean') == 'none' then gl = gl:unsqueeze(-1) end
+  if cnt then gl = tensor.to_dtype(gl, 'f32') / cnt:view {} end
+  return dl * tensor.to_dtype(gl, dl.dtype), nil, nil
+end, {
+  nout = 1,
+  forward = function(f, logits, targets, opts)
+    if type(opts) ~= 'table' and opts ~= nil then return nil, f(logits, targets, opts) end -- f raises
+    opts = opts or {}
+    local o2 = {}
+    for k, v in pairs(opts) do o2[k] = v end
+    o2.grad = opts.grad and true or 'raw' -- grad = true: the caller gets the scaled dl too
+    local loss, dl, cnt = f(logits, targets, o2)
+    if opts.grad then return {dl}, loss, dl end
+    return {dl, cnt}, loss
+  end,
+})
+
+return gp

@@ -1,0 +1,361 @@
+-- Matrix products: a:matmul(b), gp.matmul(a, b, opts), gp.linear(x, w, b),
+-- gp.set_tf32(on). The kernels (kernels/matmul.def) take [*,M,K] x [*,K,N];
+-- this layer maps the supported shapes onto them with views only (a 2-D
+-- operand is broadcast over the batch by a stride-0 expand; transposes are
+-- views that cuBLAS reads with its transpose flag).
+local ffi = require 'ffi'
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local graph = require 'gpush.core.graph'
+local gp = require 'gpush.core.ns'
+local A = require 'gpush.core.autograd'
+local common = require 'gpush.core.ops.common'
+local C, raise = rt.C, rt.raise
+local like, grad_buffer = common.like, common.grad_buffer
+local K = tensor.K
+local FLOAT = require('gpush.core.dtype').FLOAT
+local Tensor, empty, is_tensor, shape_str = tensor.Tensor, tensor.empty, tensor.is_tensor, tensor.shape_str
+local doc = gp.doc
+local old = ffi.new('int[1]')
+
+-- set a matmul option (value >= 0) and return its previous value; value -1 only reads
+local function option(name, value)
+  rt.call(C.gp_matmul_option, name, value, old)
+  return old[0]
+end
+gp.matmul_option = option
+doc(option, "gp.matmul_option('tf32'|'gemv'|'lt', value)",
+  'set a matmul option (value -1 only reads) and return the previous value: tf32 (1: f32 GEMMs may use TF32), gemv (1: m == 1 or n == 1 through cuBLAS gemv instead of GEMM), lt (1, the default: bias/GELU epilogues through cuBLASLt where it has an algorithm; 0: always a GEMM and an epilogue kernel)')
+
+function gp.set_tf32(on) option('tf32', on and 1 or 0) end
+doc(gp.set_tf32, 'gp.set_tf32(true|false)', 'let f32 matrix products use TF32 tensor cores (off by default; ~1e-3 relative error)')
+function gp.tf32() return option('tf32', -1) == 1 end
+doc(gp.tf32, 'gp.tf32()', 'true when f32 matrix products may use TF32')
+
+local function check_pair(op, a, b)
+  if not is_tensor(a) then raise(string.format('%s: a must be a tensor, got %s', op, type(a))) end
+  if not is_tensor(b) then raise(string.format('%s: b must be a tensor, got %s', op, type(b))) end
+  if a.device ~= b.device then
+    raise(string.format('%s: a is on %s but b is on %s (move one with :to())', op, a.device, b.device))
+  end
+  if a.dtype ~= b.dtype then
+    raise(string.format('%s: a is %s but b is %s (convert one with :to())', op, a.dtype, b.dtype))
+  end
+  if not FLOAT[a.dtype] then
+    raise(string.format('%s: a and b are %s; a float dtype (f32, bf16, f16, f64) is needed', op, a.dtype))
+  end
+end
+
+-- kernel operands A [*,M,K], B [*,K,N], the kernel's out shape, the result
+-- shape, and a function mapping a result-shaped out onto the kernel's shape
+local function operands(op, a, b, out_given)
+  local sa, sb = a.shape, b.shape
+  local na, nb = #sa, #sb
+  local function mismatch()
+    raise(string.format('%s: a is %s but b is %s', op, shape_str(sa), shape_str(sb)))
+  end
+  local same = function(t) return t end
+  if na == 1 and nb == 2 then
+    if sa[1] ~= sb[1] then mismatch() end
+    return a:unsqueeze(1), b, {1, sb[2]}, {sb[2]}, function(t) return t:unsqueeze(1) end
+  elseif na == 2 and nb == 1 then
+    if sa[2] ~= sb[1] then mismatch() end
+    return a, b:unsqueeze(2), {sa[1], 1}, {sa[1]}, function(t) return t:unsqueeze(2) end
+  elseif na == 2 and nb == 2 then
+    if sa[2] ~= sb[1] then mismatch() end
+    return a, b, {sa[1], sb[2]}, {sa[1], sb[2]}, same
+  elseif na == 3 and nb == 3 then
+    if sa[3] ~= sb[2] then mismatch() end
+    local n = sa[1]
+    if sa[1] ~= sb[1] then
+      if sa[1] == 1 then n = sb[1]; a = a:expand {n, sa[2], sa[3]}
+      elseif sb[1] == 1 then b = b:expand {n, sb[2], sb[3]}
+      else raise(string.format('%s: a is %s but b is %s (batch sizes differ)', op, shape_str(sa), shape_str(sb))) end
+    end
+    return a, b, {n, sa[2], sb[3]}, {n, sa[2], sb[3]}, same
+  elseif na == 3 and nb == 2 then
+    if sa[3] ~= sb[1] then mismatch() end
+    local r = {sa[1], sa[2], sb[2]}
+    -- one GEMM over every row when a (and out) can be viewed as rows
+    if a:is_contiguous() and (out_given == nil or out_given:is_contiguous()) then
+      return a:view {sa[1] * sa[2], sa[3]}, b, {sa[1] * sa[2], sb[2]}, r,
+        function(t) return t:view {sa[1] * sa[2], sb[2]} end
+    end
+    return a, b:unsqueeze(1):expand {sa[1], sb[1], sb[2]}, r, r, same
+  elseif na == 2 and nb == 3 then
+    if sa[2] ~= sb[2] then mismatch() end
+    local r = {sb[1], sa[1], sb[3]}
+    return a:unsqueeze(1):expand {sb[1], sa[1], sa[2]}, b, r, r, same
+  end
+  raise(string.format('%s: a is %s and b is %s; supported: 1-d x 2-d, 2-d x 1-d, 2-d x 2-d, 3-d x 3-d, 3-d x 2-d, 2-d x 3-d',
+    op, shape_str(sa), shape_str(sb)))
+end
+
+local function run(kout, A, B, bias, alpha, beta, act)
+  if act then gp.k.matmul_bias_gelu_tanh(kout, A, B, bias)
+  elseif bias then gp.k.matmul_bias(kout, A, B, bias, alpha, beta)
+  else gp.k.matmul(kout, A, B, alpha, beta) end
+end
+
+local function mm(op, a, b, o)
+  o = o or {}
+  if type(o) ~= 'table' then raise(op .. ': options must be a table like {out=, bias=, alpha=, beta=}') end
+  check_pair(op, a, b)
+  if o.trans_a then
+    if a:dim() < 2 then raise(string.format('%s: trans_a needs a with 2 or more dims, got %s', op, shape_str(a.shape))) end
+    a = a:transpose(-1, -2)
+  end
+  if o.trans_b then
+    if b:dim() < 2 then raise(string.format('%s: trans_b needs b with 2 or more dims, got %s', op, shape_str(b.shape))) end
+    b = b:transpose(-1, -2)
+  end
+  local out = o.out
+  if out ~= nil and not is_tensor(out) then raise(op .. ': out must be a tensor') end
+  local A, B, kshape, rshape, map = operands(op, a, b, out)
+  local alpha, beta = o.alpha or 1, o.beta or 0
+  if type(alpha) ~= 'number' or type(beta) ~= 'number' then raise(op .. ': alpha and beta must be numbers') end
+  local act = o.act
+  if act ~= nil and act ~= 'gelu_tanh' then raise(string.format("%s: act must be 'gelu_tanh', got %s", op, tostring(act))) end
+  if act and (alpha ~= 1 or beta ~= 0) then raise(op .. ': act does not combine with alpha or beta') end
+  local N = kshape[#kshape]
+  local bias = o.bias
+  if bias ~= nil then
+    if not is_tensor(bias) then raise(op .. ': bias must be a tensor') end
+    if bias.device ~= a.device then raise(string.format('%s: bias is on %s but a is on %s', op, bias.device, a.device)) end
+    if bias.dtype ~= a.dtype then raise(string.format('%s: bias is %s but a is %s', op, bias.dtype, a.dtype)) end
+    if bias:dim() ~= 1 or bias:size(1) ~= N then
+      raise(string.format('%s: bias is %s but the product is %s (bias must be (%d))', op, shape_str(bias.shape),
+        shape_str(rshape), N))
+    end
+    bias = bias:contiguous()
+  elseif act then
+    bias = gp.zeros({N}, {dtype = a.dtype, device = a.device})
+  end
+  local kout, result
+  if out ~= nil then
+    if shape_str(out.shape) ~= shape_str(rshape) then
+      raise(string.format('%s: out is %s but the product is %s', op, shape_str(out.shape), shape_str(rshape)))
+    end
+    if out.device ~= a.device then raise(string.format('%s: out is on %s but a is on %s', op, out.device, a.device)) end
+    if out.dtype ~= a.dtype then raise(string.format('%s: out is %s but a is %s', op, out.dtype, a.dtype)) end
+    kout, result = map(out), out
+  else
+    if beta ~= 0 then raise(op .. ': beta needs out= (the tensor to accumulate into)') end
+    kout = empty(kshape, a.dtype, a.device, op)
+    result = kout:view(rshape)
+  end
+  if o.tf32 == nil then
+    run(kout, A, B, bias, alpha, beta, act)
+  else -- this call only: restore the switch even when the kernel fails
+    local prev = option('tf32', o.tf32 and 1 or 0)
+    local ok, err = pcall(run, kout, A, B, bias, alpha, beta, act)
+    option('tf32', prev)
+    if not ok then error(err, 0) end
+  end
+  return result
+end
+
+function gp.matmul(a, b, opts) return mm('matmul', a, b, opts) end
+doc(gp.matmul, 'gp.matmul(a, b, {out=, bias=, alpha=1, beta=0, trans_a=, trans_b=, act=, tf32=})',
+  "out = alpha * a @ b + beta * out + bias (act='gelu_tanh' applies GELU after the bias); 1-d x 2-d, 2-d x 1-d, 2-d x 2-d, 3-d x 3-d (batch 1 broadcasts), 3-d x 2-d, 2-d x 3-d; transposed views need no copy; beta needs out=")
+
+function Tensor:matmul(b) return mm('matmul', self, b) end
+doc(Tensor.matmul, 'a:matmul(b)', 'the matrix product a @ b (see gp.matmul)')
+
+function gp.linear(x, w, b)
+  if not is_tensor(x) then raise('linear: x must be a tensor') end
+  if not is_tensor(w) then raise('linear: w must be a tensor') end
+  if w:dim() ~= 2 then raise(string.format('linear: w must be 2-d (out, in), got %s', shape_str(w.shape))) end
+  local sx = x.shape
+  if #sx < 1 or sx[#sx] ~= w:size(2) then
+    raise(string.format('linear: x is %s but w is %s (the last dim of x must be w:size(2))', shape_str(sx),
+      shape_str(w.shape)))
+  end
+  local rows, oshape = 1, {}
+  for i = 1, #sx - 1 do rows = rows * sx[i]; oshape[i] = sx[i] end
+  oshape[#sx] = w:size(1)
+  local y = mm('linear', #sx == 2 and x or x:reshape {rows, sx[#sx]}, w:t(), {bias = b})
+  return y:view(oshape)
+end
+doc(gp.linear, 'gp.linear(x, w, b)', 'x @ w^T + b with w (out, in) like torch; x (..., in); b (out) or nil')
+
+-- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2:
+-- two products, GELU in the first one's epilogue. With save (autograd's
+-- forward, grad_rules.lua) it also returns h = gelu_tanh(pre) and pre (aux),
+-- both (rows, hidden), from the GELU_AUX_BIAS epilogue.
+local function lgl(x, w1, b1, w2, b2, save)
+  local op = 'linear_gelu_linear'
+  local names = {'x', 'w1', 'b1', 'w2', 'b2'}
+  local args = {x, w1, b1, w2, b2}
+  for i = 1, 5 do
+    if not is_tensor(args[i]) then raise(string.format('%s: %s must be a tensor, got %s', op, names[i], type(args[i]))) end
+    if args[i].device ~= x.device then
+      raise(string.format('%s: %s is on %s but x is on %s', op, names[i], args[i].device, x.device))
+    end
+    if args[i].dtype ~= x.dtype then raise(string.format('%s: %s is %s but x is %s', op, names[i], args[i].dtype, x.dtype)) end
+  end
+  if not FLOAT[x.dtype] then raise(string.format('%s: x is %s; a float dtype (f32, bf16, f16, f64) is needed', op, x.dtype)) end
+  local sx = x.shape
+  local s1, s2 = w1.shape, w2.shape
+  local H, D, D2 = s1[1], s1[2], s2[1]
+  if #s1 ~= 2 or #s2 ~= 2 or #sx < 1 or sx[#sx] ~= D or s2[2] ~= H or b1:dim() ~= 1 or b1:size(1) ~= H
+    or b2:dim() ~= 1 or b2:size(1) ~= D2 then
+    raise(string.format('%s: x %s, w1 %s, b1 %s, w2 %s, b2 %s; needed: x (..., d), w1 (hidden, d), b1 (hidden), w2 (d2, hidden), b2 (d2)',
+      op, shape_str(sx), shape_str(w1.shape), shape_str(b1.shape), shape_str(w2.shape), shape_str(b2.shape)))
+  end
+  local rows, oshape = 1, {}
+  for i = 1, #sx - 1 do rows = rows * sx[i]; oshape[i] = sx[i] end
+  oshape[#sx] = D2
+  local x2 = x:reshape {rows, D}
+  local h = empty({rows, H}, x.dtype, x.device, op)
+  local aux
+  if save then
+    aux = empty({rows, H}, x.dtype, x.device, op)
+    gp.k.matmul_bias_gelu_aux(h, aux, x2, w1:t(), b1:contiguous())
+  else
+    gp.k.matmul_bias_gelu_tanh(h, x2, w1:t(), b1:contiguous())
+  end
+  local y = empty({rows, D2}, x.dtype, x.device, op)
+  gp.k.matmul_bias(y, h, w2:t(), b2:contiguous(), 1, 0)
+  return y:view(oshape), h, aux
+end
+
+function gp.linear_gelu_linear(x, w1, b1, w2, b2) return (lgl(x, w1, b1, w2, b2)) end
+doc(gp.linear_gelu_linear, 'gp.linear_gelu_linear(x, w1, b1, w2, b2)',
+  'gelu_tanh(x @ w1^T + b1) @ w2^T + b2 (a GELU MLP) with x (..., d), w1 (hidden, d), b1 (hidden), w2 (d2, hidden), b2 (d2): GELU in the first GEMM\'s epilogue; one autograd node that saves the pre-activation from the forward GEMM (GELU_AUX_BIAS) and applies gelu\' in the epilogue of the backward GEMM (DGELU)')
+-- for autograd's forward: y, h and the pre-activation (rows, hidden)
+function gp._linear_gelu_linear_saved(x, w1, b1, w2, b2) return lgl(x, w1, b1, w2, b2, true) end
+
+---------------------------------------------------------------------------
+-- matrix products: y = alpha * A @ B (+ bias), with A, B of 1 to 3 dims
+-- (a 2-d operand broadcast over the other's batch, or a batch of 1)
+
+-- gradients of the effective operands A and B (as multiplied) from g
+local function mm_grads(g, Aop, Bop, alpha, needA, needB)
+  if alpha ~= 1 then g = g * alpha end
+  local A2, B2, g2 = Aop, Bop, g
+  if Aop:dim() == 1 then A2 = Aop:unsqueeze(1); g2 = g2:unsqueeze(-2) end
+  if Bop:dim() == 1 then B2 = Bop:unsqueeze(2); g2 = g2:unsqueeze(-1) end
+  local dA, dB
+  if needA then
+    dA = g2:matmul(B2:transpose(-1, -2)) -- 2x2, 3x3 (broadcast), 3x2, 3x3 for 2-d A (summed by accumulate)
+    if Aop:dim() == 1 then dA = dA:reshape(Aop.shape) end
+  end
+  if needB then
+    if A2:dim() == 3 and B2:dim() == 2 then -- one GEMM over every row of the batch
+      local s = A2.shape
+      local rows = s[1] * s[2]
+      dB = A2:reshape {rows, s[3]}:t():matmul(g2:reshape {rows, g2:size(-1)})
+    else
+      dB = A2:transpose(-1, -2):matmul(g2)
+    end
+    if Bop:dim() == 1 then dB = dB:reshape(Bop.shape) end
+  end
+  return dA, dB
+end
+
+local function bias_grad(g)
+  local N = g:size(-1)
+  return g:reshape {g:numel() / math.max(N, 1), N}:sum(1)
+end
+
+A.def_method('matmul', function(g, a)
+  return mm_grads(g[1], a[1], a[2], 1, A.needs(a[1]), A.needs(a[2]))
+end)
+
+A.def_function('matmul', function(g, a, out)
+  local x, y, o = a[1], a[2], a[3] or {}
+  local gy = g[1]
+  if o.act then -- recompute the pre-activation (the forward kept only gelu's output)
+    local pre = gp.matmul(x, y, {bias = o.bias, trans_a = o.trans_a, trans_b = o.trans_b, tf32 = o.tf32})
+    local d = empty(pre.shape, pre.dtype, pre.device, 'matmul')
+    K.gelu_tanh_bwd(d, pre, like(gy, pre))
+    gy = d
+  end
+  local Aop = o.trans_a and x:transpose(-1, -2) or x
+  local Bop = o.trans_b and y:transpose(-1, -2) or y
+  local dA, dB = mm_grads(gy, Aop, Bop, o.alpha or 1, A.needs(x), A.needs(y))
+  if dA and o.trans_a then dA = dA:transpose(-1, -2) end
+  if dB and o.trans_b then dB = dB:transpose(-1, -2) end
+  local db
+  if o.bias and A.needs(o.bias) then db = bias_grad(gy) end
+  if db then return dA, dB, {bias = db} end
+  return dA, dB
+end, {check = function(_, _, o)
+  if type(o) == 'table' and (o.out ~= nil or (o.beta or 0) ~= 0) then
+    raise('matmul: out= and beta are not differentiable (call it under gp.no_grad, or without out=)')
+  end
+end})
+
+-- a cached ones vector (rows) for bias gradients as one GEMV into .grad; none
+-- is made while a graph is being captured (it would live in the graph's pool)
+local ones_cache = {}
+local function ones_col(rows, dt, dev)
+  local key = rows .. dt .. dev
+  local o = ones_cache[key]
+  if not o and not graph.capturing then
+    o = gp.ones({rows}, {dtype = dt, device = dev})
+    ones_cache[key] = o
+  end
+  return o
+end
+
+-- the gradient of a weight w (out, in) of a product g2 = x2 w^T, g2 (rows,
+-- out), x2 (rows, in): g2^T x2 accumulated into w.grad by the GEMM (nil
+-- returned) where there is one to accumulate into, else returned
+local function weight_grad(w, g2, x2)
+  if not A.needs(w) then return nil end
+  local gw = x2.dtype == g2.dtype and grad_buffer(w, g2.dtype, g2.device)
+  if gw then gp.matmul(g2:t(), x2, {out = gw, beta = 1}); return nil end
+  return g2:t():matmul(x2)
+end
+
+-- the gradient of a bias b (out) from g2 (rows, out), the same way
+local function bias_grad_into(b, g2)
+  if not (b and A.needs(b)) then return nil end
+  local gb = grad_buffer(b, g2.dtype, g2.device)
+  local ones = gb and ones_col(g2:size(1), g2.dtype, g2.device)
+  if ones then -- db += g2^T 1: one GEMV instead of a column sum and an add
+    gp.matmul(g2:t(), ones, {out = gb, beta = 1, tf32 = g2.dtype == 'f32' and false or nil})
+    return nil
+  end
+  return g2:sum(1)
+end
+
+-- gp.linear(x, w, b): x (..., in) @ w^T + b, w (out, in)
+A.def_function('linear', function(g, a)
+  local x, w, b = a[1], a[2], a[3]
+  local O, I = w:size(1), w:size(2)
+  local rows = x:numel() / math.max(I, 1)
+  local g2 = g[1]:reshape {rows, O}
+  local dx
+  if A.needs(x) then dx = g2:matmul(w):reshape(x.shape) end
+  return dx, weight_grad(w, g2, x:reshape {rows, I}), bias_grad_into(b, g2)
+end)
+
+-- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2.
+-- The forward saves h (rows, hidden) and the pre-activation pre (the GEMM's
+-- GELU_AUX_BIAS epilogue); backward: dw2 = g^T h, db2, dpre = (g w2) *
+-- gelu_tanh'(pre) in one GEMM (DGELU epilogue), dw1 = dpre^T x, db1, dx = dpre w1.
+A.def_function('linear_gelu_linear', function(g, a, _, saved)
+  local x, w1, b1, w2, b2 = a[1], a[2], a[3], a[4], a[5]
+  local D, H, D2 = w1:size(2), w1:size(1), w2:size(1)
+  local rows = x:numel() / math.max(D, 1)
+  local g2 = tensor.to_dtype(g[1], x.dtype):reshape {rows, D2}
+  local dw2, db2 = weight_grad(w2, g2, saved.h), bias_grad_into(b2, g2)
+  local dx, dw1, db1
+  if A.needs(x) or A.needs(w1) or A.needs(b1) then
+    local dpre = empty({rows, H}, x.dtype, x.device, 'linear_gelu_linear')
+    K.matmul_dgelu(dpre, g2, w2, saved.aux)
+    if A.needs(x) then dx = dpre:matmul(w1):reshape(x.shape) end
+    dw1, db1 = weight_grad(w1, dpre, x:reshape {rows, D}), bias_grad_into(b1, dpre)
+  end
+  return dx, dw1, db1, dw2, db2
+end, {
+  forward = function(_, x, w1, b1, w2, b2)
+    local y, h, aux = gp._linear_gelu_linear_saved(x, w1, b1, w2, b2)
+    return {h = h, aux = aux}, y
+  end,
+})
+
+return gp

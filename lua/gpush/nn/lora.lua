@@ -1,0 +1,228 @@
+-- gp.lora and nn.LoRA: low-rank adapters around nn.Linear (Hu et al., 2021).
+--
+--   local adapters = gp.lora.apply(model, {rank = 8, alpha = 16})  -- attention and MLP Linears
+--   local opt = gp.optim.AdamW(adapters, {lr = 1e-3, weight_decay = 0})
+--   ...
+--   gp.lora.save('adapters.safetensors', model)      -- the adapters only
+--   gp.lora.load(model, 'adapters.safetensors')
+--   gp.lora.without(model, function() return model(x) end)  -- the frozen base
+--
+-- y = x W^T + b + (alpha / rank) * dropout(x) A^T B^T with W (and b) frozen,
+-- A (rank, in) ~ U(-1/sqrt(in), 1/sqrt(in)), B (out, rank) = 0 at the start
+-- (so the adapted model starts as the base). The LoRA module keeps the
+-- Linear's own weight and bias tensors under the same names, so the model's
+-- state_dict keys of the base are unchanged (h.1.attn.qkv.weight) and a base
+-- checkpoint still loads; the adapters add lora_A and lora_B beside them.
+-- merge() adds the low-rank product into W (one matmul, no extra work per
+-- forward afterwards) and keeps a copy of W so that unmerge() restores it
+-- exactly.
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local gp = require 'gpush.core'
+local nn = require 'gpush.nn.module'
+require 'gpush.nn.layers'
+local raise, is_tensor = rt.raise, tensor.is_tensor
+local doc = gp.doc
+
+local LoRA = nn.Module:extend('LoRA')
+nn.LoRA = LoRA
+
+local function is_linear(m) return nn.is_module(m) and getmetatable(m) == nn.Linear._imt end
+
+function LoRA:init(linear, opts)
+  if not is_linear(linear) then raise('LoRA: needs an nn.Linear to wrap, got ' .. tostring(linear)) end
+  opts = opts or {}
+  local r, alpha, p = opts.rank or 8, opts.alpha, opts.dropout or 0
+  if type(r) ~= 'number' or r < 1 or r ~= math.floor(r) then raise('LoRA: rank must be a positive integer, got ' .. tostring(r)) end
+  alpha = alpha or 2 * r
+  if type(alpha) ~= 'number' then raise('LoRA: alpha must be a number, got ' .. tostring(alpha)) end
+  self.in_features, self.out_features = linear.in_features, linear.out_features
+  self.rank, self.alpha, self.scaling = r, alpha, alpha / r
+  local w = linear.weight
+  self.weight = w
+  w:requires_grad(false)
+  if linear.bias then
+    self.bias = linear.bias
+    self.bias:requires_grad(false)
+  end
+  local o = {dtype = w.dtype, device = w.device}
+  local k = 1 / math.sqrt(self.in_features)
+  self.lora_A = nn.Parameter(nn.init.uniform_(gp.empty({r, self.in_features}, o), -k, k))
+  self.lora_B = nn.Parameter(nn.init.zeros_(gp.empty({self.out_features, r}, o)))
+  self.drop = nn.Dropout(p)
+  rawset(self, 'merged', false)
+  rawset(self, 'enabled', true)
+end
+
+-- the low-rank update (alpha / rank) B A, (out, in)
+function LoRA:delta()
+  return gp.no_grad(function() return self.lora_B:matmul(self.lora_A) * self.scaling end)
+end
+
+function LoRA:forward(x)
+  local y = gp.linear(x, self.weight, self.bias)
+  if self.merged then
+    if not self.enabled then raise('LoRA: the adapters are merged into the weight; unmerge() before disabling them') end
+    return y
+  end
+  if not self.enabled then return y end
+  local h = gp.linear(self.drop(x), self.lora_A)
+  return y + gp.linear(h, self.lora_B) * self.scaling
+end
+
+function LoRA:merge()
+  if self.merged then return self end
+  gp.no_grad(function()
+    rawset(self, '_base', self.weight:clone())
+    self.weight:add_(self:delta():to(self.weight.dtype))
+  end)
+  rawset(self, 'merged', true)
+  return self
+end
+
+function LoRA:unmerge()
+  if not self.merged then return self end
+  gp.no_grad(function()
+    local base = rawget(self, '_base')
+    if base then self.weight:copy_(base) else self.weight:sub_(self:delta():to(self.weight.dtype)) end
+  end)
+  rawset(self, '_base', nil)
+  rawset(self, 'merged', false)
+  return self
+end
+
+function LoRA:extra_repr()
+  return string.format('%d -> %d, rank=%d, alpha=%g%s', self.in_features, self.out_features, self.rank, self.alpha,
+    self.merged and ', merged' or '')
+end
+
+doc(LoRA, 'nn.LoRA(linear, {rank=8, alpha=2*rank, dropout=0})',
+  'wrap an nn.Linear: y = linear(x) + (alpha/rank) * dropout(x) A^T B^T; the Linear\'s weight and bias are frozen and kept under their names, only lora_A (rank, in) and lora_B (out, rank, zero at init) train')
+doc(LoRA.merge, 'lora:merge()', 'add (alpha/rank) B A into the weight (keeps a copy for unmerge); forward then costs one matmul')
+doc(LoRA.unmerge, 'lora:unmerge()', 'restore the weight saved by merge() exactly')
+doc(LoRA.delta, 'lora:delta()', 'the low-rank update (alpha/rank) B A as an (out, in) tensor')
+
+local L = {}
+
+-- default targets: the Linears of attention and MLP blocks (not the lm_head,
+-- which is tied to the token embedding in nn.GPT)
+L.default_targets = {'attn%.qkv$', 'attn%.proj$', 'mlp%.fc$', 'mlp%.proj$', 'mlp%.gate$', 'mlp%.up$'}
+
+local function matches(name, targets)
+  for _, pat in ipairs(targets) do if name:find(pat) then return true end end
+  return false
+end
+
+-- every LoRA module of the model, {name, module}
+function L.modules(model)
+  local r = {}
+  nn.walk(model, '', function(kind, name, v)
+    if kind == 'module' and getmetatable(v) == LoRA._imt then r[#r + 1] = {name, v} end
+  end)
+  return r
+end
+
+function L.apply(model, opts)
+  if not nn.is_module(model) then raise('lora.apply: needs a module, got ' .. type(model)) end
+  opts = opts or {}
+  local targets = opts.targets or L.default_targets
+  if type(targets) == 'string' then targets = {targets} end
+  local found = {}
+  nn.walk(model, '', function(kind, name, v, owner, key)
+    if kind == 'module' and is_linear(v) and matches(name, targets) then found[#found + 1] = {owner, key, v} end
+  end)
+  if #found == 0 then raise('lora.apply: no nn.Linear of the model matches the targets ' .. table.concat(targets, ', ')) end
+  model:requires_grad_(false)
+  for _, f in ipairs(found) do
+    local owner, key, lin = f[1], f[2], f[3]
+    rawset(owner, key, LoRA(lin, opts))
+  end
+  return L.parameters(model)
+end
+
+-- the adapter tensors (lora_A, lora_B of every LoRA module)
+function L.parameters(model)
+  local r = {}
+  for _, nm in ipairs(L.modules(model)) do
+    r[#r + 1] = nm[2].lora_A
+    r[#r + 1] = nm[2].lora_B
+  end
+  return r
+end
+
+function L.state_dict(model)
+  local sd = {}
+  for name, t in pairs(model:state_dict()) do
+    if name:find('%.lora_[AB]$') then sd[name] = t end
+  end
+  return sd
+end
+
+local function config_of(model)
+  local mods = L.modules(model)
+  if #mods == 0 then raise('lora: the model has no LoRA modules (gp.lora.apply first)') end
+  local m = mods[1][2]
+  local names = {}
+  for i, nm in ipairs(mods) do names[i] = nm[1] end
+  return {rank = m.rank, alpha = m.alpha, modules = names}
+end
+
+function L.save(path, model, meta)
+  local m = {}
+  for k, v in pairs(meta or {}) do m[k] = v end
+  m.lora = config_of(model)
+  gp.save(path, L.state_dict(model), m)
+end
+
+-- load adapters (from a file or a {name = tensor} table) into a model that
+-- has the same LoRA modules; every adapter must be present, nothing else
+function L.load(model, src)
+  local sd = src
+  if type(src) == 'string' then sd = gp.load(src) end
+  if type(sd) ~= 'table' then raise('lora.load: needs a path or a table of tensors') end
+  local own = L.state_dict(model)
+  if next(own) == nil then raise('lora.load: the model has no LoRA modules (gp.lora.apply first)') end
+  local missing, unexpected = {}, {}
+  for name in pairs(own) do if sd[name] == nil then missing[#missing + 1] = name end end
+  for name, t in pairs(sd) do
+    if own[name] == nil then unexpected[#unexpected + 1] = tostring(name)
+    elseif not is_tensor(t) then unexpected[#unexpected + 1] = tostring(name) .. ' (not a tensor)' end
+  end
+  table.sort(missing)
+  table.sort(unexpected)
+  if #missing > 0 or #unexpected > 0 then
+    raise(string.format('lora.load: missing adapters: %s; unexpected: %s', #missing > 0 and table.concat(missing, ', ') or 'none',
+      #unexpected > 0 and table.concat(unexpected, ', ') or 'none'))
+  end
+  model:load_state_dict(sd, {strict = false})
+  return model
+end
+
+local function each(model, f) for _, nm in ipairs(L.modules(model)) do f(nm[2]) end end
+function L.merge(model) each(model, function(m) m:merge() end); return model end
+function L.unmerge(model) each(model, function(m) m:unmerge() end); return model end
+
+-- run fn with the adapters switched off: the frozen base model
+function L.without(model, fn, ...)
+  local mods = L.modules(model)
+  for _, nm in ipairs(mods) do
+    if nm[2].merged then raise('lora.without: the adapters are merged; unmerge first') end
+    rawset(nm[2], 'enabled', false)
+  end
+  local r = {pcall(fn, ...)}
+  for _, nm in ipairs(mods) do rawset(nm[2], 'enabled', true) end
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, table.maxn(r))
+end
+
+doc(L.apply, "gp.lora.apply(model, {rank=8, alpha=2*rank, dropout=0, targets={'attn%.qkv$', ...}})",
+  'wrap the model\'s nn.Linear modules whose dotted names match a target pattern (default: attention and MLP) in nn.LoRA, freeze every other parameter; returns the adapter parameters')
+doc(L.parameters, 'gp.lora.parameters(model)', 'the lora_A and lora_B tensors of every LoRA module (what the optimizer trains)')
+doc(L.modules, 'gp.lora.modules(model)', 'a list of {dotted.name, LoRA module}')
+doc(L.state_dict, 'gp.lora.state_dict(model)', '{name = tensor} of the adapters only')
+doc(L.save, "gp.lora.save('a.safetensors', model, meta)", 'write the adapters only (gp.save), with their rank, alpha and module names in the metadata')
+doc(L.load, "gp.lora.load(model, 'a.safetensors' | tensors)", 'load adapters into a model with the same LoRA modules (every adapter present, nothing else)')
+doc(L.merge, 'gp.lora.merge(model)', 'merge every adapter into its weight (generation without the extra matmuls)')
+doc(L.unmerge, 'gp.lora.unmerge(model)', 'restore every merged weight exactly')
+doc(L.without, 'gp.lora.without(model, fn, ...)', 'run fn with the adapters switched off (the frozen base model); returns what fn returns')
+return L

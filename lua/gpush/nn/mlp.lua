@@ -1,0 +1,54 @@
+-- nn.MLP (GELU) and nn.SwiGLUMLP: the feed-forward layers of a transformer block.
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local gp = require 'gpush.core'
+local nn = require 'gpush.nn.module'
+require 'gpush.nn.layers'
+local doc = gp.doc
+local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
+local Module, param, need_int = nn.Module, nn.new_param, nn.need_int
+local Linear, Dropout = nn.Linear, nn.Dropout
+
+-- Linear -> GELU (tanh form) -> Linear (-> Dropout)
+local MLP = Module:extend('MLP')
+nn.MLP = MLP
+function MLP:init(d, hidden, opts)
+  opts = opts or {}
+  hidden = hidden or 4 * d
+  self.fc = Linear(d, hidden, opts)
+  self.proj = Linear(hidden, d, opts)
+  self.drop = Dropout(opts.dropout or 0)
+end
+-- the Linear class's own forward, so that a swapped one (on the class or the
+-- instance) keeps MLP on the module calls
+local linear_forward = Linear.forward
+local function plain_linear(m)
+  return getmetatable(m) == Linear._imt and m.forward == linear_forward and is_tensor(rawget(m, 'weight'))
+    and is_tensor(rawget(m, 'bias'))
+end
+function MLP:forward(x)
+  local fc, proj = self.fc, self.proj
+  if plain_linear(fc) and plain_linear(proj) then -- one node, GELU in the GEMM epilogues
+    return self.drop(gp.linear_gelu_linear(x, fc.weight, fc.bias, proj.weight, proj.bias))
+  end
+  return self.drop(proj(fc(x):gelu_tanh()))
+end
+
+-- proj(silu(gate(x)) * up(x)), no biases (LLaMA style)
+local SwiGLUMLP = Module:extend('SwiGLUMLP')
+nn.SwiGLUMLP = SwiGLUMLP
+function SwiGLUMLP:init(d, hidden, opts)
+  opts = opts or {}
+  hidden = hidden or 4 * d
+  local o = {bias = false, dtype = opts.dtype, device = opts.device}
+  self.gate = Linear(d, hidden, o)
+  self.up = Linear(d, hidden, o)
+  self.proj = Linear(hidden, d, o)
+  self.drop = Dropout(opts.dropout or 0)
+end
+function SwiGLUMLP:forward(x) return self.drop(self.proj(gp.swiglu(self.gate(x), self.up(x)))) end
+
+doc(nn.MLP, 'nn.MLP(d, hidden=4d, {dropout=0})', 'Linear(d, hidden), GELU (tanh form), Linear(hidden, d)')
+doc(nn.SwiGLUMLP, 'nn.SwiGLUMLP(d, hidden=4d)', 'proj(silu(gate(x)) * up(x)) without biases')
+
+return nn

@@ -1,0 +1,59 @@
+-- nn.TransformerBlock: pre-norm attention and MLP (GELU, SwiGLU or MoE) with residuals.
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local gp = require 'gpush.core'
+local nn = require 'gpush.nn.module'
+require 'gpush.nn.norm'
+require 'gpush.nn.mlp'
+require 'gpush.nn.attention'
+require 'gpush.nn.moe'
+local doc = gp.doc
+local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
+local Module, param, need_int = nn.Module, nn.new_param, nn.need_int
+local LayerNorm, RMSNorm, MLP, SwiGLUMLP = nn.LayerNorm, nn.RMSNorm, nn.MLP, nn.SwiGLUMLP
+local CausalSelfAttention = nn.CausalSelfAttention
+
+-- nn.LayerNorm (kind 'layer', the default) or nn.RMSNorm ('rms') of size d
+function nn.make_norm(kind, d, cfg)
+  local o = {eps = cfg.eps, dtype = cfg.dtype, device = cfg.device, bias = cfg.bias}
+  if kind == nil or kind == 'layer' then return LayerNorm(d, o) end
+  if kind == 'rms' then return RMSNorm(d, o) end
+  raise("norm must be 'layer' or 'rms', got " .. tostring(kind))
+end
+
+-- pre-norm block: x + attn(norm1(x)), then x + mlp(norm2(x))
+local TransformerBlock = Module:extend('TransformerBlock')
+nn.TransformerBlock = TransformerBlock
+function TransformerBlock:init(cfg)
+  cfg = cfg or {}
+  local C = cfg.n_embd
+  need_int('TransformerBlock', 'n_embd', C)
+  self.ln1 = nn.make_norm(cfg.norm, C, cfg)
+  self.attn = CausalSelfAttention(cfg)
+  self.ln2 = nn.make_norm(cfg.norm, C, cfg)
+  local hidden = cfg.mlp_hidden or 4 * C
+  local o = {dropout = cfg.dropout, dtype = cfg.dtype, device = cfg.device, bias = cfg.bias}
+  if cfg.mlp == nil or cfg.mlp == 'gelu' then self.mlp = MLP(C, hidden, o)
+  elseif cfg.mlp == 'swiglu' then self.mlp = SwiGLUMLP(C, hidden, o)
+  elseif cfg.mlp == 'moe' then -- nn.MoE (nn/moe.lua); cfg.moe = {experts=8, k=2, ...}
+    local mo = {}
+    for k, v in pairs(cfg.moe or {}) do mo[k] = v end
+    mo.dtype, mo.device, mo.dropout = cfg.dtype, cfg.device, mo.dropout or cfg.dropout
+    self.mlp = nn.MoE(C, hidden, mo)
+  else raise("TransformerBlock: mlp must be 'gelu', 'swiglu' or 'moe', got " .. tostring(cfg.mlp)) end
+end
+function TransformerBlock:forward(x)
+  x = x + self.attn(self.ln1(x))
+  return x + self.mlp(self.ln2(x))
+end
+
+function TransformerBlock:forward_cached(x, cache, layer, pos)
+  x = x + self.attn:forward_cached(self.ln1(x), cache, layer, pos)
+  return x + self.mlp(self.ln2(x))
+end
+
+doc(nn.TransformerBlock, "nn.TransformerBlock{n_embd=, n_head=, mlp='gelu'|'swiglu'|'moe', moe={experts=8, k=2, ...}, norm='layer'|'rms', dropout=0, mlp_hidden=4 n_embd}",
+  'pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))')
+doc(nn.make_norm, "nn.make_norm('layer'|'rms', d, {eps=, dtype=, device=, bias=})", 'nn.LayerNorm (the default) or nn.RMSNorm of size d')
+
+return nn
