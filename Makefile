@@ -49,7 +49,7 @@ OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
 endif
 TEST_SRC := $(wildcard tests/c/*.c)
 
-.PHONY: all deps test check run bench clean
+.PHONY: all deps test check lint run bench clean
 all: $(BUILD)/gpush $(BUILD)/test_c
 
 $(BUILD)/obj/%.o: %.c
@@ -91,6 +91,7 @@ DEB_PKGS := libluajit-5.1-dev=2.1.0~beta3+git20220320+dfsg-4.1+deb12u1 \
             libcjson-dev=1.7.15-1+deb12u4 \
             libreadline-dev=8.2-1.3 \
             pkg-config=1.8.1-1 \
+            lua-check=1.1.0-1 \
             tmux=3.3a-3
 deps:
 	@missing=""; for p in $(DEB_PKGS); do n=$${p%%=*}; \
@@ -105,7 +106,12 @@ deps:
 
 test: deps
 	$(Q)$(MAKE) --no-print-directory all
+	$(Q)$(MAKE) --no-print-directory lint
 	$(Q)$(MAKE) --no-print-directory check
+
+# luacheck (.luacheckrc) over the Lua library, scripts, examples and tests
+lint:
+	$(Q)luacheck -q lua scripts tests examples
 
 # Run the tests of an existing build (no rebuild): Criterion, the Lua suite,
 # then the prompt through a terminal (tmux; skipped with a message without it).

@@ -110,7 +110,7 @@ if o.infer then
     print(string.format('%s: %.0f tokens/s (%.2f ms per step), %d params (%d active per token), first tokens %s', kind,
       B * o.new_tokens / dt, 1000 * dt / o.new_tokens, total, active,
       table.concat({unpack(r.lists[1], 1, math.min(8, #r.lists[1]))}, ',')))
-    m = nil
+    m = nil -- luacheck: ignore 311 (dropped before the collection)
     collectgarbage()
   end
   return

@@ -16,31 +16,32 @@
 -- minutes.
 local gp = rawget(_G, 'gp') or require 'gpush'
 local P = gp.polychromic
+local D = P.defaults
 
 local o = gp.args.parse(arg, {
   {'objective', 'poly', 'poly | additive | rl | sft'},
   {'compare', false, 'run rl and poly from the same base with the same seeds and steps; print both'},
-  {'n', 0, 'samples per prompt (0: 4; with --compare 8 on the CPU, 16 on the GPU, so that a set can hold several distinct valid replies)'},
-  {'temperature', 0.9, 'sampling temperature'},
-  {'top-p', 0.9, 'nucleus sampling threshold'},
+  {'n', 0, 'samples per prompt (0: ' .. D.n .. '; with --compare 8 on the CPU, 16 on the GPU, so that a set can hold several distinct valid replies)'},
+  {'temperature', D.temperature, 'sampling temperature'},
+  {'top-p', D.top_p, 'nucleus sampling threshold'},
   {'steps', 0, 'fine-tuning steps (0: 100 on the CPU, 400 on the GPU)'},
-  {'prompts-per-step', 0, 'prompts per step B (0: 8 on the CPU, 16 on the GPU)'},
-  {'lambda', 0.3, 'diversity weight of the additive objective'},
-  {'kl', 0, 'KL penalty to the base model (k3 estimator per token)'},
-  {'clip', 0.2, 'PPO ratio clip'},
+  {'prompts-per-step', 0, 'prompts per step B (0: ' .. D.prompts_per_step .. ' on the CPU, 16 on the GPU)'},
+  {'lambda', D.lambda, 'diversity weight of the additive objective'},
+  {'kl', D.kl, 'KL penalty to the base model (k3 estimator per token)'},
+  {'clip', D.clip, 'PPO ratio clip'},
   {'epochs', 2, 'PPO passes over each batch'},
   {'lr', 3e-3, 'adapter learning rate (AdamW)'},
   {'lora-rank', 8, 'LoRA rank'},
   {'lora-alpha', 16, 'LoRA alpha (scaling alpha / rank)'},
   {'lora-dropout', 0, 'LoRA dropout'},
   {'subset-size', 0, 'poly/additive subset size m (0: n/2, at least 2)'},
-  {'max-subsets', 64, 'subsets per prompt (all of them when C(n, m) is at most this)'},
-  {'adv-norm', 'batch', 'advantage scaling: batch | set | none'},
+  {'max-subsets', D.max_subsets, 'subsets per prompt (all of them when C(n, m) is at most this)'},
+  {'adv-norm', D.adv_norm, 'advantage scaling: batch | set | none'},
   {'floor', -1, 'poly: f = mean reward * (floor + diversity) (-1: 1 with --set-div distinct, else 0, the paper\'s pure product)'},
   {'valid-only', false, 'poly/additive with --set-div pair: a pair counts toward diversity with weight r_i r_j (diversity among rewarded replies only)'},
   {'set-div', '', 'poly: the subset diversity: distinct (the default: effective number of different replies among the rewarded ones, over the subset size) | pair (mean pair distance over all pairs, the paper\'s form)'},
   {'embed', '', 'reply embeddings for diversity: exact (the default with distinct: one-hot of the whole reply, identical or not) | ngram (the default with pair: token 2- and 3-gram sets) | base (mean-pooled hidden states of the frozen base)'},
-  {'eval-n', 0, 'samples per prompt in the evaluation, pass@eval-n (0: 8; with --compare, n)'},
+  {'eval-n', 0, 'samples per prompt in the evaluation, pass@eval-n (0: ' .. D.eval_n .. '; with --compare, n)'},
   {'max-new', 0, 'longest reply in tokens (0: from the task)'},
   {'data', '', 'JSONL file of {"prompt": ..., "reply": ...} pairs (default: the built-in sum task)'},
   {'reward', '', 'a Lua file returning function(prompt, reply) -> number (default: the task\'s reward)'},
@@ -64,9 +65,9 @@ local on_gpu = gp.device() == 'cuda'
 local function pick(v, cpu, gpu) if v ~= 0 then return v end; return on_gpu and gpu or cpu end
 o.steps = pick(o.steps, 100, 400)
 o.task_max = pick(o.task_max, 12, 40)
-o.prompts_per_step = pick(o.prompts_per_step, 8, 16)
-if o.n == 0 then o.n = o.compare and (on_gpu and 16 or 8) or 4 end
-if o.eval_n == 0 then o.eval_n = o.compare and o.n or 8 end
+o.prompts_per_step = pick(o.prompts_per_step, D.prompts_per_step, 16)
+if o.n == 0 then o.n = o.compare and (on_gpu and 16 or 8) or D.n end
+if o.eval_n == 0 then o.eval_n = o.compare and o.n or D.eval_n end
 local OBJ = {poly = true, additive = true, rl = true, sft = true}
 if not OBJ[o.objective] then error('--objective must be poly, additive, rl or sft, got ' .. o.objective) end
 if o.n < 2 and o.objective ~= 'sft' then error('--n must be at least 2 (a set needs pairs)') end

@@ -64,7 +64,7 @@ end
 if o.device ~= '' then gp.set_device(o.device) end
 local world = dist.world_size()
 if world > 1 then dist.init {backend = gp.device() == 'cuda' and 'nccl' or 'tcp'} end
-local rank, main = dist.rank(), dist.rank() == 0
+local main = dist.rank() == 0
 if not main then o.quiet = true end
 local say = main and print or function() end
 gp.manual_seed(o.seed)

@@ -170,7 +170,7 @@ end
 -- ceilings
 
 print(string.format('gpush %s', gp.version()))
-local v1, v2 = gp.version()
+local _, v2 = gp.version()
 print(v2)
 if not CUDA then
   print('** CPU numbers: no CUDA GPU; tiny sizes; the ceilings are this CPU\'s copy and GEMM (gp.k reference code) **')
@@ -207,7 +207,7 @@ if CUDA then
     gp.set_tf32(false)
     peak[key] = 2 * P ^ 3 / (ms * 1e-3) / 1e12
     print(string.format('cuBLAS GEMM peak %-5s %d^3: %.1f TFLOP/s (cublasGemmEx called directly)', key, P, peak[key]))
-    a, b, o = nil, nil, nil
+    a, b, o = nil, nil, nil -- luacheck: ignore 311 (dropped before release() collects)
     release()
   end
 else
@@ -254,9 +254,8 @@ for _, e in ipairs(BENCH) do
   elseif not filter or label:find(filter, 1, true) then
     for _, dt in ipairs(e[2]) do
       local ok, err = pcall(function()
-        local sets, bytes = {}, 0
-        local args
-        args, bytes = build(k, e, dt)
+        local sets = {}
+        local args, bytes = build(k, e, dt)
         sets[1] = args
         local r = math.min(8, math.max(1, math.ceil(4 * L2 / math.max(bytes, 1))))
         r = math.max(1, math.min(r, math.floor(MAX_SET_BYTES / math.max(bytes, 1))))
@@ -284,7 +283,7 @@ for _, e in ipairs(BENCH) do
           end
           shape = shape_str(big.shape) .. (e.transpose and ' (' .. table.concat(e.transpose, ',') .. '^T)' or '')
         end
-        local tf, frac, of = '', 0, ''
+        local tf, frac, of = ''
         if metric == 'flops' then
           local t = gemm_flops(args) / (ms * 1e-3) / 1e12
           local key = e.tf32 and 'tf32' or dt

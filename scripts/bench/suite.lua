@@ -116,7 +116,7 @@ local function ceilings()
     local a, b, c = rand({P, P}, 'bf16'), rand({P, P}, 'bf16'), gp.empty({P, P}, {dtype = 'bf16'})
     local box = ffi.new('double[1]')
     if gp.C.gp_bench_cublas_gemm(box, c.c, a.c, b.c, 10) == 0 then gemm_tflops = 2 * P ^ 3 / (box[0] * 1e-3) / 1e12 end
-    a, b, c = nil, nil, nil
+    a, b, c = nil, nil, nil -- luacheck: ignore 311 (dropped before release() collects)
     release()
   end
 end
@@ -234,7 +234,7 @@ local function adamw_cases()
   local shapes = {}
   local model = gpt_model(GPT2)
   for i, q in ipairs(model:parameters()) do shapes[i] = q.shape end
-  model = nil
+  model = nil -- luacheck: ignore 311 (dropped before release() collects)
   release()
   local n = 0
   for _, s in ipairs(shapes) do
@@ -448,11 +448,11 @@ local function run_poly(c)
   local tok = P.char_tokenizer(task.chars)
   local m = gp.nn.GPT {vocab_size = tok.vocab_size, block_size = 12, n_embd = p.d, n_layer = 2, n_head = 2}
   gp.lora.apply(m, {rank = 8})
-  local o = {objective = 'poly', steps = 1, n = p.samples, prompts_per_step = p.prompts, max_new = 6, seed = 1}
-  P.finetune(m, tok, task, o)
+  local fo = {objective = 'poly', steps = 1, n = p.samples, prompts_per_step = p.prompts, max_new = 6, seed = 1}
+  P.finetune(m, tok, task, fo)
   gp.sync()
   local t0 = gp.train.now()
-  for _ = 1, p.iters do P.finetune(m, tok, task, o) end
+  for _ = 1, p.iters do P.finetune(m, tok, task, fo) end
   gp.sync()
   return (gp.train.now() - t0) * 1e3 / p.iters
 end
@@ -549,7 +549,7 @@ local function peer(name, cases)
       if ok and type(v) == 'table' and v.shape then res[v.shape] = v end
     end
   end
-  local ok, _, code = p:close()
+  local _, _, code = p:close()
   local errf = io.open(ef)
   local err = errf and errf:read('*a') or ''
   if errf then errf:close() end

@@ -333,10 +333,6 @@ local function dtype_sets(k)
   return sets
 end
 
-local function out_dtype(k, dts)
-  for i, a in ipairs(k.args) do if a.out then return dts[i] end end
-end
-
 for _, k in ipairs(kernels.list) do
   T.test('kernel ' .. k.name, function()
     local ran, compared = 0, 0

@@ -7,7 +7,7 @@ T.test('100,000 temporary 1 MB tensors keep memory bounded', function()
   local dev = gp.device()
   local m0 = gp.memory()
   for _ = 1, 100000 do
-    local t = gp.empty({262144}, {device = dev}) -- 1 MB of f32
+    gp.empty({262144}, {device = dev}) -- 1 MB of f32, garbage at once
   end
   local m = gp.memory()
   -- a full collection runs once 256 MB of new tensors (core.lua GC_MIN) are
@@ -32,7 +32,7 @@ T.test('out of memory: a clear error with the stats, then recovery', function()
   -- garbage is collected before giving up: 40 x 4 MB of garbage under a 64 MB cap
   gp.set_memory_limit(64 * 1048576)
   local ok2, err2 = pcall(function()
-    for _ = 1, 40 do local g = gp.empty({1048576}, {device = dev}) end
+    for _ = 1, 40 do gp.empty({1048576}, {device = dev}) end
   end)
   gp.set_memory_limit(0)
   T.ok(ok2, err2)

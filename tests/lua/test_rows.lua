@@ -4,8 +4,6 @@ local T = require 'lib'
 local gp = require 'gpush'
 local fd = require 'fd'
 
-local function rows_of(t) return t:totable() end
-
 T.test('softmax and log_softmax against a Lua oracle, any dim', function()
   local x = gp.randn({3, 4, 5}, {device = 'cpu'})
   for _, d in ipairs {3, -1, 1, 2} do

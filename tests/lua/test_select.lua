@@ -42,7 +42,7 @@ T.test('topk: values and indices, ties to the lower index, NaN first', function(
   T.same(v:totable(), {{7, 7, 7, 2}})
   T.same(i:totable(), {{1, 2, 4, 0}})
   local x = gp.tensor({{1, 0 / 0, 3, 2}}, cpu)
-  v, i = x:topk(2)
+  i = select(2, x:topk(2))
   T.same(i:totable(), {{1, 2}})
   for _, dt in ipairs {'f32', 'bf16', 'i64', 'u8', 'f64'} do
     local r = gp.randint(0, 20, {6, 37}, cpu):to(dt)

@@ -130,7 +130,7 @@ test('streams on the gpu: work on two streams, ordered by events', function()
   local ref = (x:cpu() * 2):exp() + 1
   T.ok(T.relnorm(b:cpu(), ref) < 1e-5)
   -- memory freed while streams run waits for a device-wide sync before reuse
-  gp.with_stream(s1, function() for _ = 1, 4 do local t = gp.empty{1024} end collectgarbage() end)
+  gp.with_stream(s1, function() for _ = 1, 4 do gp.empty{1024} end collectgarbage() end)
   gp.sync()
   T.eq(gp.memory().pending_blocks, 0)
   s1:synchronize(); s2:synchronize()

@@ -25,7 +25,7 @@ function M.save(path, tensors, meta)
   local n = #names
   local cnames = ffi.new('const char *[?]', n + 1)
   local cts = ffi.new('const gp_tensor *[?]', n + 1)
-  local keep = {}
+  local keep = {} -- luacheck: ignore 241 (the cpu copies stay alive until gp_st_save has written them)
   for i, k in ipairs(names) do
     local t = tensors[k]:cpu():contiguous()
     keep[i] = t

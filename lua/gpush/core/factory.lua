@@ -8,7 +8,7 @@ local kernels = require 'gpush.core.kernels'
 local doc = require('gpush.core.doc').doc
 local gp = require 'gpush.core.ns'
 local C, raise = rt.C, rt.raise
-local Tensor, is_tensor, empty, parse_shape = tensor.Tensor, tensor.is_tensor, tensor.empty, tensor.parse_shape
+local is_tensor, empty, parse_shape = tensor.is_tensor, tensor.empty, tensor.parse_shape
 local state = tensor.state
 local K = kernels.k
 

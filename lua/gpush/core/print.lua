@@ -1,6 +1,5 @@
 -- Printing tensors like PyTorch: nested brackets, values in a common format,
 -- long dims summarized to their first and last 3 entries.
-local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
 

@@ -81,9 +81,9 @@ local function numel_of(s)
 end
 
 -- a new uninitialized tensor
-local function empty(shape, dtype, device, op)
+local function empty(shape, dt_name, device, op)
   op = op or 'empty'
-  local dt = DT[rt.dtype(dtype, op)]
+  local dt = DT[rt.dtype(dt_name, op)]
   local dev = device_of(device, op)
   if dev == 1 and C.gp_cuda_available() ~= 1 then raise(op .. ': device cuda asked for but ' .. rt.last_error()) end
   local n = #shape
@@ -249,7 +249,7 @@ function Tensor:item()
 end
 
 function Tensor:totable()
-  local buf, n = to_doubles(self)
+  local buf = to_doubles(self)
   local s = shape_of(self)
   if #s == 0 then return buf[0] end
   local pos = 0

@@ -36,6 +36,12 @@ local doc = gp.doc
 
 local P = {}
 
+-- the defaults of the options below (scripts/polychromic.lua's flags start from them)
+P.defaults = {n = 4, max_new = 8, temperature = 0.9, top_p = 0.9, prompts_per_step = 8, lr = 2e-3, epochs = 1,
+              set_div = 'pair', subset_size = nil, max_subsets = 64, lambda = 0.3, floor = 0, clip = 0.2, kl = 0,
+              adv_norm = 'batch', eval_n = 8}
+local DEF = P.defaults
+
 ---------------------------------------------------------------------------
 -- tokenizer: the characters of the task's language
 
@@ -220,9 +226,9 @@ doc(P.pretrain, 'gp.polychromic.pretrain(gpt, task, tok, {steps=300, batch=32, l
 -- token rows, the target ids (-100 off the reply), and the reply mask
 
 function P.rollout(policy, tok, prompts, opts)
-  local n, max_new = opts.n or 4, opts.max_new or 8
-  local r = generate(policy, prompts, {n = n, max_new = max_new, temperature = opts.temperature or 0.9,
-                                          top_p = opts.top_p or 0.9, stop = {tok.stop}, tokenizer = tok})
+  local n, max_new = opts.n or DEF.n, opts.max_new or DEF.max_new
+  local r = generate(policy, prompts, {n = n, max_new = max_new, temperature = opts.temperature or DEF.temperature,
+                                          top_p = opts.top_p or DEF.top_p, stop = {tok.stop}, tokenizer = tok})
   local R = #prompts * n
   local rows, Tm = {}, 0
   local ro = {prompts = {}, replies = {}, lens = {}, plens = {}, stopped = {}, n = n, B = #prompts, R = R}
@@ -262,7 +268,8 @@ function P.rollout(policy, tok, prompts, opts)
   ro.T = Tm
   return ro
 end
-doc(P.rollout, 'gp.polychromic.rollout(policy, tok, prompts, {n=4, max_new=8, temperature=0.9, top_p=0.9})',
+doc(P.rollout, string.format('gp.polychromic.rollout(policy, tok, prompts, {n=%d, max_new=%d, temperature=%g, top_p=%g})',
+  DEF.n, DEF.max_new, DEF.temperature, DEF.top_p),
   'sample n replies per prompt in one gp.generate call; returns replies (prompt-major), the padded rows full (R, T), targets (R, T-1) (-100 off the reply) and the reply mask pool (R, T)')
 
 -- per-token log-probabilities (R, T-1) of the targets (0 where ignored), with grad
@@ -402,7 +409,7 @@ function P.advantages(objective, rewards, emb, B, n, opts)
     return adv, stats
   end
   if objective ~= 'poly' and objective ~= 'additive' then raise('polychromic: unknown objective ' .. tostring(objective)) end
-  local set_div = opts.set_div or 'pair'
+  local set_div = opts.set_div or DEF.set_div
   if set_div ~= 'pair' and set_div ~= 'distinct' then
     raise(string.format("polychromic.advantages: set_div must be 'pair' or 'distinct', got %s", tostring(set_div)))
   end
@@ -414,7 +421,7 @@ function P.advantages(objective, rewards, emb, B, n, opts)
     raise("polychromic.advantages: valid_only weights pairs (set_div 'pair'); 'distinct' already counts rewarded replies only")
   end
   local m = math.max(2, math.min(n, opts.subset_size or math.max(2, math.floor(n / 2))))
-  local subs = P.subsets(n, m, opts.max_subsets or 64, opts.rand or math.random)
+  local subs = P.subsets(n, m, opts.max_subsets or DEF.max_subsets, opts.rand or math.random)
   local K = #subs
   -- the distance of every pair of every prompt's samples: one (B C(n,2), 2, D)
   -- gather and one kernel launch; a subset's diversity is the mean of its pairs'
@@ -437,7 +444,7 @@ function P.advantages(objective, rewards, emb, B, n, opts)
   local kms, dist = gp.time_once(function() return gp.set_diversity(x) end) -- the kernel alone, on the device
   stats.kernel_s = kms / 1000
   dist = dist:totable()
-  local lam, floor, valid_only = opts.lambda or 0.3, opts.floor or 0, opts.valid_only
+  local lam, floor, valid_only = opts.lambda or DEF.lambda, opts.floor or DEF.floor, opts.valid_only
   local npair = m * (m - 1) / 2
   -- distinct: with s_ij = 1 - d_ij clamped to [0, 1] (s_ii = 1), reply i's
   -- soft cluster in S' has the reward mass M_i = sum_{j in S'} r_j s_ij >= r_i;
@@ -495,7 +502,8 @@ function P.advantages(objective, rewards, emb, B, n, opts)
   stats.set_div = set_div
   return adv, stats
 end
-doc(P.advantages, "gp.polychromic.advantages('poly'|'additive'|'rl', rewards, emb, B, n, {subset_size=n/2, max_subsets=64, lambda=0.3, floor=0, valid_only=false, set_div='pair'})",
+doc(P.advantages, string.format("gp.polychromic.advantages('poly'|'additive'|'rl', rewards, emb, B, n, {subset_size=n/2, max_subsets=%d, lambda=%g, floor=%g, valid_only=false, set_div='%s'})",
+  DEF.max_subsets, DEF.lambda, DEF.floor, DEF.set_div),
   'per-sample advantages: poly/additive score subsets of each prompt\'s n samples (f = mean r * (floor + diversity), or mean r + lambda * diversity) and give each sample the mean score of its subsets minus the mean of all; rl: r - mean r of the set. '
   .. "set_div 'pair': diversity = mean pair distance d = 1 - cos (valid_only weights a pair by r_i r_j); "
   .. "set_div 'distinct' (poly only): diversity = distinct / sum r (1 when sum r = 0), distinct = sum over rewarded i of r_i^2 / sum_j r_j s_ij with s = 1 - d clamped to [0, 1], s_ii = 1 (the number of different rewarded replies for 0/1 rewards), so f = floor * mean r + distinct / m. "
@@ -528,7 +536,7 @@ doc(P.normalize, "gp.polychromic.normalize(adv, B, n, 'batch'|'set'|'none')", 'a
 -- PPO clipped surrogate over the reply tokens (+ kl * k3 KL to the base)
 function P.ppo_loss(logp, old, adv, mask, opts)
   opts = opts or {}
-  local clip = opts.clip or 0.2
+  local clip = opts.clip or DEF.clip
   local ratio = (logp - old):exp()
   local a = adv:view {adv:numel(), 1}
   local s1 = ratio * a
@@ -541,14 +549,14 @@ function P.ppo_loss(logp, old, adv, mask, opts)
   end
   return loss
 end
-doc(P.ppo_loss, 'gp.polychromic.ppo_loss(logp, old_logp, adv, mask, {clip=0.2, kl=0, base_logp=})',
+doc(P.ppo_loss, string.format('gp.polychromic.ppo_loss(logp, old_logp, adv, mask, {clip=%g, kl=%g, base_logp=})', DEF.clip, DEF.kl),
   'the PPO clipped surrogate -mean over reply tokens of min(ratio A, clip(ratio) A) with ratio = exp(logp - old), plus kl times the k3 estimate of KL(policy || base)')
 
 ---------------------------------------------------------------------------
 -- evaluation: k samples for each eval prompt
 
 function P.evaluate(policy, tok, task, opts)
-  local k = opts.eval_n or 8
+  local k = opts.eval_n or DEF.eval_n
   local prompts = task.eval_prompts
   local ro = P.rollout(policy, tok, prompts, {n = k, max_new = opts.max_new, temperature = opts.temperature, top_p = opts.top_p})
   local thr = opts.valid_threshold or 0.5
@@ -574,7 +582,7 @@ function P.evaluate(policy, tok, task, opts)
   return {mean_reward = sum_r / (#prompts * k), pass_at_n = passed / #prompts, n = k,
           distinct_valid = distinct / #prompts, set_diversity = div, valid_fraction = nvalid / (#prompts * k)}
 end
-doc(P.evaluate, 'gp.polychromic.evaluate(policy, tok, task, {eval_n=8, temperature=, top_p=, max_new=})',
+doc(P.evaluate, string.format('gp.polychromic.evaluate(policy, tok, task, {eval_n=%d, temperature=, top_p=, max_new=})', DEF.eval_n),
   'k samples per eval prompt: mean_reward, pass_at_n (a valid reply among the k), distinct_valid (distinct valid replies per prompt), set_diversity (mean over prompts)')
 
 ---------------------------------------------------------------------------
@@ -591,8 +599,8 @@ function P.finetune(policy, tok, task, o)
     return math.floor(rng_state / 2147483648 * n) + 1
   end
   local params = lora.parameters(policy)
-  local opt = optim.AdamW(params, {lr = o.lr or 2e-3, weight_decay = 0})
-  local B, n = o.prompts_per_step or 8, o.n or 4
+  local opt = optim.AdamW(params, {lr = o.lr or DEF.lr, weight_decay = 0})
+  local B, n = o.prompts_per_step or DEF.prompts_per_step, o.n or DEF.n
   local embed = o.embed or P.base_embed
   local times = {generation = 0, diversity = 0, update = 0, kernel = 0}
   local hist = {}
@@ -651,9 +659,9 @@ function P.finetune(policy, tok, task, o)
         max_subsets = o.max_subsets, lambda = o.lambda, floor = o.floor, valid_only = o.valid_only, set_div = o.set_div,
         rand = rand})
       local sdiv = gp.set_diversity(emb:float():view {B, n, emb:size(2)}):mean():item()
-      adv = P.normalize(adv, B, n, o.adv_norm or 'batch')
+      adv = P.normalize(adv, B, n, o.adv_norm or DEF.adv_norm)
       local base_logp
-      if (o.kl or 0) > 0 then
+      if (o.kl or DEF.kl) > 0 then
         base_logp = gp.no_grad(function()
           return lora.without(policy, function() return P.token_logp(policy, ro.full, ro.targets) end)
         end)
@@ -668,7 +676,7 @@ function P.finetune(policy, tok, task, o)
       local mask = ro.targets:ne(-100):float()
       local old, loss
       policy:train()
-      for _ = 1, o.epochs or 1 do
+      for _ = 1, o.epochs or DEF.epochs do
         opt:zero_grad()
         local logp = P.token_logp(policy, ro.full, ro.targets)
         if not old then old = logp:detach() end
@@ -693,7 +701,9 @@ function P.finetune(policy, tok, task, o)
   end
   return {history = hist, times = times, steps = o.steps}
 end
-doc(P.finetune, "gp.polychromic.finetune(policy, tok, task, {objective='poly', steps=, n=4, prompts_per_step=8, set_div='pair', ...})",
+doc(P.defaults, 'gp.polychromic.defaults', 'the default options of rollout, advantages, ppo_loss, evaluate and finetune')
+doc(P.finetune, string.format("gp.polychromic.finetune(policy, tok, task, {objective='poly', steps=, n=%d, prompts_per_step=%d, lr=%g, epochs=%d, set_div='%s', ...})",
+  DEF.n, DEF.prompts_per_step, DEF.lr, DEF.epochs, DEF.set_div),
   'fine-tune the LoRA adapters of policy with the objective (set_div, floor, valid_only, subset_size, max_subsets as in advantages); returns {history, times = {generation, diversity, update, kernel} in seconds}')
 
 return P

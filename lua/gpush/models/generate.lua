@@ -23,9 +23,8 @@
 -- same step run eagerly) gives the same tokens. opts.device_pos = false
 -- takes the older host-position loop.
 local rt = require 'gpush.core.runtime'
-local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core'
-local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
+local raise = rt.raise
 
 local M = {}
 
@@ -104,7 +103,7 @@ function M.generate(model, prompts, opts)
   local max_new = opts.max_new or 64
   if max_new < 1 or max_new ~= math.floor(max_new) then raise('generate: max_new must be a positive integer') end
   local temp, top_k, top_p, min_p, pen = gp.sample_options(opts, V)
-  local B, R = #lists, #lists * n
+  local R = #lists * n
   local lmin, lmax = math.huge, 0
   for _, ids in ipairs(lists) do lmin, lmax = math.min(lmin, #ids), math.max(lmax, #ids) end
   local total = lmax + max_new

@@ -7,7 +7,7 @@ local nn = require 'gpush.nn.module'
 require 'gpush.nn.layers'
 local doc = gp.doc
 local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
-local Module, param, need_int = nn.Module, nn.new_param, nn.need_int
+local Module, need_int = nn.Module, nn.need_int
 local Linear, Dropout = nn.Linear, nn.Dropout
 
 -- additive causal masks (0 on and below the diagonal, -inf above), cached per

@@ -1,10 +1,9 @@
 -- nn.Linear, nn.Embedding, nn.Dropout.
 local rt = require 'gpush.core.runtime'
-local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core'
 local nn = require 'gpush.nn.module'
 local doc = gp.doc
-local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
+local raise = rt.raise
 local Module, param, need_int = nn.Module, nn.new_param, nn.need_int
 
 -- y = x @ w^T + b; w (out, in) ~ U(-1/sqrt(in), 1/sqrt(in)) like torch

@@ -1,12 +1,11 @@
 -- nn.MLP (GELU) and nn.SwiGLUMLP: the feed-forward layers of a transformer block.
-local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core'
 local nn = require 'gpush.nn.module'
 require 'gpush.nn.layers'
 local doc = gp.doc
-local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
-local Module, param, need_int = nn.Module, nn.new_param, nn.need_int
+local is_tensor = tensor.is_tensor
+local Module = nn.Module
 local Linear, Dropout = nn.Linear, nn.Dropout
 
 -- Linear -> GELU (tanh form) -> Linear (-> Dropout)

@@ -62,9 +62,9 @@ function Module:extend(name)
 end
 
 function Module:new(...)
-  local self = setmetatable({_order = {}, _buffers = {}, training = true}, self._imt)
-  self:init(...)
-  return self
+  local m = setmetatable({_order = {}, _buffers = {}, training = true}, self._imt)
+  m:init(...)
+  return m
 end
 function Module:init() end
 function Module:forward()

@@ -1,10 +1,7 @@
 -- nn.LayerNorm and nn.RMSNorm: the norms over the last dim.
-local rt = require 'gpush.core.runtime'
-local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core'
 local nn = require 'gpush.nn.module'
 local doc = gp.doc
-local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
 local Module, param, need_int = nn.Module, nn.new_param, nn.need_int
 
 local LayerNorm = Module:extend('LayerNorm')

@@ -1,6 +1,5 @@
 -- nn.TransformerBlock: pre-norm attention and MLP (GELU, SwiGLU or MoE) with residuals.
 local rt = require 'gpush.core.runtime'
-local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core'
 local nn = require 'gpush.nn.module'
 require 'gpush.nn.norm'
@@ -8,8 +7,8 @@ require 'gpush.nn.mlp'
 require 'gpush.nn.attention'
 require 'gpush.nn.moe'
 local doc = gp.doc
-local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
-local Module, param, need_int = nn.Module, nn.new_param, nn.need_int
+local raise = rt.raise
+local Module, need_int = nn.Module, nn.need_int
 local LayerNorm, RMSNorm, MLP, SwiGLUMLP = nn.LayerNorm, nn.RMSNorm, nn.MLP, nn.SwiGLUMLP
 local CausalSelfAttention = nn.CausalSelfAttention
 

@@ -162,7 +162,7 @@ function M.facts_text(opts)
     for i = 1, n do t[#t + 1] = sy1[rand(#sy1)]; t[#t + 1] = vow[rand(#vow)] end
     return t
   end
-  local seen, names = {}, {}
+  local seen = {}
   local function fresh(n, cap)
     while true do
       local w = word(n)

@@ -76,12 +76,8 @@ local function new(kind, params, opts, defaults)
   self.decay_min_dim = hyper.decay_min_dim or 2
   -- groups: a list of tensors (or a module), or a list of {params=..., <overrides>}
   local list = params_of(params, kind)
-  local groups = {}
-  if list[1] ~= nil and not is_tensor(list[1]) and type(list[1]) == 'table' and list[1].params then
-    groups = list
-  else
-    groups = {{params = list}}
-  end
+  local groups = {{params = list}}
+  if list[1] ~= nil and not is_tensor(list[1]) and type(list[1]) == 'table' and list[1].params then groups = list end
   local seen = {}
   for gi, g in ipairs(groups) do
     local grp = {}

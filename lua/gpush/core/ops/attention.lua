@@ -5,7 +5,7 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local FLOAT = require('gpush.core.dtype').FLOAT
 local ffi = require 'ffi'
 local raise, empty, shape_str, is_tensor = rt.raise, tensor.empty, tensor.shape_str, tensor.is_tensor
@@ -117,7 +117,7 @@ gp.doc(gp.attention, 'gp.attention(q, k, v, {causal=true, scale=1/sqrt(D), windo
   'queries are the last T of S positions (query i sees keys j <= i + S - T when causal); window > 0 keeps keys ' ..
   'with p - j < window, plus the first n_global keys; returns out and lse (B, H, T) (f32 logsumexp); differentiable')
 
-A.def_function('attention', function(g, a, o)
+autograd.def_function('attention', function(g, a, o)
   if not g[1] then return end
   local qc, kc, vc, scale, window, ng, causal = prepare('attention', a[1], a[2], a[3], a[4])
   -- gradients in the layout of their inputs (a[i], before any cast or copy)
@@ -168,7 +168,7 @@ gp.doc(gp.attention_qkv, 'gp.attention_qkv(qkv, n_head, {causal=true, scale=1/sq
   'strided heads in place (no permute copies); differentiable: one node whose backward writes dq, dk, dv ' ..
   'into one (B, T, 3C) gradient')
 
-A.def_function('attention_qkv', function(g, a, o)
+autograd.def_function('attention_qkv', function(g, a, o)
   if not g[1] then return end
   local op = 'attention_qkv'
   local x, B, T, H, D = qkv_input(op, a[1], a[2])

@@ -1,7 +1,7 @@
 -- common: small helpers the op families and their gradient rules share.
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local gp = require 'gpush.core.ns'
 local FLOAT = require('gpush.core.dtype').FLOAT
 local shape_str = tensor.shape_str
@@ -49,8 +49,8 @@ end
 -- is a zeroed scratch. Returns dw, db, accumulate and the gradients for the
 -- rule to return (nil where the kernel added into .grad)
 function M.norm_outs(x, D, op, w, b, has_b)
-  local gw = w and A.needs(w) and M.grad_buffer(w, x.dtype, x.device)
-  local gb = has_b and b and A.needs(b) and M.grad_buffer(b, x.dtype, x.device)
+  local gw = w and autograd.needs(w) and M.grad_buffer(w, x.dtype, x.device)
+  local gb = has_b and b and autograd.needs(b) and M.grad_buffer(b, x.dtype, x.device)
   local acc = (gw or gb) and 1 or 0
   local function out(buf)
     if buf then return buf end

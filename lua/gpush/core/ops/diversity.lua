@@ -3,7 +3,7 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local FLOAT = require('gpush.core.dtype').FLOAT
 local raise, is_tensor, empty, shape_str = rt.raise, tensor.is_tensor, tensor.empty, tensor.shape_str
 local K = tensor.K
@@ -86,7 +86,7 @@ gp.doc(gp.distinct_n, 'gp.distinct_n(tokens, lens=nil, n=2)',
   'distinct n-grams / all n-grams over the N sequences of each set: tokens (S, N, L) ids, lens (S, N) valid lengths (default L) -> (S) f32; (N, L) -> 0-dim')
 
 -- autograd: the kernel's exact gradient
-A.def_function('set_diversity', function(g, a)
+autograd.def_function('set_diversity', function(g, a)
   return gp.set_diversity_backward(a[1], g[1], a[2])
 end, {check = function(x)
   if is_tensor(x) and not FLOAT[x.dtype] then raise('set_diversity: x must be a float tensor to differentiate') end

@@ -2,7 +2,7 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local FLOAT = require('gpush.core.dtype').FLOAT
 local common = require 'gpush.core.ops.common'
 local floatc, like_dt, norm_w, norm_outs = common.floatc, common.like, common.norm_w, common.norm_outs
@@ -65,7 +65,7 @@ end
 gp.doc(gp.bias_gelu, 'gp.bias_gelu(x, b)', 'gelu(x + b) (erf form), b of size x:size(-1) broadcast over rows')
 
 -- add_rms_norm: h = x + res (returned as res_out), out = rms_norm(h) * w
-A.def_function('add_rms_norm', function(g, a, o)
+autograd.def_function('add_rms_norm', function(g, a, o)
   local w = a[3]
   local h = o[2]
   local dh, rw = g[2], nil
@@ -80,7 +80,7 @@ A.def_function('add_rms_norm', function(g, a, o)
   return dh, dh, rw
 end, {nout = 2})
 
-A.def_function('swiglu', function(g, a)
+autograd.def_function('swiglu', function(g, a)
   local gate = floatc(a[1])
   local up = like_dt(a[2], gate)
   local dgate = empty(gate.shape, gate.dtype, gate.device, 'swiglu')
@@ -90,7 +90,7 @@ A.def_function('swiglu', function(g, a)
 end)
 
 -- bias_gelu: out = gelu(x + b); db sums the pre-activation gradient over rows
-A.def_function('bias_gelu', function(g, a)
+autograd.def_function('bias_gelu', function(g, a)
   local x = floatc(a[1])
   local D = x:size(-1)
   local pre = x + like_dt(a[2], x)

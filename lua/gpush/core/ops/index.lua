@@ -5,7 +5,7 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local raise = rt.raise
 local like = require('gpush.core.ops.common').like
 local Tensor, is_tensor, empty, shape_str, dim0 = tensor.Tensor, tensor.is_tensor, tensor.empty, tensor.shape_str, tensor.dim0
@@ -121,17 +121,17 @@ doc(Tensor.scatter_add_, 'x:scatter_add_(dim, idx, src)', 'scatter_add in place'
 ---------------------------------------------------------------------------
 -- index ops
 
-A.def_function('embedding', function(g, a)
+autograd.def_function('embedding', function(g, a)
   local w = a[1]
   return gp.embedding_backward(like(g[1], w), a[2], w:size(1))
 end)
 
-A.def_method('gather', function(g, a)
+autograd.def_method('gather', function(g, a)
   local x, d, idx = a[1], a[2], a[3]
   return gp.zeros_like(x):scatter_add(d, idx, g[1])
 end)
 
-A.def_method('index_select', function(g, a)
+autograd.def_method('index_select', function(g, a)
   local x, d, idx = a[1], a[2], a[3]
   local d0 = tensor.dim0(x, d, 'index_select') + 1
   local vs = {}
@@ -141,9 +141,9 @@ A.def_method('index_select', function(g, a)
   return gp.zeros_like(x):scatter_add(d, idx:reshape(vs):expand(gi.shape), gi)
 end)
 
-A.def_method('scatter_add', function(g, a)
+autograd.def_method('scatter_add', function(g, a)
   local d, idx, src = a[2], a[3], a[4]
-  return g[1], nil, nil, is_tensor(src) and A.needs(src) and g[1]:gather(d, idx) or nil
+  return g[1], nil, nil, is_tensor(src) and autograd.needs(src) and g[1]:gather(d, idx) or nil
 end)
 
 return gp

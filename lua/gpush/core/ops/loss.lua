@@ -2,7 +2,7 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local raise = rt.raise
 local is_tensor, empty, shape_str = tensor.is_tensor, tensor.empty, tensor.shape_str
 local doc = gp.doc
@@ -62,7 +62,7 @@ doc(gp.cross_entropy, "gp.cross_entropy(logits, targets, {ignore_index=-100, red
 -- saved: dlogits, and for 'mean' without grad=true the count of rows the
 -- mean is over (dlogits then unscaled): one pass of dl * (upstream / count)
 -- over the (N, V) logits instead of a divide in forward and a multiply here
-A.def_function('cross_entropy', function(g, a, o, saved)
+autograd.def_function('cross_entropy', function(g, a, o, saved)
   local opts = type(a[3]) == 'table' and a[3] or {}
   local dl, cnt = saved[1], saved[2]
   local gl = g[1]

@@ -8,7 +8,7 @@ local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local graph = require 'gpush.core.graph'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local common = require 'gpush.core.ops.common'
 local C, raise = rt.C, rt.raise
 local like, grad_buffer = common.like, common.grad_buffer
@@ -259,11 +259,11 @@ local function bias_grad(g)
   return g:reshape {g:numel() / math.max(N, 1), N}:sum(1)
 end
 
-A.def_method('matmul', function(g, a)
-  return mm_grads(g[1], a[1], a[2], 1, A.needs(a[1]), A.needs(a[2]))
+autograd.def_method('matmul', function(g, a)
+  return mm_grads(g[1], a[1], a[2], 1, autograd.needs(a[1]), autograd.needs(a[2]))
 end)
 
-A.def_function('matmul', function(g, a, out)
+autograd.def_function('matmul', function(g, a, out)
   local x, y, o = a[1], a[2], a[3] or {}
   local gy = g[1]
   if o.act then -- recompute the pre-activation (the forward kept only gelu's output)
@@ -274,11 +274,11 @@ A.def_function('matmul', function(g, a, out)
   end
   local Aop = o.trans_a and x:transpose(-1, -2) or x
   local Bop = o.trans_b and y:transpose(-1, -2) or y
-  local dA, dB = mm_grads(gy, Aop, Bop, o.alpha or 1, A.needs(x), A.needs(y))
+  local dA, dB = mm_grads(gy, Aop, Bop, o.alpha or 1, autograd.needs(x), autograd.needs(y))
   if dA and o.trans_a then dA = dA:transpose(-1, -2) end
   if dB and o.trans_b then dB = dB:transpose(-1, -2) end
   local db
-  if o.bias and A.needs(o.bias) then db = bias_grad(gy) end
+  if o.bias and autograd.needs(o.bias) then db = bias_grad(gy) end
   if db then return dA, dB, {bias = db} end
   return dA, dB
 end, {check = function(_, _, o)
@@ -304,7 +304,7 @@ end
 -- out), x2 (rows, in): g2^T x2 accumulated into w.grad by the GEMM (nil
 -- returned) where there is one to accumulate into, else returned
 local function weight_grad(w, g2, x2)
-  if not A.needs(w) then return nil end
+  if not autograd.needs(w) then return nil end
   local gw = x2.dtype == g2.dtype and grad_buffer(w, g2.dtype, g2.device)
   if gw then gp.matmul(g2:t(), x2, {out = gw, beta = 1}); return nil end
   return g2:t():matmul(x2)
@@ -312,7 +312,7 @@ end
 
 -- the gradient of a bias b (out) from g2 (rows, out), the same way
 local function bias_grad_into(b, g2)
-  if not (b and A.needs(b)) then return nil end
+  if not (b and autograd.needs(b)) then return nil end
   local gb = grad_buffer(b, g2.dtype, g2.device)
   local ones = gb and ones_col(g2:size(1), g2.dtype, g2.device)
   if ones then -- db += g2^T 1: one GEMV instead of a column sum and an add
@@ -323,13 +323,13 @@ local function bias_grad_into(b, g2)
 end
 
 -- gp.linear(x, w, b): x (..., in) @ w^T + b, w (out, in)
-A.def_function('linear', function(g, a)
+autograd.def_function('linear', function(g, a)
   local x, w, b = a[1], a[2], a[3]
   local O, I = w:size(1), w:size(2)
   local rows = x:numel() / math.max(I, 1)
   local g2 = g[1]:reshape {rows, O}
   local dx
-  if A.needs(x) then dx = g2:matmul(w):reshape(x.shape) end
+  if autograd.needs(x) then dx = g2:matmul(w):reshape(x.shape) end
   return dx, weight_grad(w, g2, x:reshape {rows, I}), bias_grad_into(b, g2)
 end)
 
@@ -337,17 +337,17 @@ end)
 -- The forward saves h (rows, hidden) and the pre-activation pre (the GEMM's
 -- GELU_AUX_BIAS epilogue); backward: dw2 = g^T h, db2, dpre = (g w2) *
 -- gelu_tanh'(pre) in one GEMM (DGELU epilogue), dw1 = dpre^T x, db1, dx = dpre w1.
-A.def_function('linear_gelu_linear', function(g, a, _, saved)
+autograd.def_function('linear_gelu_linear', function(g, a, _, saved)
   local x, w1, b1, w2, b2 = a[1], a[2], a[3], a[4], a[5]
   local D, H, D2 = w1:size(2), w1:size(1), w2:size(1)
   local rows = x:numel() / math.max(D, 1)
   local g2 = tensor.to_dtype(g[1], x.dtype):reshape {rows, D2}
   local dw2, db2 = weight_grad(w2, g2, saved.h), bias_grad_into(b2, g2)
   local dx, dw1, db1
-  if A.needs(x) or A.needs(w1) or A.needs(b1) then
+  if autograd.needs(x) or autograd.needs(w1) or autograd.needs(b1) then
     local dpre = empty({rows, H}, x.dtype, x.device, 'linear_gelu_linear')
     K.matmul_dgelu(dpre, g2, w2, saved.aux)
-    if A.needs(x) then dx = dpre:matmul(w1):reshape(x.shape) end
+    if autograd.needs(x) then dx = dpre:matmul(w1):reshape(x.shape) end
     dw1, db1 = weight_grad(w1, dpre, x:reshape {rows, D}), bias_grad_into(b1, dpre)
   end
   return dx, dw1, db1, dw2, db2

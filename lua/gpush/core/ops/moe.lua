@@ -14,7 +14,7 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local FLOAT = require('gpush.core.dtype').FLOAT
 local raise, empty, is_tensor, shape_str = rt.raise, tensor.empty, tensor.is_tensor, tensor.shape_str
 local K = tensor.K
@@ -72,7 +72,7 @@ end
 doc(gp.moe_router, 'gp.moe_router(logits, k, {renorm=(k > 1)})',
   'logits (N, E) -> weights (N, k), expert ids (N, k) i32, probs (N, E): softmax in f32 (f64 for f64 logits), the k largest logits (ties: lower index), weights renormalized to sum 1 when renorm; differentiable in logits through weights and probs')
 
-A.def_function('moe_router', function(g, a, o)
+autograd.def_function('moe_router', function(g, a, o)
   local probs, ids = o[3], o[2]
   local N, E, k = probs:size(1), probs:size(2), ids:size(2)
   local dw = g[1] and as(g[1], probs.dtype) or gp.zeros({N, k}, {dtype = probs.dtype, device = probs.device})
@@ -140,7 +140,7 @@ end
 doc(gp.moe_gather, 'gp.moe_gather(x, src, dest)',
   'x (N, C) -> (S, C): row s is x[src[s] // k] (k = dest:size(2)), zero where src[s] = -1; differentiable in x (the backward sums each token\'s k slots)')
 
-A.def_function('moe_gather', function(g, a)
+autograd.def_function('moe_gather', function(g, a)
   local x, dest = a[1], a[3]
   local N, k = x:size(1), dest:size(2)
   local dx = empty(x.shape, x.dtype, x.device, 'moe_gather')
@@ -167,15 +167,15 @@ end
 doc(gp.moe_combine, 'gp.moe_combine(ys, w, dest, src)',
   'ys (S, C) -> (N, C): out[n] = sum_j w[n,j] * ys[dest[n,j]] (dropped assignments left out); differentiable in ys and w (src is used by the backward)')
 
-A.def_function('moe_combine', function(g, a)
+autograd.def_function('moe_combine', function(g, a)
   local ys, w, dest, src = a[1], a[2], a[3], a[4]
   local dout = as(g[1], ys.dtype)
   local dys, dw
-  if A.needs(ys) then
+  if autograd.needs(ys) then
     dys = empty(ys.shape, ys.dtype, ys.device, 'moe_combine')
     K.moe_gather(dys, dout, as(src, 'i32'), as(w, ys.dtype))
   end
-  if A.needs(w) then
+  if autograd.needs(w) then
     dw = empty(w.shape, ys.dtype, ys.device, 'moe_combine')
     K.moe_combine_dw(dw, dout, ys:contiguous(), as(dest, 'i32'))
   end

@@ -2,7 +2,7 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local raise = rt.raise
 local Tensor, is_tensor, empty, shape_str = tensor.Tensor, tensor.is_tensor, tensor.empty, tensor.shape_str
 local doc = gp.doc
@@ -38,7 +38,7 @@ Tensor.multinomial = gp.multinomial
 ---------------------------------------------------------------------------
 -- dropout: out = x * mask / (1 - p)
 
-A.def_function('dropout', function(g, a, o)
+autograd.def_function('dropout', function(g, a, o)
   local p = a[2] or 0.5
   if p >= 1 then return gp.zeros_like(a[1]) end
   return g[1] * o[2] * (1 / (1 - p))

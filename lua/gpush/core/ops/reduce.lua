@@ -7,7 +7,7 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local FLOAT = require('gpush.core.dtype').FLOAT
 local raise, empty, Tensor, is_tensor = rt.raise, tensor.empty, tensor.Tensor, tensor.is_tensor
 local K = tensor.K
@@ -156,11 +156,11 @@ local function unreduce(g, x, d, keepdim)
 end
 local function count(x, d) return d == nil and x:numel() or x:size(d) end
 
-A.def_method('sum', function(g, a)
+autograd.def_method('sum', function(g, a)
   local d, o = red_args(a)
   return unreduce(g[1], a[1], d, o.keepdim)
 end)
-A.def_method('mean', function(g, a)
+autograd.def_method('mean', function(g, a)
   local d, o = red_args(a)
   return unreduce(g[1] / count(a[1], d), a[1], d, o.keepdim)
 end)
@@ -180,10 +180,10 @@ local function extremum(arg)
     return z:scatter_add(d, idx, gv)
   end
 end
-A.def_method('max', extremum('argmax'))
-A.def_method('min', extremum('argmin'))
+autograd.def_method('max', extremum('argmax'))
+autograd.def_method('min', extremum('argmin'))
 
-A.def_method('var', function(g, a)
+autograd.def_method('var', function(g, a)
   local x = a[1]
   local d, o = red_args(a)
   local corr = o.correction
@@ -193,7 +193,7 @@ A.def_method('var', function(g, a)
 end)
 -- t:std is t:var(...):sqrt(), differentiated through both
 
-A.def_method('norm', function(g, a, out)
+autograd.def_method('norm', function(g, a, out)
   local x, p, d, o = a[1], a[2], a[3], a[4]
   if type(p) == 'table' then p, d, o = nil, nil, p end
   if type(d) == 'table' and not is_tensor(d) then d, o = nil, d end
@@ -218,7 +218,7 @@ A.def_method('norm', function(g, a, out)
 end)
 
 -- cumsum's adjoint: the reversed running sum (flip, cumsum, flip)
-A.def_method('cumsum', function(g, a)
+autograd.def_method('cumsum', function(g, a)
   local x, d = a[1], a[2]
   local gg, dd = g[1], d or 1
   local n = gg:size(dd)

@@ -4,10 +4,10 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local common = require 'gpush.core.ops.common'
 local floatc, like, param, norm_w, norm_outs = common.floatc, common.like, common.norm_param, common.norm_w, common.norm_outs
-local raise, empty, Tensor, shape_str = rt.raise, tensor.empty, tensor.Tensor, tensor.shape_str
+local raise, empty, Tensor = rt.raise, tensor.empty, tensor.Tensor
 local K = tensor.K
 
 local function need(x, op, name)
@@ -82,15 +82,15 @@ local function rows_backward(kname)
     return dx
   end
 end
-A.def_method('softmax', rows_backward('softmax_backward'))
-A.def_method('log_softmax', rows_backward('log_softmax_backward'))
+autograd.def_method('softmax', rows_backward('softmax_backward'))
+autograd.def_method('log_softmax', rows_backward('log_softmax_backward'))
 
 ---------------------------------------------------------------------------
 -- norms: the forward returns out and its saved statistics; only out is
 -- differentiable (the statistics come back detached) and the rule reads the
 -- statistics from the node
 
-A.def_function('layer_norm', function(g, a, o)
+autograd.def_function('layer_norm', function(g, a, o)
   local x, w, b = floatc(a[1]), a[2], a[3]
   local D = x:size(-1)
   local dx = empty(x.shape, x.dtype, x.device, 'layer_norm')
@@ -99,7 +99,7 @@ A.def_function('layer_norm', function(g, a, o)
   return dx, rw, rb
 end, {nout = 1})
 
-A.def_function('rms_norm', function(g, a, o)
+autograd.def_function('rms_norm', function(g, a, o)
   local x, w = floatc(a[1]), a[2]
   local D = x:size(-1)
   local dx = empty(x.shape, x.dtype, x.device, 'rms_norm')

@@ -2,7 +2,7 @@
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
-local A = require 'gpush.core.autograd'
+local autograd = require 'gpush.core.autograd'
 local FLOAT = require('gpush.core.dtype').FLOAT
 local raise, empty, shape_str, is_tensor = rt.raise, tensor.empty, tensor.shape_str, tensor.is_tensor
 local K = tensor.K
@@ -38,7 +38,7 @@ gp.doc(gp.titans_coef, 'gp.titans_coef(eta, alpha)',
   'row (a chunk of L tokens) of eta, alpha (N, L): returns w, c (N, L) and p (N, 3) with S_L = p[1] S_0 + ' ..
   'sum_s w_s u_s and M_L = p[2] M_0 + p[3] S_0 + sum_s c_s u_s; differentiable')
 
-A.def_function('titans_coef', function(g, a, o)
+autograd.def_function('titans_coef', function(g, a, o)
   local e, al = prepare(a[1], a[2])
   local function grad(x, like) return x and tensor.to_dtype(x, e.dtype):contiguous() or gp.zeros_like(like) end
   local dw, dc, dp = grad(g[1], o[1]), grad(g[2], o[2]), grad(g[3], o[3])
