@@ -49,7 +49,7 @@ OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
 endif
 TEST_SRC := $(wildcard tests/c/*.c)
 
-.PHONY: all deps test check lint run bench clean
+.PHONY: all deps test check lint docs run bench clean
 all: $(BUILD)/gpush $(BUILD)/test_c
 
 $(BUILD)/obj/%.o: %.c
@@ -108,6 +108,11 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory lint
 	$(Q)$(MAKE) --no-print-directory check
+
+# docs/api.md from the gp.doc records and the kernel registry (a test fails when it is stale)
+docs: $(BUILD)/gpush
+	$(Q)mkdir -p docs && $(BUILD)/gpush -e "io.write(require('gpush.tools.apidoc').markdown())" > docs/api.md.tmp && mv docs/api.md.tmp docs/api.md
+	@echo "  DOCS  docs/api.md"
 
 # luacheck (.luacheckrc) over the Lua library, scripts, examples and tests
 lint:

@@ -121,7 +121,7 @@ function M.parse(argv, spec, opts)
   return o
 end
 
-doc(M.parse, "M.parse(arg, {{'iters', 1000, 'help'}, ...}, {usage=})", 'script flags: --name value, --name=value, --flag, --no-flag, --help')
-doc(M.help, 'M.help(spec, {usage=, description=})', 'the --help text of a flag spec')
+doc(M.parse, "gp.args.parse(arg, {{'iters', 1000, 'help'}, ...}, {usage=})", 'script flags: --name value, --name=value, --flag, --no-flag, --help')
+doc(M.help, 'gp.args.help(spec, {usage=, description=})', 'the --help text of a flag spec')
 
 return M

@@ -245,13 +245,13 @@ end
 doc(M.Text.batch, "ds:batch('train'|'val', B, T)", 'x, y: (B, T) i64 on the device from random starts (y = x shifted by one); no host sync')
 doc(M.Text.encode, 'ds:encode(s)', 'a string -> a list of 0-based ids')
 doc(M.Text.decode, 'ds:decode(ids)', 'a list or tensor of ids -> a string')
-doc(M.read_file, 'M.read_file(path)', 'the bytes of a file as a string')
-doc(M.write_jsonl, 'M.write_jsonl(path, list)', 'write a list of values, one JSON line each')
-doc(M.text, "M.text{path=FILE | text=STRING, vocab='present'|'bytes', val_fraction=0.1}",
+doc(M.read_file, 'gp.data.read_file(path)', 'the bytes of a file as a string')
+doc(M.write_jsonl, 'gp.data.write_jsonl(path, list)', 'write a list of values, one JSON line each')
+doc(M.text, "gp.data.text{path=FILE | text=STRING, vocab='present'|'bytes', val_fraction=0.1}",
   'a byte-level dataset: vocab_size, encode, decode, batch(split, B, T) -> x, y (i64 on the device), unigram_entropy')
-doc(M.facts_text, 'M.facts_text{entities=1000, bytes=400000, seed=1}',
+doc(M.facts_text, 'gp.data.facts_text{entities=1000, bytes=400000, seed=1}',
   'a synthetic encyclopedia: fixed facts about invented creatures in seeded sentences (a capacity test; moe.lua\'s default data)')
-doc(M.jsonl, 'M.jsonl(path)', 'the values of a JSONL file as a list (a bad line is an error naming its line number)')
-doc(M.jsonl_lines, 'M.jsonl_lines(path)', 'iterator over lineno, value of a JSONL file')
+doc(M.jsonl, 'gp.data.jsonl(path)', 'the values of a JSONL file as a list (a bad line is an error naming its line number)')
+doc(M.jsonl_lines, 'gp.data.jsonl_lines(path)', 'iterator over lineno, value of a JSONL file')
 
 return M

@@ -146,9 +146,9 @@ function Logger:finish()
   io.stdout:flush()
 end
 
-doc(M.now, 'M.now()', 'seconds on the host monotonic clock')
-doc(M.isatty, 'M.isatty(fd)', 'true when the file descriptor (1: stdout) is a terminal')
-doc(M.logger, 'M.logger{steps=, every=10, tokens_per_step=, file=}',
+doc(M.now, 'gp.train.now()', 'seconds on the host monotonic clock')
+doc(M.isatty, 'gp.train.isatty(fd)', 'true when the file descriptor (1: stdout) is a terminal')
+doc(M.logger, 'gp.train.logger{steps=, every=10, tokens_per_step=, file=}',
   'progress lines (\\r on a terminal) and a JSONL log; log:step(step, loss, lr) reads the loss only every `every` steps')
 
 return M

@@ -556,15 +556,15 @@ function M.mixed_precision(model, opts)
   return model
 end
 
-doc(M.AdamW, 'M.AdamW(params, {lr=3e-4, betas={0.9,0.95}, eps=1e-8, weight_decay=0.1, master_weights=true})',
+doc(M.AdamW, 'gp.optim.AdamW(params, {lr=3e-4, betas={0.9,0.95}, eps=1e-8, weight_decay=0.1, master_weights=true})',
   'AdamW over multi-tensor lists (one launch per group and grad dtype); weight decay only on params of dim >= 2; f32 master copies of bf16 params')
-doc(M.SGD, 'M.SGD(params, {lr=0.01, momentum=0, nesterov=false, weight_decay=0})', 'SGD with momentum over multi-tensor lists')
-doc(M.clip_grad_norm, 'M.clip_grad_norm(opt_or_params, max_norm)',
+doc(M.SGD, 'gp.optim.SGD(params, {lr=0.01, momentum=0, nesterov=false, weight_decay=0})', 'SGD with momentum over multi-tensor lists')
+doc(M.clip_grad_norm, 'gp.optim.clip_grad_norm(opt_or_params, max_norm)',
   'the global grad norm as a 0-dim device tensor; the clip factor is computed on the device and scales the next opt:step() (no host sync)')
-doc(M.mixed_precision, "M.mixed_precision(model, {dtype='bf16'})", "the model's f32 parameters become bf16 in place (make the optimizer afterwards: it keeps f32 masters)")
-doc(M.schedule.cosine, 'M.schedule.cosine{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then cosine decay to min_lr')
-doc(M.schedule.linear, 'M.schedule.linear{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then linear decay to min_lr')
-doc(M.schedule.warmup, 'M.schedule.warmup{lr=, warmup=}', 'step -> lr: linear warmup, then constant')
+doc(M.mixed_precision, "gp.optim.mixed_precision(model, {dtype='bf16'})", "the model's f32 parameters become bf16 in place (make the optimizer afterwards: it keeps f32 masters)")
+doc(M.schedule.cosine, 'gp.optim.schedule.cosine{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then cosine decay to min_lr')
+doc(M.schedule.linear, 'gp.optim.schedule.linear{lr=, max_steps=, warmup=0, min_lr=0}', 'step -> lr: linear warmup, then linear decay to min_lr')
+doc(M.schedule.warmup, 'gp.optim.schedule.warmup{lr=, warmup=}', 'step -> lr: linear warmup, then constant')
 do
   local O = M.Optimizer
   doc(O.step, 'opt:step()', 'one optimizer step: one multi-tensor launch per bucket (group, decay, grad dtype, param dtype; it also writes bf16/f16 params from their f32 masters); uses the clip factor of clip_grad_norm')
