@@ -239,6 +239,18 @@ int gp_matmul_option(const char *name, int value, int *old);
  * timed with CUDA events. Contiguous 2-D or 3-D tensors on the GPU. */
 int gp_bench_cublas_gemm(double *ms, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, int iters);
 
+/* ---- attention: what the kernels take (kernels/attention.c) ----
+ * kind "fwd", "bwd" or "decode" (gp_k_attn_fwd, _bwd, _decode): 1 when that
+ * kernel takes q of this dtype and head dim (seq_k, the number of keys, does
+ * not limit them). kind "flash": 1 when flash attention is the better path
+ * for nn.attention at this head dim and key count (head dim 32 has no
+ * tensor-core kernel, so its launches pay only up to 512 keys). 0 for an
+ * unknown kind or a dtype that is not a float. */
+int gp_attention_supported(const char *kind, int dtype, int head_dim, int64_t seq_k);
+/* kind's head dims for messages, "32, 64, 128" ("flash": "32 (up to 512 keys), 64, 128"),
+ * into buf (n bytes, truncated); returns buf ("" for an unknown kind) */
+const char *gp_attention_head_dims(char *buf, int n, const char *kind);
+
 /* ---- several processes (src/dist.c, src/launch.c): gp.dist ----
  * NCCL is loaded at run time (dlopen), never linked. Collectives dispatch on
  * the tensor's device: cuda tensors through NCCL, queued on `stream` (NULL:
