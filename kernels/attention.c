@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "common.h"
+#include "gp_hd.h"
 
 #ifdef __cplusplus
 extern "C" {

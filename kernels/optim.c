@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "common.h"
+#include "gp_hd.h"
 #include "optim.h"
 
 static double gscale_of(const gp_tensor *gs) { return gs ? gp_load(gp_ptr(gs), gs->dtype, 0) : 1.0; }

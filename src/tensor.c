@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../kernels/common.h"
+#include "internal.h"
 
 /* ---- tensors ---- */
 
