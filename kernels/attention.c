@@ -1,10 +1,11 @@
 /* attention.c: checks, dispatch and the CPU references of flash attention
  * (plain attention accumulated in double; q, k, v, out, dout, dq, dk, dv at any
  * strides on B, H and T) and of decode attention. */
-#include <string.h>
 #include <math.h>
+#include <stdio.h>
+#include <string.h>
 
-#include "common.h"
+#include "gp_hd.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -20,13 +21,59 @@ int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kca
 }
 #endif
 
-/* head dim, scale and mask scalars: the checks every attention kernel shares */
-static int attn_args(const char *op, const gp_tensor *q, int64_t D, double *scale, double window, double n_global,
-                     int64_t *win, int64_t *ng) {
-  const int d32 = strcmp(op, "attn_decode") != 0; /* fwd and bwd also take head dim 32 */
-  if (D != 64 && D != 128 && !(d32 && D == 32))
-    return gp_error("%s: head dim %lld is not supported (supported: %s64, 128); q is %s", op, (long long)D,
-                    d32 ? "32, " : "", GP_SHAPE(q));
+/* The head dims each kind takes, the one place they are written (the CUDA
+ * dispatch in attention.cu has an implementation for each; the CPU
+ * references hold rows of at most ATTN_MAX_D). max_s: the most keys (0: no
+ * limit). */
+enum { ATTN_MAX_D = 128 };
+typedef struct {
+  int dim;
+  int64_t max_s;
+} attn_dim;
+static const struct {
+  const char *kind;
+  attn_dim dims[4]; /* ends at dim 0 */
+} ATTN_DIMS[] = {
+    {"fwd", {{32, 0}, {64, 0}, {128, 0}}},
+    {"bwd", {{32, 0}, {64, 0}, {128, 0}}},
+    {"decode", {{64, 0}, {128, 0}}},
+    {"flash", {{32, 512}, {64, 0}, {128, 0}}},
+};
+
+static const attn_dim *attn_dims(const char *kind) {
+  for (size_t i = 0; kind && i < sizeof ATTN_DIMS / sizeof ATTN_DIMS[0]; i++)
+    if (!strcmp(kind, ATTN_DIMS[i].kind)) return ATTN_DIMS[i].dims;
+  return NULL;
+}
+
+int gp_attention_supported(const char *kind, int dtype, int head_dim, int64_t seq_k) {
+  const attn_dim *d = attn_dims(kind);
+  if (!d || !gp_is_float(dtype)) return 0;
+  for (; d->dim; d++)
+    if (d->dim == head_dim) return d->max_s == 0 || seq_k <= d->max_s;
+  return 0;
+}
+
+const char *gp_attention_head_dims(char *buf, int n, const char *kind) {
+  const attn_dim *d = attn_dims(kind);
+  if (!buf || n <= 0) return buf;
+  buf[0] = 0;
+  for (int k = 0; d && d->dim && k < n; d++) {
+    k += snprintf(buf + k, (size_t)(n - k), "%s%d", k ? ", " : "", d->dim);
+    if (d->max_s && k < n) k += snprintf(buf + k, (size_t)(n - k), " (up to %lld keys)", (long long)d->max_s);
+  }
+  return buf;
+}
+
+/* head dim, scale and mask scalars: the checks every attention kernel shares
+ * (kind: "fwd", "bwd" or "decode") */
+static int attn_args(const char *op, const char *kind, const gp_tensor *q, int64_t D, double *scale, double window,
+                     double n_global, int64_t *win, int64_t *ng) {
+  if (D > INT32_MAX || !gp_attention_supported(kind, q->dtype, (int)D, 0)) {
+    char dims[64];
+    return gp_error("%s: head dim %lld is not supported (supported: %s); q is %s", op, (long long)D,
+                    gp_attention_head_dims(dims, sizeof dims, kind), GP_SHAPE(q));
+  }
   if (!(*scale == *scale) || isinf(*scale)) return gp_error("%s: scale must be finite, got %g", op, *scale);
   if (*scale == 0) *scale = 1.0 / sqrt((double)D);
   if (window != floor(window) || window < 0 || window > 9e15)
@@ -70,7 +117,7 @@ int gp_k_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_t
                   double scale, double window, double n_global, double causal) {
   GP_CHECK(attn_fwd, out, lse, q, k, v);
   int64_t D = q->shape[3], win, ng;
-  GP_TRY(attn_args("attn_fwd", q, D, &scale, window, n_global, &win, &ng));
+  GP_TRY(attn_args("attn_fwd", "fwd", q, D, &scale, window, n_global, &win, &ng));
   int cz = causal != 0;
   GP_TRY(attn_seq("attn_fwd", q, k, win, cz));
   GP_CUDA_DISPATCH(out, gp_cuda_attn_fwd(out, lse, q, k, v, scale, win, ng, cz));
@@ -79,7 +126,7 @@ int gp_k_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_t
   const void *pq = gp_ptr(q), *pk = gp_ptr(k), *pv = gp_ptr(v);
   void *po = gp_ptr(out);
   float *pl = gp_ptr(lse);
-  double acc[128];
+  double acc[ATTN_MAX_D];
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
       for (int64_t i = 0; i < T; i++) {
@@ -110,7 +157,7 @@ int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *
                   double window, double n_global, double causal) {
   GP_CHECK(attn_bwd, dq, dk, dv, q, k, v, out, lse, dout);
   int64_t D = q->shape[3], win, ng;
-  GP_TRY(attn_args("attn_bwd", q, D, &scale, window, n_global, &win, &ng));
+  GP_TRY(attn_args("attn_bwd", "bwd", q, D, &scale, window, n_global, &win, &ng));
   int cz = causal != 0;
   GP_TRY(attn_seq("attn_bwd", q, k, win, cz));
   GP_CUDA_DISPATCH(dq, gp_cuda_attn_bwd(dq, dk, dv, q, k, v, out, lse, dout, scale, win, ng, cz));
@@ -118,7 +165,7 @@ int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *
   int dt = q->dtype;
   const void *pq = gp_ptr(q), *pk = gp_ptr(k), *pv = gp_ptr(v), *po = gp_ptr(out), *pg = gp_ptr(dout);
   const float *pl = gp_ptr(lse);
-  double a[128];
+  double a[ATTN_MAX_D];
   /* P = exp(s - lse), dP = dout . v, dS = P (dP - sum(dout * out)) */
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
@@ -141,7 +188,7 @@ int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *
       /* dk and dv: key by key */
       for (int64_t j = 0; j < S; j++) {
         int64_t kj = row_at(k, b, h, j), vj = row_at(v, b, h, j);
-        double c[128];
+        double c[ATTN_MAX_D];
         for (int64_t d = 0; d < D; d++) a[d] = c[d] = 0;
         for (int64_t i = 0; i < T; i++) {
           int64_t p = i + S - T, qi = row_at(q, b, h, i), gi = row_at(dout, b, h, i);
@@ -167,7 +214,7 @@ int gp_k_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache
                      const gp_tensor *lens, double scale, double window, double n_global) {
   GP_CHECK(attn_decode, out, q, kcache, vcache, lens);
   int64_t D = q->shape[2], win, ng;
-  GP_TRY(attn_args("attn_decode", q, D, &scale, window, n_global, &win, &ng));
+  GP_TRY(attn_args("attn_decode", "decode", q, D, &scale, window, n_global, &win, &ng));
   GP_CUDA_DISPATCH(out, gp_cuda_attn_decode(out, q, kcache, vcache, lens, scale, win, ng));
   int64_t B = q->shape[0], H = q->shape[1], C = kcache->shape[2];
   int dt = q->dtype;
@@ -178,7 +225,7 @@ int gp_k_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache
       return gp_error("attn_decode: lens[%lld] = %lld is outside [0, %lld] (kcache %s)", (long long)b, (long long)n,
                       (long long)C, GP_SHAPE(kcache));
   }
-  double acc[128];
+  double acc[ATTN_MAX_D];
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++) {
       int64_t n = gp_load_i64(pn, lens->dtype, b), p = n - 1, qi = (b * H + h) * D, base = (b * H + h) * C;

@@ -1,5 +1,5 @@
 /* copy.c: strided copy with broadcast and cast, and fill. */
-#include "common.h"
+#include "gp_hd.h"
 
 #ifdef __cplusplus
 extern "C" {

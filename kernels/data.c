@@ -3,7 +3,7 @@
  * that no flag has to be read back (a training step never waits for it). */
 #include <string.h>
 
-#include "common.h"
+#include "gp_hd.h"
 
 #ifdef __cplusplus
 extern "C" {

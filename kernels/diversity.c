@@ -6,7 +6,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "common.h"
+#include "gp_hd.h"
 #include "diversity.h"
 
 /* u (N x D, doubles) = rows of x over max(norm, eps); nrm[i] = the norm */

@@ -2,7 +2,6 @@
  * Floats are computed in double, integers in int64 (wrapping, x / 0 = 0). */
 #include <math.h>
 
-#include "common.h"
 #include "elementwise.h"
 
 static double un_d(int op, double v) {
@@ -36,34 +35,6 @@ static double bin_d(int op, double a, double b) {
     case B_SUB_R: return b - a;
     case B_DIV_R: return b / a;
     default: return pow(b, a);
-  }
-}
-
-static int64_t ipow(int64_t a, int64_t e) {
-  if (e < 0) return a == 1 ? 1 : a == -1 ? (e & 1 ? -1 : 1) : 0;
-  uint64_t r = 1, x = (uint64_t)a;
-  while (e) {
-    if (e & 1) r *= x;
-    x *= x;
-    e >>= 1;
-  }
-  return (int64_t)r;
-}
-
-static int64_t idiv(int64_t a, int64_t b) { return b == 0 ? 0 : b == -1 ? (int64_t)(0 - (uint64_t)a) : a / b; }
-
-static int64_t bin_i(int op, int64_t a, int64_t b) {
-  switch (op) {
-    case B_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
-    case B_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
-    case B_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
-    case B_DIV: return idiv(a, b);
-    case B_POW: return ipow(a, b);
-    case B_MAX: return a > b ? a : b;
-    case B_MIN: return a < b ? a : b;
-    case B_SUB_R: return (int64_t)((uint64_t)b - (uint64_t)a);
-    case B_DIV_R: return idiv(b, a);
-    default: return ipow(b, a);
   }
 }
 
@@ -106,7 +77,7 @@ static int unary(const char *name, int op, gp_tensor *out, const gp_tensor *x) {
   if (gp_is_int(dt)) {
     FOR_LOOP(L, off, {
       int64_t v = gp_load_i64(px, dt, off[1]);
-      gp_store_i64(po, dt, off[0], op == U_NEG ? (int64_t)(0 - (uint64_t)v) : v < 0 ? (int64_t)(0 - (uint64_t)v) : v);
+      gp_store_i64(po, dt, off[0], gp_int_unary(op, v));
     });
   } else {
     FOR_LOOP(L, off, gp_store(po, dt, off[0], un_d(op, gp_load(px, dt, off[1]))));
@@ -155,7 +126,7 @@ static int binary(const char *name, int op, gp_tensor *out, const gp_tensor *a, 
     return GP_OK;
   }
   if (gp_is_int(dt)) {
-    FOR_LOOP(L, off, gp_store_i64(po, dt, off[0], bin_i(op, gp_load_i64(pa, dt, off[1]), pb ? gp_load_i64(pb, dt, off[2]) : si)));
+    FOR_LOOP(L, off, gp_store_i64(po, dt, off[0], gp_int_binary(op, gp_load_i64(pa, dt, off[1]), pb ? gp_load_i64(pb, dt, off[2]) : si)));
   } else {
     FOR_LOOP(L, off, gp_store(po, dt, off[0], bin_d(op, gp_load(pa, dt, off[1]), pb ? gp_load(pb, dt, off[2]) : s)));
   }

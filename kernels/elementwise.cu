@@ -24,10 +24,7 @@ __device__ __forceinline__ float un(int op, float v) {
     default: return cosf(v);
   }
 }
-__device__ __forceinline__ int64_t un(int op, int64_t v) {
-  uint64_t u = (uint64_t)v;
-  return op == U_NEG || v < 0 ? (int64_t)(0 - u) : v;
-}
+__device__ __forceinline__ int64_t un(int op, int64_t v) { return gp_int_unary(op, v); }
 
 __device__ __forceinline__ float bin(int op, float a, float b) {
   switch (op) {
@@ -43,33 +40,8 @@ __device__ __forceinline__ float bin(int op, float a, float b) {
     default: return powf(b, a);
   }
 }
-__device__ __forceinline__ int64_t ipow(int64_t a, int64_t e) {
-  if (e < 0) return a == 1 ? 1 : a == -1 ? ((e & 1) ? -1 : 1) : 0;
-  uint64_t r = 1, x = (uint64_t)a;
-  while (e) {
-    if (e & 1) r *= x;
-    x *= x;
-    e >>= 1;
-  }
-  return (int64_t)r;
-}
-__device__ __forceinline__ int64_t idiv(int64_t a, int64_t b) {
-  return b == 0 ? 0 : b == -1 ? (int64_t)(0 - (uint64_t)a) : a / b;
-}
-__device__ __forceinline__ int64_t bin(int op, int64_t a, int64_t b) {
-  switch (op) {
-    case B_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
-    case B_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
-    case B_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
-    case B_DIV: return idiv(a, b);
-    case B_POW: return ipow(a, b);
-    case B_MAX: return a > b ? a : b;
-    case B_MIN: return a < b ? a : b;
-    case B_SUB_R: return (int64_t)((uint64_t)b - (uint64_t)a);
-    case B_DIV_R: return idiv(b, a);
-    default: return ipow(b, a);
-  }
-}
+__device__ __forceinline__ int64_t bin(int op, int64_t a, int64_t b) { return gp_int_binary(op, a, b); }
+
 template <typename C> __device__ __forceinline__ uint8_t cmp(int op, C a, C b) {
   switch (op) {
     case C_EQ: return a == b;

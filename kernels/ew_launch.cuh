@@ -5,6 +5,7 @@
 #ifndef GP_EW_LAUNCH_CUH
 #define GP_EW_LAUNCH_CUH
 #include "../src/cuda_internal.h"
+#include "gp_hd.h"
 
 template <typename T, int V> struct alignas(sizeof(T) * V) gp_vec { T v[V]; };
 

@@ -1,7 +1,7 @@
 /* fused.c: dispatch and CPU reference of the fused ops, in double. */
 #include <math.h>
 
-#include "common.h"
+#include "gp_hd.h"
 #include "fused.h"
 #include "rows.h"
 

@@ -2,7 +2,7 @@
  * scatter_add. Every index is checked before any output is written. */
 #include <stdlib.h>
 
-#include "common.h"
+#include "gp_hd.h"
 
 #ifdef __cplusplus
 extern "C" {

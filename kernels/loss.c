@@ -2,7 +2,7 @@
  * reduction. Targets are checked before anything is written. */
 #include <math.h>
 
-#include "common.h"
+#include "gp_hd.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -3,7 +3,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "common.h"
+#include "gp_hd.h"
 #include "matmul.h"
 
 #ifdef __cplusplus

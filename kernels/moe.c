@@ -5,7 +5,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "common.h"
+#include "gp_hd.h"
 
 #ifdef __cplusplus
 extern "C" {

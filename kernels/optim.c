@@ -3,7 +3,7 @@
 #include <math.h>
 #include <stdlib.h>
 
-#include "common.h"
+#include "gp_hd.h"
 #include "optim.h"
 
 static double gscale_of(const gp_tensor *gs) { return gs ? gp_load(gp_ptr(gs), gs->dtype, 0) : 1.0; }
@@ -118,7 +118,7 @@ int gp_tlist_create(gp_tlist **out, int groups, int n, const gp_tensor *const *t
       if (!gp_is_contiguous(t)) { rc = gp_error("tlist: tensor %d of group %d is not contiguous", i + 1, g + 1); goto fail; }
       if (i == 0) l->dtype[g] = t->dtype;
       if (t->dtype != l->dtype[g]) { rc = gp_error("tlist: group %d mixes %s and %s", g + 1, gp_dtype_name(l->dtype[g]), gp_dtype_name(t->dtype)); goto fail; }
-      if (!gp_is_float(t->dtype) || t->dtype == GP_F64) { rc = gp_error("tlist: group %d is %s; f32, bf16 or f16 is needed", g + 1, gp_dtype_name(t->dtype)); goto fail; }
+      if (!gp_is_float(t->dtype) || gp_dtype_cpu_only(t->dtype)) { rc = gp_error("tlist: group %d is %s; f32, bf16 or f16 is needed", g + 1, gp_dtype_name(t->dtype)); goto fail; }
       if (g == 0) l->numel[i] = gp_numel(t);
       else if (gp_numel(t) != l->numel[i]) {
         char b1[96], b2[96];

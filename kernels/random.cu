@@ -1,5 +1,6 @@
 /* random.cu: Philox draws on the GPU; one thread per counter (4 elements). */
 #include "../src/cuda_internal.h"
+#include "gp_hd.h"
 
 enum { R_UNIFORM, R_NORMAL, R_INT };
 

@@ -2,7 +2,7 @@
  * of a contiguous (A, B, C) view, and cumsum along it. Computed in double. */
 #include <math.h>
 
-#include "common.h"
+#include "gp_hd.h"
 #include "reduce.h"
 
 static const char *RNAME[] = {"sum", "mean", "max", "min", "argmax", "argmin", "var", "norm"};

@@ -2,7 +2,7 @@
  * (softmax, log_softmax, LayerNorm, RMSNorm and their backward), in double. */
 #include <math.h>
 
-#include "common.h"
+#include "gp_hd.h"
 #include "rows.h"
 
 static int softmax_cpu(gp_tensor *out, const gp_tensor *x, int lg) {

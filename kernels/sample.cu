@@ -10,6 +10,7 @@
  * Every reduction is a fixed-order block reduction whose result is the same
  * in every thread, so the bisections stay uniform across the block and a
  * rerun gives the same bits. Semantics and the CPU reference: sample.c. */
+#include "gp_hd.h"
 #include "rows.cuh"
 
 __device__ __forceinline__ uint32_t fkey(float f) {

@@ -8,7 +8,7 @@
 
 #include <type_traits>
 
-#include "../kernels/common.h"
+#include "internal.h"
 
 cudaStream_t gp_cuda_stream(void);
 int gp_cuda_sm_count(void);

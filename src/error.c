@@ -34,11 +34,6 @@ int gp_error_oom(const char *fmt, ...) {
 const char *gp_last_error(void) { return g_err; }
 const char *gp_version(void) { return GP_VERSION; }
 
-const char *gp_dtype_name(int dt) {
-  static const char *names[] = {"f32", "bf16", "f16", "i32", "i64", "u8", "f64"};
-  return dt >= 0 && dt < GP_NDTYPES ? names[dt] : "?";
-}
-
 const char *gp_device_name(int d) { return d == GP_CUDA ? "cuda" : d == GP_CPU ? "cpu" : "?"; }
 
 const char *gp_shape_str(const gp_tensor *t, char *buf, size_t n) {

@@ -27,8 +27,23 @@ extern "C" {
 
 /* ---- FFI begin ---- */
 
-/* f64 lives on the CPU only: it is for gradient checks and references */
-enum { GP_F32 = 0, GP_BF16 = 1, GP_F16 = 2, GP_I32 = 3, GP_I64 = 4, GP_U8 = 5, GP_F64 = 6, GP_NDTYPES = 7 };
+/* Every dtype, once: X(ENUM, value, name, element size, is_float, is_int,
+ * cpu_only, the other accepted spellings separated by spaces). The enum below,
+ * the table that gp_dtype_get reads (src/dtype.c), gp_elsize, gp_is_float and
+ * gp_is_int all come from it; the Lua side builds its tables from
+ * gp_dtype_get. Values are the table's order (0, 1, ...). f64 lives on the CPU
+ * only: it is for gradient checks and references. bf16 is stored as uint16_t. */
+#define GP_DTYPES(X)                                  \
+  X(F32, 0, "f32", 4, 1, 0, 0, "float float32")       \
+  X(BF16, 1, "bf16", 2, 1, 0, 0, "bfloat16")          \
+  X(F16, 2, "f16", 2, 1, 0, 0, "half float16")        \
+  X(I32, 3, "i32", 4, 0, 1, 0, "int int32")           \
+  X(I64, 4, "i64", 8, 0, 1, 0, "long int64")          \
+  X(U8, 5, "u8", 1, 0, 1, 0, "bool uint8 byte")       \
+  X(F64, 6, "f64", 8, 1, 0, 1, "double float64")
+#define GP_DTYPE_ENUM_(E, value, ...) GP_##E = value,
+enum { GP_DTYPES(GP_DTYPE_ENUM_) GP_NDTYPES };
+#undef GP_DTYPE_ENUM_
 enum { GP_CPU = 0, GP_CUDA = 1 };
 enum { GP_OK = 0, GP_ERR = 1, GP_ERR_OOM = 2 };
 
@@ -74,6 +89,18 @@ int gp_cuda_available(void);      /* 1 when a CUDA device is usable */
 int gp_cuda_compiled(void);       /* 1 when built with the CUDA backend */
 int gp_runtime_info(char *buf, int n);  /* CUDA runtime, driver and GPU, one line */
 int gp_sync(void);
+
+/* ---- dtypes: the GP_DTYPES table, for the Lua side's dtype tables ---- */
+typedef struct gp_dtype_info {
+  const char *name;     /* "f32": the name gpush prints */
+  const char *aliases;  /* the other accepted spellings, separated by spaces ("float float32"); "" if none */
+  int size;             /* bytes an element */
+  int is_float;
+  int is_int;
+  int cpu_only;         /* tensors of this dtype live on the CPU only */
+} gp_dtype_info;
+int gp_dtype_count(void);                 /* GP_NDTYPES */
+const gp_dtype_info *gp_dtype_get(int i); /* dtype i (0 .. count - 1: GP_F32 ...); NULL outside */
 
 /* ---- tensors ---- */
 int gp_tensor_empty(gp_tensor **out, int dtype, int device, int ndim, const int64_t *shape);
@@ -211,6 +238,18 @@ int gp_matmul_option(const char *name, int value, int *old);
  * calls of out = a @ b (cublasGemmEx or cublasGemmStridedBatchedEx), each
  * timed with CUDA events. Contiguous 2-D or 3-D tensors on the GPU. */
 int gp_bench_cublas_gemm(double *ms, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, int iters);
+
+/* ---- attention: what the kernels take (kernels/attention.c) ----
+ * kind "fwd", "bwd" or "decode" (gp_k_attn_fwd, _bwd, _decode): 1 when that
+ * kernel takes q of this dtype and head dim (seq_k, the number of keys, does
+ * not limit them). kind "flash": 1 when flash attention is the better path
+ * for nn.attention at this head dim and key count (head dim 32 has no
+ * tensor-core kernel, so its launches pay only up to 512 keys). 0 for an
+ * unknown kind or a dtype that is not a float. */
+int gp_attention_supported(const char *kind, int dtype, int head_dim, int64_t seq_k);
+/* kind's head dims for messages, "32, 64, 128" ("flash": "32 (up to 512 keys), 64, 128"),
+ * into buf (n bytes, truncated); returns buf ("" for an unknown kind) */
+const char *gp_attention_head_dims(char *buf, int n, const char *kind);
 
 /* ---- several processes (src/dist.c, src/launch.c): gp.dist ----
  * NCCL is loaded at run time (dlopen), never linked. Collectives dispatch on

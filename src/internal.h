@@ -25,7 +25,11 @@ int gp_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gp_error_oom(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "(4,7)" into buf; returns buf */
 const char *gp_shape_str(const gp_tensor *t, char *buf, size_t n);
-const char *gp_dtype_name(int dtype);
+const char *gp_dtype_name(int dtype); /* "f32"; "?" for no dtype */
+/* the dtype whose name is s[0..n) (the name only, not the aliases); -1 if none */
+int gp_dtype_find(const char *s, size_t n);
+/* the names of the dtypes for which pred holds (every dtype: pred NULL), "f32, bf16, ..." into buf; returns buf */
+const char *gp_dtype_list(char *buf, size_t n, int (*pred)(int dtype));
 const char *gp_device_name(int device);
 #define GP_SHAPE(t) gp_shape_str((t), (char[96]){0}, 96)
 #define GP_TRY(x)                 \
@@ -41,8 +45,22 @@ void gp_free(void *ptr, size_t alloc_bytes, int device);
 int gp_tensor_scratch(gp_tensor **out, int dtype, int device, int ndim, const int64_t *shape);
 
 /* ---- geometry helpers ---- */
-static inline int gp_is_float(int dt) { return dt == GP_F32 || dt == GP_BF16 || dt == GP_F16 || dt == GP_F64; }
-static inline int gp_is_int(int dt) { return dt == GP_I32 || dt == GP_I64 || dt == GP_U8; }
+/* the columns of GP_DTYPES (gpush.h); 0 for no dtype */
+#define GP_DTYPE_COLUMN_(col)                                                                           \
+  switch (dt) {                                                                                         \
+    GP_DTYPES(GP_DTYPE_CASE_##col)                                                                      \
+    default: return 0;                                                                                  \
+  }
+#define GP_DTYPE_CASE_is_float(E, v, name, size, is_float, is_int, cpu_only, aliases) case GP_##E: return is_float;
+#define GP_DTYPE_CASE_is_int(E, v, name, size, is_float, is_int, cpu_only, aliases) case GP_##E: return is_int;
+#define GP_DTYPE_CASE_cpu_only(E, v, name, size, is_float, is_int, cpu_only, aliases) case GP_##E: return cpu_only;
+static inline int gp_is_float(int dt) { GP_DTYPE_COLUMN_(is_float) }
+static inline int gp_is_int(int dt) { GP_DTYPE_COLUMN_(is_int) }
+static inline int gp_dtype_cpu_only(int dt) { GP_DTYPE_COLUMN_(cpu_only) }
+#undef GP_DTYPE_COLUMN_
+#undef GP_DTYPE_CASE_is_float
+#undef GP_DTYPE_CASE_is_int
+#undef GP_DTYPE_CASE_cpu_only
 static inline void *gp_ptr(const gp_tensor *t) {
   return t->data + t->offset * (int64_t)gp_elsize(t->dtype);
 }

@@ -3,14 +3,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../kernels/common.h"
+#include "internal.h"
 
 /* ---- tensors ---- */
-
-int gp_elsize(int dt) {
-  static const int sz[] = {4, 2, 2, 4, 8, 1, 8};
-  return dt >= 0 && dt < GP_NDTYPES ? sz[dt] : 0;
-}
 
 int64_t gp_numel(const gp_tensor *t) {
   int64_t n = 1;
@@ -57,8 +52,9 @@ int gp_tensor_empty(gp_tensor **out, int dtype, int device, int ndim, const int6
   if (device != GP_CPU && device != GP_CUDA) return gp_error("empty: unknown device %d", device);
   if (device == GP_CUDA && !gp_cuda_available())
     return gp_error("empty: device cuda asked for but no CUDA GPU is usable");
-  if (device == GP_CUDA && dtype == GP_F64)
-    return gp_error("empty: f64 tensors live on the CPU only (they are for gradient checks and references)");
+  if (device == GP_CUDA && gp_dtype_cpu_only(dtype))
+    return gp_error("empty: %s tensors live on the CPU only (they are for gradient checks and references)",
+                    gp_dtype_name(dtype));
   GP_TRY(check_shape("empty", ndim, shape, 0));
   gp_tensor *t = calloc(1, sizeof *t);
   gp_storage *s = calloc(1, sizeof *s);
@@ -457,13 +453,6 @@ typedef struct {
   int64_t star[GP_MAX_DIMS];
 } bindings;
 
-static int dtype_from_name(const char *s, int n) {
-  static const char *names[] = {"f32", "bf16", "f16", "i32", "i64", "u8", "f64"};
-  for (int i = 0; i < GP_NDTYPES; i++)
-    if ((int)strlen(names[i]) == n && !strncmp(s, names[i], (size_t)n)) return i;
-  return -1;
-}
-
 int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *ts) {
   bindings B;
   for (int i = 0; i < 26; i++) B.by[i] = -1;
@@ -501,7 +490,9 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
     /* dtype */
     int dt = t->dtype, ok = 1;
     if (tlen == 1 && *ty == 'F') {
-      if (!gp_is_float(dt)) return gp_error("%s: %s is %s but a float dtype (f32, bf16, f16, f64) is needed", op, names[k], gp_dtype_name(dt));
+      if (!gp_is_float(dt))
+        return gp_error("%s: %s is %s but a float dtype (%s) is needed", op, names[k], gp_dtype_name(dt),
+                        gp_dtype_list(b1, sizeof b1, gp_is_float));
       if (dt_F < 0) { dt_F = dt; by_F = k; }
       else if (dt != dt_F)
         return gp_error("%s: %s is %s but %s is %s", op, names[k], gp_dtype_name(dt), names[by_F], gp_dtype_name(dt_F));
@@ -511,11 +502,14 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
         return gp_error("%s: %s is %s but %s is %s", op, names[k], gp_dtype_name(dt), names[by_T], gp_dtype_name(dt_T));
     } else if (tlen == 1 && *ty == 'I') {
       ok = dt == GP_I32 || dt == GP_I64;
-      if (!ok) return gp_error("%s: %s is %s but an index dtype (i32 or i64) is needed", op, names[k], gp_dtype_name(dt));
+      if (!ok)
+        return gp_error("%s: %s is %s but an index dtype (%s or %s) is needed", op, names[k], gp_dtype_name(dt),
+                        gp_dtype_name(GP_I32), gp_dtype_name(GP_I64));
     } else if (tlen == 1 && *ty == 'B') {
-      if (dt != GP_U8) return gp_error("%s: %s is %s but u8 is needed", op, names[k], gp_dtype_name(dt));
+      if (dt != GP_U8)
+        return gp_error("%s: %s is %s but %s is needed", op, names[k], gp_dtype_name(dt), gp_dtype_name(GP_U8));
     } else if (!(tlen == 1 && *ty == 'N')) {
-      int want = dtype_from_name(ty, tlen);
+      int want = gp_dtype_find(ty, (size_t)tlen);
       if (want < 0) return gp_error("%s: bad dtype in spec '%s'", op, spec);
       if (dt != want) return gp_error("%s: %s is %s but %s is needed", op, names[k], gp_dtype_name(dt), gp_dtype_name(want));
     }

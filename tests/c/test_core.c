@@ -5,7 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "../../kernels/common.h"
+#include "../../kernels/gp_hd.h"
 
 static gp_tensor *mk(int dtype, int device, int ndim, const int64_t *shape) {
   gp_tensor *t = NULL;

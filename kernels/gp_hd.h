@@ -1,7 +1,12 @@
-/* common.h: code shared by the CPU references (.c) and the CUDA kernels (.cu):
- * strided loop offsets and the Philox4x32-10 counter-based generator. */
-#ifndef GP_KERNELS_COMMON_H
-#define GP_KERNELS_COMMON_H
+/* gp_hd.h: code the CPU references (.c) and the CUDA kernels (.cu) share,
+ * written once for both: GP_HD functions are __host__ __device__ under nvcc
+ * and static inline in C. Strided loop offsets, the Philox4x32-10
+ * counter-based generator, and the semantics of integer arithmetic. Kernels
+ * include it; the host (src/) does not. */
+#ifndef GP_HD_H
+#define GP_HD_H
+
+#include <stdint.h>
 
 #include "../src/internal.h"
 
@@ -50,5 +55,27 @@ GP_HD gp_u32x4 gp_philox(uint64_t seed, uint64_t counter) {
 GP_HD float gp_u01(uint32_t x) { return (float)(x >> 8) * 5.9604644775390625e-08f; }
 /* ... in (0, 1], for logarithms. */
 GP_HD float gp_u01_open(uint32_t x) { return (float)((x >> 8) + 1) * 5.9604644775390625e-08f; }
+
+/* Integer arithmetic in int64, the same on the CPU and the GPU: wrapping
+ * (two's complement, through uint64 so never undefined), truncated division
+ * with x / 0 = 0, and powers by squaring. */
+GP_HD int64_t gp_i64_neg(int64_t a) { return (int64_t)(0 - (uint64_t)a); }
+GP_HD int64_t gp_i64_abs(int64_t a) { return a < 0 ? gp_i64_neg(a) : a; }
+GP_HD int64_t gp_i64_add(int64_t a, int64_t b) { return (int64_t)((uint64_t)a + (uint64_t)b); }
+GP_HD int64_t gp_i64_sub(int64_t a, int64_t b) { return (int64_t)((uint64_t)a - (uint64_t)b); }
+GP_HD int64_t gp_i64_mul(int64_t a, int64_t b) { return (int64_t)((uint64_t)a * (uint64_t)b); }
+/* a / b truncated; x / 0 = 0; INT64_MIN / -1 wraps to INT64_MIN */
+GP_HD int64_t gp_i64_div(int64_t a, int64_t b) { return b == 0 ? 0 : b == -1 ? gp_i64_neg(a) : a / b; }
+/* a ^ e, wrapping; e < 0: 1 ^ e = 1, (-1) ^ e = +-1, anything else 0 */
+GP_HD int64_t gp_i64_pow(int64_t a, int64_t e) {
+  if (e < 0) return a == 1 ? 1 : a == -1 ? ((e & 1) ? -1 : 1) : 0;
+  uint64_t r = 1, x = (uint64_t)a;
+  while (e) {
+    if (e & 1) r *= x;
+    x *= x;
+    e >>= 1;
+  }
+  return (int64_t)r;
+}
 
 #endif
