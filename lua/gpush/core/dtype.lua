@@ -15,12 +15,8 @@ local M = {
   DEVNAME = {[C.GP_CPU] = 'cpu', [C.GP_CUDA] = 'cuda'},
 }
 
--- TEMP until the C table lands
-local TMP = {{'f32',4,1,'float float32'},{'bf16',2,1,'bfloat16'},{'f16',2,1,'half float16'},{'i32',4,0,'int int32'},{'i64',8,0,'long int64'},{'u8',1,0,'bool uint8 byte'},{'f64',8,1,'double float64'}}
-local have = pcall(function() return C.gp_dtype_count end)
-for i = 0, (have and C.gp_dtype_count() or #TMP) - 1 do
-  local d = have and C.gp_dtype_get(i) or {name = TMP[i+1][1], size = TMP[i+1][2], is_float = TMP[i+1][3], aliases = TMP[i+1][4]}
-  if not have then d.name = ffi.new('char[?]', #d.name + 1, d.name); d.aliases = ffi.new('char[?]', #d.aliases + 1, d.aliases) end
+for i = 0, C.gp_dtype_count() - 1 do
+  local d = C.gp_dtype_get(i)
   local name = ffi.string(d.name)
   M.DT[name], M.DTNAME[i], M.ELSIZE[i] = i, name, d.size
   M.names[#M.names + 1] = name

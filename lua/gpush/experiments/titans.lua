@@ -270,12 +270,15 @@ function NeuralMemory:extra_repr()
   return string.format('dim=%d, heads=%d, chunk=%d, kind=%s', self.dim, self.heads, self.chunk, self.kind)
 end
 
--- attention on (B', H, L, d) through flash attention; head dims other than
--- 64 and 128 are zero-padded up to the next one (scores and outputs unchanged)
+-- attention on (B', H, L, d) through flash attention; a head dim the kernels
+-- do not take is zero-padded up to the next one they do, at least 64 (the
+-- tensor-core kernels; scores and outputs unchanged)
+local MAX_PAD = 256
 function T.attend(q, k, v, opts)
   local d = q:size(4)
-  local pd = d <= 64 and 64 or 128
-  if d > 128 then raise(string.format('titans: head dim %d > 128 is not supported (q is %s)', d, shape_str(q.shape))) end
+  local pd = math.max(d, 64)
+  while pd <= MAX_PAD and not gp.attention_supported('fwd', q.dtype, pd) do pd = pd + 1 end
+  if pd > MAX_PAD then raise(string.format('titans: no attention kernel takes head dim %d or more (q is %s)', d, shape_str(q.shape))) end
   local o = {causal = true, scale = 1 / math.sqrt(d), window = opts and opts.window or 0, n_global = opts and opts.n_global or 0}
   if pd == d then return (gp.attention(q, k, v, o)) end
   local function pad(t)
@@ -415,7 +418,7 @@ doc(T.memory_scan, 'gp.titans.memory_scan{kind=, init=, k=, v=, q=, theta=, eta=
   'retrievals y (N, T, d) (each token reads the state at the start of its chunk) and the final state; differentiable')
 doc(T.l2norm, 'gp.titans.l2norm(x, eps=1e-6)', 'x / sqrt(sum(x^2) + eps) over the last dim (differentiable)')
 doc(T.attend, 'gp.titans.attend(q, k, v, {window=0, n_global=0})',
-  'causal flash attention on (B, H, L, d) with head dims up to 128 (zero-padded to 64 or 128)')
+  'causal flash attention on (B, H, L, d), the head dim zero-padded up to one the kernels take (at least 64)')
 doc(T.NeuralMemory, "nn.NeuralMemory{dim=, heads=1, chunk=64, kind='linear'|'mlp', hidden=4*head_dim, conv=false}",
   'Titans long-term memory: x (B, T, dim) -> retrievals (B, T, dim); SiLU k, v, q (k, q L2-normalized), ' ..
   'theta per token, eta and alpha per chunk (sigmoids of linear maps), chunked updates (gp.titans.memory_scan)')

@@ -14,7 +14,7 @@
 -- the stop-token bookkeeping are kernels on device tensors, and nothing is
 -- read on the host unless a callback is given or the stop check is due
 -- (every `check_every` steps). With a model that takes device positions
--- (nn.GPT with head dim 64 or 128 and a gp.KVCache), the step reads its
+-- (nn.GPT with a head dim decode attention takes, and a gp.KVCache), the step reads its
 -- position from a device scalar (KV-cache writes, the position embedding,
 -- the decode-attention lengths, the token column), so on the GPU it is
 -- captured once per generate call as a CUDA graph (gp.graph) after one eager

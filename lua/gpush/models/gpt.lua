@@ -103,13 +103,14 @@ end
 -- device positions: one new token per row at the position held by pos (an
 -- i64 [1] tensor on the model's device), so the step reads nothing on the
 -- host and can be captured as a CUDA graph and replayed per token (gp.generate).
--- The cache must be a gp.KVCache (append_at, attend_at) and the head dim 64
--- or 128 (decode attention over the whole capacity, lens[b] = pos + 1). The
--- cache's host count (cache:len()) is not advanced.
+-- The cache must be a gp.KVCache (append_at, attend_at) and the head dim one
+-- that decode attention takes (gp.attention_supported('decode', ...)): it
+-- attends over the whole capacity, lens[b] = pos + 1. The cache's host count
+-- (cache:len()) is not advanced.
 function GPT:supports_device_positions(cache)
   local c = self.config
-  local hd = c.n_embd / c.n_head
-  return (hd == 64 or hd == 128) and type(cache) == 'table' and cache.append_at ~= nil and gp.attention_decode ~= nil
+  return type(cache) == 'table' and cache.append_at ~= nil and
+    gp.attention_supported('decode', cache.dtype or self.wte.weight.dtype, c.n_embd / c.n_head)
 end
 function GPT:_forward_at(idx, cache, pos)
   local B, T = idx:size(1), idx:size(2)
@@ -118,7 +119,7 @@ function GPT:_forward_at(idx, cache, pos)
       'got idx %s, pos %s %s on %s', idx.device, shape_str(idx.shape), pos.dtype, shape_str(pos.shape), pos.device))
   end
   if not self:supports_device_positions(cache) then
-    raise('GPT:forward_cached: device positions need a gp.KVCache and a head dim of 64 or 128')
+    raise('GPT:forward_cached: device positions need a gp.KVCache and a head dim that decode attention takes (gp.attention_supported)')
   end
   local lens = rawget(cache, '_step_lens')
   if not lens or lens:size(1) ~= B or lens.device ~= idx.device then

@@ -32,9 +32,8 @@ function nn.clear_mask_cache() masks = {} end
 -- softmax(q k^T * scale [+ causal mask]) v over the last two dims; q (..., T, d),
 -- k (..., S, d), v (..., S, dv) with the same leading dims. The one function
 -- attention layers call: assign nn.attention to swap the core (flash attention).
--- head dims with a flash kernel: 64 and 128 (tensor cores for bf16/f16), and
--- 32 up to S 512 (the plain kernels)
-local function flash_dim(D, S) return D == 64 or D == 128 or (D == 32 and S <= 512) end
+-- whether flash attention is the better path at head dim D over S keys (asked of C)
+local function flash_dim(dt, D, S) return gp.attention_supported('flash', dt, D, S) end
 
 function nn.attention(q, k, v, opts)
   opts = opts or {}
@@ -64,7 +63,7 @@ function nn.attention(q, k, v, opts)
   -- or 128 (or 32 up to S 512: no tensor-core kernel there, so the launches it
   -- saves only pay at short lengths), one dtype, and S >= T when causal; else
   -- the matmul path below
-  if gp.attention and (opts.dropout or 0) == 0 and flash_dim(D, S) and Dv == D and k.dtype == q.dtype and
+  if gp.attention and (opts.dropout or 0) == 0 and flash_dim(q.dtype, D, S) and Dv == D and k.dtype == q.dtype and
     v.dtype == q.dtype and (not opts.causal or T <= S) then
     local y = gp.attention(nd == 4 and q or q:reshape {lead, 1, T, D}, nd == 4 and k or k:reshape {lead, 1, S, D},
       nd == 4 and v or v:reshape {lead, 1, S, D}, {causal = opts.causal and true or false, scale = opts.scale})
@@ -107,7 +106,7 @@ function CausalSelfAttention:forward(x)
   -- flash attention straight from the qkv buffer (no permute copies) where
   -- nn.attention would take flash attention: the head dims of flash_dim, no
   -- attention dropout, and nn.attention not swapped for another core
-  if gp.attention and gp.attention_qkv and nn.attention == default_attention and dropout == 0 and flash_dim(hd, T) then
+  if gp.attention and gp.attention_qkv and nn.attention == default_attention and dropout == 0 and flash_dim(x.dtype, hd, T) then
     y = gp.attention_qkv(qkv, H, {causal = true})
   else
     local function head(i) return qkv:narrow(3, (i - 1) * C + 1, C):reshape {B, T, H, hd}:transpose(2, 3) end
@@ -141,7 +140,7 @@ function CausalSelfAttention:forward_cached(x, cache, layer, pos)
       layer, S, T, pos, pos + T))
   end
   local y
-  if T == 1 and gp.attention_decode and (hd == 64 or hd == 128) and keys.dtype == q.dtype then
+  if T == 1 and gp.attention_decode and gp.attention_supported('decode', q.dtype, hd) and keys.dtype == q.dtype then
     local lens = gp.full({B}, S, {dtype = 'i64', device = x.device})
     y = gp.attention_decode(q:reshape {B, H, hd}, keys, vals, lens, {scale = 1 / math.sqrt(hd)}):reshape {B, H, 1, hd}
   else -- nn.attention takes flash attention (gp.attention) where it applies
@@ -153,7 +152,7 @@ end
 function CausalSelfAttention:extra_repr() return string.format('n_embd=%d, n_head=%d', self.n_embd, self.n_head) end
 
 doc(nn.attention, 'nn.attention(q, k, v, {causal=false, scale=1/sqrt(d), dropout=0})',
-  'softmax(q k^T * scale + mask) v over the last two dims; q (..., T, d), k (..., S, d), v (..., S, dv); the attention core (assign nn.attention to swap it); flash attention (gp.attention) when dropout is 0, d = dv = 64 or 128 and S >= T if causal')
+  'softmax(q k^T * scale + mask) v over the last two dims; q (..., T, d), k (..., S, d), v (..., S, dv); the attention core (assign nn.attention to swap it); flash attention (gp.attention) when dropout is 0, d = dv, gp.attention_supported(\'flash\', dtype, d, S) and S >= T if causal')
 doc(nn.causal_mask, 'nn.causal_mask(T, S, device, dtype)', 'the cached additive causal mask (T, S): 0 where key j <= i + S - T, else -inf')
 doc(nn.clear_mask_cache, 'nn.clear_mask_cache()', 'forget the cached causal masks')
 doc(nn.CausalSelfAttention, 'nn.CausalSelfAttention{n_embd=, n_head=, dropout=0, bias=true}',

@@ -6,12 +6,20 @@ local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
 local autograd = require 'gpush.core.autograd'
-local FLOAT = require('gpush.core.dtype').FLOAT
+local dtype = require 'gpush.core.dtype'
 local ffi = require 'ffi'
+local FLOAT = dtype.FLOAT
 local raise, empty, shape_str, is_tensor = rt.raise, tensor.empty, tensor.shape_str, tensor.is_tensor
-local K = tensor.K
-local HEAD_DIMS = {[32] = true, [64] = true, [128] = true} -- 32: the plain (non tensor-core) kernels
-local DECODE_DIMS = {[64] = true, [128] = true}
+local K, C = tensor.K, rt.C
+
+-- what the attention kernels take is asked of C (kernels/attention.c holds the table)
+function gp.attention_supported(kind, dt, head_dim, seq_k)
+  return C.gp_attention_supported(kind, dtype.DT[dt] or -1, head_dim, seq_k or 0) == 1
+end
+gp.doc(gp.attention_supported, "gp.attention_supported('fwd'|'bwd'|'decode'|'flash', dtype, head_dim, seq_k)",
+  "true when that attention kernel takes q of this dtype and head dim ('flash': when nn.attention takes the flash kernels for seq_k keys)")
+local dims_buf = ffi.new('char[128]')
+local function head_dims(kind) return ffi.string(C.gp_attention_head_dims(dims_buf, 128, kind)) end
 
 local function need(x, op, name)
   if not is_tensor(x) then raise(string.format('%s: %s must be a tensor, got %s', op, name, type(x))) end
@@ -54,14 +62,14 @@ local function as_contiguous(b, a) return tensor.to_dtype(b, a.dtype):contiguous
 -- dims (D last): the gradient of a permuted view (a head of a (B, T, H, D)
 -- buffer) comes out as the same permutation of a contiguous tensor, so the
 -- permute's backward gives a contiguous gradient (no copy afterwards)
-local function empty_like_rows(x, dtype, op)
+local function empty_like_rows(x, dt, op)
   local s, st = x.shape, x:stride()
   local order = {1, 2, 3}
   table.sort(order, function(a, b)
     if st[a] ~= st[b] then return st[a] > st[b] end
     return a < b
   end)
-  local t = empty({s[order[1]], s[order[2]], s[order[3]], s[4]}, dtype, x.device, op)
+  local t = empty({s[order[1]], s[order[2]], s[order[3]], s[4]}, dt, x.device, op)
   if order[1] == 1 and order[2] == 2 then return t end
   local inv = {}
   for i = 1, 3 do inv[order[i]] = i end
@@ -95,8 +103,8 @@ local function prepare(op, q, k, v, opts)
     raise(string.format('%s: q must be (B, H, T, D) and k, v (B, H, S, D); got q %s, k %s, v %s', op, shape_str(qs),
       shape_str(ks), shape_str(vs)))
   end
-  if not HEAD_DIMS[qs[4]] then
-    raise(string.format('%s: head dim %d is not supported (supported: 32, 64, 128); q is %s', op, qs[4], shape_str(qs)))
+  if not gp.attention_supported('fwd', q.dtype, qs[4]) then
+    raise(string.format('%s: head dim %d is not supported (supported: %s); q is %s', op, qs[4], head_dims('fwd'), shape_str(qs)))
   end
   local scale, window, n_global, causal = attn_opts(op, qs[4], qs[3], ks[3], opts, function()
     return string.format('q is %s, k is %s', shape_str(qs), shape_str(ks))
@@ -113,7 +121,7 @@ function gp.attention(q, k, v, opts)
   return out, lse
 end
 gp.doc(gp.attention, 'gp.attention(q, k, v, {causal=true, scale=1/sqrt(D), window=0, n_global=0})',
-  'flash attention: softmax(q k^T * scale + mask) v for q (B, H, T, D), k, v (B, H, S, D), D = 64 or 128; ' ..
+  'flash attention: softmax(q k^T * scale + mask) v for q (B, H, T, D), k, v (B, H, S, D), D a head dim gp.attention_supported(\'fwd\', ...) takes; ' ..
   'queries are the last T of S positions (query i sees keys j <= i + S - T when causal); window > 0 keeps keys ' ..
   'with p - j < window, plus the first n_global keys; returns out and lse (B, H, T) (f32 logsumexp); differentiable')
 
@@ -139,9 +147,9 @@ local function qkv_input(op, qkv, n_head)
     raise(string.format('%s: qkv must be (B, T, 3 * n_head * D) with n_head %d; got %s', op, n_head, shape_str(s)))
   end
   local D = s[3] / (3 * n_head)
-  if not HEAD_DIMS[D] then
-    raise(string.format('%s: head dim %d is not supported (supported: 32, 64, 128); qkv is %s with n_head %d', op, D,
-      shape_str(s), n_head))
+  if not gp.attention_supported('fwd', qkv.dtype, D) then
+    raise(string.format('%s: head dim %d is not supported (supported: %s); qkv is %s with n_head %d', op, D,
+      head_dims('fwd'), shape_str(s), n_head))
   end
   if not FLOAT[qkv.dtype] then raise(string.format('%s: qkv must be a float tensor, got %s', op, qkv.dtype)) end
   return usable(qkv), s[1], s[2], n_head, D
@@ -163,7 +171,7 @@ function gp.attention_qkv(qkv, n_head, opts)
 end
 gp.doc(gp.attention_qkv, 'gp.attention_qkv(qkv, n_head, {causal=true, scale=1/sqrt(D), window=0, n_global=0})',
   'gp.attention straight from a fused qkv buffer: qkv (B, T, 3C) holds q | k | v along the last dim (head h of ' ..
-  'each at columns h*D .. h*D+D-1, C = n_head * D, D = 64 or 128), as a Linear(C, 3C) writes it; returns y ' ..
+  'each at columns h*D .. h*D+D-1, C = n_head * D, D as for gp.attention), as a Linear(C, 3C) writes it; returns y ' ..
   '(B, T, C) (heads side by side, ready for the output projection) and lse (B, H, T); the kernels read the ' ..
   'strided heads in place (no permute copies); differentiable: one node whose backward writes dq, dk, dv ' ..
   'into one (B, T, 3C) gradient')
@@ -214,8 +222,8 @@ function gp.attention_decode(q, kcache, vcache, lens, opts)
       shape_str(qs), shape_str(ks), shape_str(vcache.shape)))
   end
   if not FLOAT[q.dtype] then raise(string.format('%s: q must be a float tensor, got %s', op, q.dtype)) end
-  if not DECODE_DIMS[s3[3]] then
-    raise(string.format('%s: head dim %d is not supported (supported: 64, 128); q is %s', op, s3[3], shape_str(qs)))
+  if not gp.attention_supported('decode', q.dtype, s3[3]) then
+    raise(string.format('%s: head dim %d is not supported (supported: %s); q is %s', op, s3[3], head_dims('decode'), shape_str(qs)))
   end
   if type(lens) == 'number' then
     if lens ~= math.floor(lens) or lens < 0 or lens > ks[3] then
