@@ -18,9 +18,8 @@ autograd.install(gp) -- rules defined later (by users, on gp) wrap gp's function
 gp.nn = require 'gpush.nn'
 gp.lora = require 'gpush.nn.lora'
 
-local gpt = require 'gpush.models.gpt'
-gp.models = {GPT = gpt}
-gp.generate = require('gpush.models.generate').generate
+gp.models = require 'gpush.models'
+gp.generate = gp.models.generate
 
 gp.optim = require 'gpush.train.optim'
 gp.data = require 'gpush.train.data'
@@ -37,7 +36,7 @@ gp.args = require 'gpush.tools.args'
 
 -- the names the layers had under gp.nn before they moved out of it
 local nn, titans = gp.nn, gp.titans
-nn.GPT = gpt
+nn.GPT = gp.models.GPT
 nn.NeuralMemory, nn.MACBlock, nn.SWABlock, nn.TitansLM = titans.NeuralMemory, titans.MACBlock, titans.SWABlock, titans.TitansLM
 
 return gp

@@ -186,6 +186,14 @@ KCASES.diversity = {
   {name = '2x100x256', shape = {1}, syms = {S = 2, N = 100, D = 256, L = 8}, big = true},
 }
 KTOL.diversity = {f32 = 1e-4}
+-- rope: x (*, T, H, D) with D = 2E frequencies; positions in [0, P)
+KCASES.rope = {
+  {name = '1x1x2', shape = {1}, syms = {T = 1, H = 1, D = 2, E = 1, P = 1}},
+  {name = '7x3x64', shape = {1}, syms = {T = 7, H = 3, D = 64, E = 32, P = 40}},
+  {name = '2x33x5x128', shape = {2, 1}, syms = {T = 33, H = 5, D = 128, E = 64, P = 100}},
+  {name = '1000x4x64', shape = {1}, syms = {T = 1000, H = 4, D = 64, E = 32, P = 4096}, big = true},
+}
+KTOL.rope = {f32 = 1e-4}
 
 local function rand_fill(dst, positive)
   local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
@@ -272,7 +280,7 @@ local function make_args(k, case, dts, variant)
         t = gp.empty(shape, {dtype = dt, device = 'cpu'})
       end
       if not a.out or a.inout then
-        if a.lt then range_fill(t, syms[a.lt] or over[a.lt] or case.sym)
+        if a.lt then range_fill(t, syms[a.lt] or over[a.lt] or (case.syms and case.syms[a.lt]) or case.sym)
         elseif a.type == 'B' then mask_fill(t) else rand_fill(t, a.positive) end
       end
       args[i] = t

@@ -29,6 +29,7 @@ require 'gpush.core.ops.attention'  -- attention, attention_qkv, attention_decod
 require 'gpush.core.ops.moe'        -- moe_router, moe_ffn, ...
 require 'gpush.core.ops.titans'     -- titans_coef
 require 'gpush.core.ops.diversity'  -- set_diversity, distinct_n
+require 'gpush.core.ops.rope'       -- rope, rope_inv_freq
 
 -- checkpoints and JSON
 local checkpoint = require 'gpush.core.checkpoint'

@@ -116,8 +116,8 @@ function M.generate(model, prompts, opts)
   local w = model.lm_head and model.lm_head.weight or model:parameters()[1]
   local dev, dtype = w.device, w.dtype
   local Cache = gp.KVCache or function(o) return M.simple_cache(o) end
-  local cache = opts.cache or Cache {batch = R, heads = H, capacity = total, head_dim = C / H, layers = L, dtype = dtype,
-                                     device = dev}
+  local cache = opts.cache or (model.new_cache and model:new_cache(R, total, dtype, dev)) or
+    Cache {batch = R, heads = H, capacity = total, head_dim = C / H, layers = L, dtype = dtype, device = dev}
 
   -- prompts (row-major, prompt-major rows) and the mask of prompt positions
   local tok_h, mask_h = {}, {}

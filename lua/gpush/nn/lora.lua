@@ -105,8 +105,10 @@ doc(LoRA.delta, 'lora:delta()', 'the low-rank update (alpha/rank) B A as an (out
 local L = {}
 
 -- default targets: the Linears of attention and MLP blocks (not the lm_head,
--- which is tied to the token embedding in nn.GPT)
-L.default_targets = {'attn%.qkv$', 'attn%.proj$', 'mlp%.fc$', 'mlp%.proj$', 'mlp%.gate$', 'mlp%.up$'}
+-- which is tied to the token embedding in nn.GPT): nn.GPT's names and the
+-- Llama family's (q_proj ... o_proj, gate_proj, up_proj, down_proj)
+L.default_targets = {'attn%.qkv$', 'attn%.proj$', 'mlp%.fc$', 'mlp%.proj$', 'mlp%.gate$', 'mlp%.up$',
+                     'self_attn%.[qkvo]_proj$', 'mlp%.gate_proj$', 'mlp%.up_proj$', 'mlp%.down_proj$'}
 
 local function matches(name, targets)
   for _, pat in ipairs(targets) do if name:find(pat) then return true end end

@@ -127,8 +127,11 @@ local function walk(m, prefix, visit)
     elseif is_tensor(v) then
       if buffers[k] then visit('buffer', name, v, m, k) end
     elseif is_plain(v) then
+      -- list elements are named 1, 2, ... (0, 1, ... when the module sets
+      -- _index_base = 0, as checkpoints in Hugging Face's layout name them)
+      local base = (rawget(m, '_index_base') or 1) - 1
       for i, x in ipairs(v) do
-        local n = name .. '.' .. i
+        local n = name .. '.' .. (i + base)
         if is_module(x) then
           visit('module', n, x, v, i)
           walk(x, n .. '.', visit)
@@ -167,7 +170,8 @@ function Module:named_children()
     if is_module(v) then
       r[#r + 1] = {k, v}
     elseif is_plain(v) then
-      for i, x in ipairs(v) do if is_module(x) then r[#r + 1] = {k .. '.' .. i, x} end end
+      local base = (rawget(self, '_index_base') or 1) - 1
+      for i, x in ipairs(v) do if is_module(x) then r[#r + 1] = {k .. '.' .. (i + base), x} end end
     end
   end
   return r

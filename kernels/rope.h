@@ -1,0 +1,12 @@
+/* rope.h: the CUDA launcher of rope.cu (arguments already checked). */
+#ifndef GP_ROPE_H
+#define GP_ROPE_H
+#include "../src/internal.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+int gp_cuda_rope(gp_tensor *out, const gp_tensor *x, const gp_tensor *pos, const gp_tensor *inv_freq, double sign);
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,89 @@
+-- Hugging Face model directories: config.json, model.safetensors (or the
+-- shards of model.safetensors.index.json), generation_config.json, and the
+-- tokenizer beside them. Every tensor the model needs must be there with the
+-- shape the config implies; anything else is an error that names the file.
+local rt = require 'gpush.core.runtime'
+local gp = require 'gpush.core'
+local Llama = require 'gpush.models.llama'
+local GPT2 = require 'gpush.models.gpt2'
+local raise = rt.raise
+
+local M = {}
+
+-- the model class for a config.json's model_type
+M.ARCH = {llama = Llama, mistral = Llama, qwen2 = Llama, smollm = Llama, gpt2 = GPT2}
+
+local function exists(path)
+  local f = io.open(path, 'rb')
+  if f then f:close() end
+  return f ~= nil
+end
+
+local function read_json(path)
+  local f, err = io.open(path, 'rb')
+  if not f then raise('models.load: cannot read ' .. path .. ': ' .. tostring(err)) end
+  local s = f:read('*a')
+  f:close()
+  local ok, v = pcall(gp.json.decode, s)
+  if not ok or type(v) ~= 'table' then raise('models.load: ' .. path .. ' is not a JSON object: ' .. tostring(v)) end
+  return v
+end
+M.read_json = read_json
+
+-- {name = tensor} of every weight file of dir (cpu), and the files read
+function M.read_weights(dir)
+  local single = dir .. '/model.safetensors'
+  if exists(single) then return (gp.load(single)), {single} end
+  local index = dir .. '/model.safetensors.index.json'
+  if not exists(index) then raise('models.load: ' .. dir .. ' has neither model.safetensors nor model.safetensors.index.json') end
+  local map = read_json(index).weight_map
+  if type(map) ~= 'table' then raise('models.load: ' .. index .. ' has no weight_map') end
+  local files, out, seen = {}, {}, {}
+  for name, file in pairs(map) do
+    if type(file) ~= 'string' or file:find('/', 1, true) or file:find('..', 1, true) then
+      raise(string.format('models.load: %s: tensor %s maps to a bad file name %s', index, tostring(name), tostring(file)))
+    end
+    if not seen[file] then seen[file] = true; files[#files + 1] = file end
+  end
+  table.sort(files)
+  for _, file in ipairs(files) do
+    for k, t in pairs((gp.load(dir .. '/' .. file))) do
+      if map[k] ~= file then raise(string.format('models.load: %s holds %s, which the index puts in %s', file, k, tostring(map[k]))) end
+      out[k] = t
+    end
+  end
+  for name, file in pairs(map) do
+    if not out[name] then raise(string.format('models.load: %s: tensor %s is not in %s', index, name, file)) end
+  end
+  return out, files
+end
+
+-- the dtype a checkpoint declares (config.json torch_dtype/dtype), as a gpush dtype name
+local DT = {float32 = 'f32', bfloat16 = 'bf16', float16 = 'f16'}
+
+-- model, config from a Hugging Face directory; opts: {dtype=, device=}
+function M.load_dir(dir, opts)
+  opts = opts or {}
+  local cpath = dir .. '/config.json'
+  if not exists(cpath) then raise('models.load: ' .. dir .. ' has no config.json') end
+  local c = read_json(cpath)
+  local kind = c.model_type
+  local cls = M.ARCH[kind]
+  if not cls then
+    local names = {}
+    for k in pairs(M.ARCH) do names[#names + 1] = k end
+    table.sort(names)
+    raise(string.format("models.load: %s: model_type '%s' is not supported (%s)", cpath, tostring(kind), table.concat(names, ', ')))
+  end
+  local sd, files = M.read_weights(dir)
+  local dtype = opts.dtype or DT[c.torch_dtype or c.dtype or ''] or 'f32'
+  local ok, model = pcall(cls, c, {dtype = dtype, device = opts.device or gp.device(), init = false})
+  if not ok then raise(cpath .. ': ' .. tostring(model):gsub('^.-:%d+: ', '')) end
+  local ok2, err = pcall(model.load_state_dict, model, sd)
+  if not ok2 then raise(string.format('models.load: %s: %s', table.concat(files, ', '), tostring(err):gsub('^.-:%d+: ', ''))) end
+  local gpath = dir .. '/generation_config.json'
+  model.generation_config = exists(gpath) and read_json(gpath) or {}
+  return model:eval(), c
+end
+
+return M

@@ -1,0 +1,239 @@
+-- The Llama family (Llama 2 and 3, Mistral, Qwen2, SmolLM, ...): RMSNorm,
+-- rotary positions, grouped-query attention, a SwiGLU MLP. Parameters carry
+-- the names and layouts of Hugging Face's LlamaForCausalLM, so state_dict()
+-- reads and writes the checkpoints transformers reads and writes:
+--   model.embed_tokens.weight, model.layers.0.self_attn.q_proj.weight, ...,
+--   model.layers.0.mlp.gate_proj.weight, model.norm.weight, lm_head.weight
+--
+--   local m = gp.models.Llama(cfg)      -- cfg: a config.json table (gp.models.load reads one)
+--   local logits = m(ids)                -- ids (B, T) i64 -> (B, T, vocab)
+--   local logits, loss = m(ids, targets)
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local gp = require 'gpush.core'
+local nn = require 'gpush.nn'
+local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
+local Module, Linear = nn.Module, nn.Linear
+
+-- the config fields gpush reads, with Hugging Face's defaults; the model keeps them in .config
+local function config_of(c)
+  local function need(k)
+    local v = c[k]
+    if type(v) ~= 'number' or v < 1 or v ~= math.floor(v) then
+      raise(string.format('Llama: config field %s must be a positive integer, got %s', k, tostring(v)))
+    end
+    return v
+  end
+  local d, H = need('hidden_size'), need('num_attention_heads')
+  local hd = c.head_dim or d / H
+  local cfg = {
+    model_type = c.model_type or 'llama', vocab_size = need('vocab_size'), hidden_size = d,
+    intermediate_size = need('intermediate_size'), num_hidden_layers = need('num_hidden_layers'),
+    num_attention_heads = H, num_key_value_heads = c.num_key_value_heads or H, head_dim = hd,
+    max_position_embeddings = c.max_position_embeddings or 2048, rms_norm_eps = c.rms_norm_eps or 1e-6,
+    rope_theta = c.rope_theta or 10000, rope_scaling = c.rope_scaling, tie_word_embeddings = c.tie_word_embeddings == true,
+    attention_bias = c.attention_bias == true, hidden_act = c.hidden_act or 'silu', sliding_window = c.sliding_window,
+    bos_token_id = c.bos_token_id, eos_token_id = c.eos_token_id,
+  }
+  if cfg.model_type == 'qwen2' then cfg.qkv_bias = true else cfg.qkv_bias = cfg.attention_bias end
+  if hd ~= math.floor(hd) or hd % 2 ~= 0 then
+    raise(string.format('Llama: hidden_size %d / num_attention_heads %d = %s is not an even head dim', d, H, tostring(hd)))
+  end
+  if H % cfg.num_key_value_heads ~= 0 then
+    raise(string.format('Llama: num_attention_heads %d is not a multiple of num_key_value_heads %d', H, cfg.num_key_value_heads))
+  end
+  if cfg.hidden_act ~= 'silu' then
+    raise(string.format("Llama: hidden_act '%s' is not supported (silu)", tostring(cfg.hidden_act)))
+  end
+  if type(cfg.sliding_window) == 'number' and c.use_sliding_window == false then cfg.sliding_window = nil end
+  -- the names the rest of gpush reads (gp.generate, the experiments)
+  cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.n_layer = d, H, cfg.num_key_value_heads, cfg.num_hidden_layers
+  cfg.block_size = cfg.max_position_embeddings
+  return cfg
+end
+
+---------------------------------------------------------------------------
+
+local Attention = Module:extend('LlamaAttention')
+function Attention:init(cfg, o)
+  local d, H, Hkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+  self.H, self.Hkv, self.hd = H, Hkv, hd
+  local ob = {bias = cfg.qkv_bias, dtype = o.dtype, device = o.device}
+  self.q_proj = Linear(d, H * hd, ob)
+  self.k_proj = Linear(d, Hkv * hd, ob)
+  self.v_proj = Linear(d, Hkv * hd, ob)
+  self.o_proj = Linear(H * hd, d, {bias = cfg.attention_bias, dtype = o.dtype, device = o.device})
+  self.window = cfg.sliding_window
+end
+
+-- k, v (B, Hkv, S, hd) -> (B, H, S, hd): each KV head serves H / Hkv query heads
+local function repeat_kv(t, H)
+  local B, Hkv, S, hd = t:size(1), t:size(2), t:size(3), t:size(4)
+  if Hkv == H then return t end
+  return t:unsqueeze(3):expand {B, Hkv, H / Hkv, S, hd}:reshape {B, H, S, hd}
+end
+
+-- q (B, H, T, hd) over k, v (B, Hkv, S, hd), the queries being the last T of S positions
+function Attention:attend(q, k, v)
+  local S = k:size(3)
+  k, v = repeat_kv(k, self.H), repeat_kv(v, self.H)
+  local scale = 1 / math.sqrt(self.hd)
+  if self.window and S > self.window then
+    if not gp.attention_supported('fwd', q.dtype, self.hd) then
+      raise(string.format('Llama: a sliding window (%d) over %d keys needs flash attention at head dim %d', self.window, S, self.hd))
+    end
+    return (gp.attention(q, k, v, {causal = true, scale = scale, window = self.window}))
+  end
+  return nn.attention(q, k, v, {causal = true, scale = scale})
+end
+
+-- x (B, T, d) at positions pos .. pos + T - 1 (a number, or an i64 tensor of T positions)
+function Attention:forward(x, pos, inv_freq, cache, layer)
+  local B, T = x:size(1), x:size(2)
+  local H, Hkv, hd = self.H, self.Hkv, self.hd
+  local q = gp.rope(self.q_proj(x):view {B, T, H, hd}, pos, inv_freq):transpose(2, 3)
+  local k = gp.rope(self.k_proj(x):view {B, T, Hkv, hd}, pos, inv_freq):transpose(2, 3)
+  local v = self.v_proj(x):view {B, T, Hkv, hd}:transpose(2, 3)
+  if cache then
+    cache:append(layer, k, v)
+    k, v = cache:keys(layer), cache:values(layer)
+  end
+  local y = self:attend(q, k, v)
+  return self.o_proj(y:transpose(2, 3):reshape {B, T, H * hd})
+end
+
+local MLP = Module:extend('LlamaMLP')
+function MLP:init(cfg, o)
+  local d, h = cfg.hidden_size, cfg.intermediate_size
+  local ob = {bias = false, dtype = o.dtype, device = o.device}
+  self.gate_proj = Linear(d, h, ob)
+  self.up_proj = Linear(d, h, ob)
+  self.down_proj = Linear(h, d, ob)
+end
+function MLP:forward(x) return self.down_proj(gp.swiglu(self.gate_proj(x), self.up_proj(x))) end
+
+local Layer = Module:extend('LlamaDecoderLayer')
+function Layer:init(cfg, o)
+  local ro = {eps = cfg.rms_norm_eps, dtype = o.dtype, device = o.device}
+  self.input_layernorm = nn.RMSNorm(cfg.hidden_size, ro)
+  self.self_attn = Attention(cfg, o)
+  self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, ro)
+  self.mlp = MLP(cfg, o)
+end
+function Layer:forward(x, pos, inv_freq, cache, layer)
+  x = x + self.self_attn(self.input_layernorm(x), pos, inv_freq, cache, layer)
+  return x + self.mlp(self.post_attention_layernorm(x))
+end
+
+-- the decoder without the head: model.embed_tokens, model.layers.N, model.norm
+local Body = Module:extend('LlamaModel')
+function Body:init(cfg, o)
+  self._index_base = 0 -- layers.0, layers.1, ... as in the checkpoints
+  self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, o)
+  local layers = {}
+  for i = 1, cfg.num_hidden_layers do layers[i] = Layer(cfg, o) end
+  self.layers = layers
+  self.norm = nn.RMSNorm(cfg.hidden_size, {eps = cfg.rms_norm_eps, dtype = o.dtype, device = o.device})
+end
+
+local Llama = Module:extend('Llama')
+
+-- cfg: the fields of a config.json; opts: {dtype = 'f32', device = gp.device(), init = true}
+function Llama:init(c, opts)
+  if type(c) ~= 'table' then raise('Llama: needs a config table (the fields of config.json)') end
+  opts = opts or {}
+  local cfg = config_of(c)
+  self.config = cfg
+  local o = {dtype = opts.dtype or 'f32', device = opts.device or gp.device()}
+  self.model = Body(cfg, o)
+  if cfg.tie_word_embeddings then
+    self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, {bias = false, dtype = o.dtype, device = o.device})
+    self.lm_head.weight = self.model.embed_tokens.weight
+  else
+    self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, {bias = false, dtype = o.dtype, device = o.device})
+  end
+  -- the rotary frequencies, computed from the config (not saved, as transformers does), per device
+  self._inv_freq = {cpu = gp.rope_inv_freq(cfg.head_dim, {theta = cfg.rope_theta, scaling = cfg.rope_scaling, device = 'cpu'})}
+  if opts.init ~= false then self:init_weights(c.initializer_range or 0.02) end
+end
+
+-- transformers' init: every Linear and Embedding weight ~ N(0, std), biases 0, norms 1
+function Llama:init_weights(std)
+  gp.no_grad(function()
+    for _, m in ipairs(self:modules()) do
+      local mt = getmetatable(m)
+      if mt == Linear._imt or mt == nn.Embedding._imt then
+        nn.init.normal_(m.weight, 0, std)
+        if rawget(m, 'bias') then nn.init.zeros_(m.bias) end
+      end
+    end
+  end)
+  return self
+end
+
+local function check_ids(op, idx)
+  if not is_tensor(idx) or idx:dim() ~= 2 or (idx.dtype ~= 'i64' and idx.dtype ~= 'i32') then
+    raise(op .. ': idx must be a (B, T) tensor of i64 (or i32) token ids, got ' ..
+      (is_tensor(idx) and (idx.dtype .. ' ' .. shape_str(idx.shape)) or type(idx)))
+  end
+end
+
+function Llama:_run(idx, pos, cache)
+  local x = self.model.embed_tokens(idx)
+  local freqs = rawget(self, '_inv_freq')
+  local inv_freq = freqs[x.device]
+  if not inv_freq then inv_freq = freqs.cpu:to(x.device); freqs[x.device] = inv_freq end
+  for i, layer in ipairs(self.model.layers) do x = layer(x, pos, inv_freq, cache, i) end
+  return self.lm_head(self.model.norm(x))
+end
+
+-- idx (B, T) 0-based token ids -> logits (B, T, vocab); with targets (B, T) also the mean cross-entropy
+function Llama:forward(idx, targets)
+  check_ids('Llama', idx)
+  local T = idx:size(2)
+  if T > self.config.max_position_embeddings then
+    raise(string.format('Llama: the sequence has %d tokens but max_position_embeddings is %d', T, self.config.max_position_embeddings))
+  end
+  local logits = self:_run(idx, 0)
+  if targets ~= nil then return logits, gp.cross_entropy(logits, targets) end
+  return logits
+end
+
+-- a KV cache for this model: Hkv heads per layer (grouped-query attention stores each KV head once)
+function Llama:new_cache(batch, capacity, dtype, device)
+  local c = self.config
+  return gp.KVCache {batch = batch, heads = c.num_key_value_heads, capacity = capacity, head_dim = c.head_dim,
+                     layers = c.num_hidden_layers, dtype = dtype or self.lm_head.weight.dtype,
+                     device = device or self.lm_head.weight.device}
+end
+
+-- incremental forward for generation: idx_new (B, Tnew) at positions pos .. (default cache:len());
+-- every layer appends its keys and values (after the rotation) to the cache
+function Llama:forward_cached(idx, cache, pos)
+  check_ids('Llama:forward_cached', idx)
+  if type(cache) ~= 'table' or not cache.append then raise('Llama:forward_cached: needs a KV cache (model:new_cache)') end
+  pos = pos or cache:len()
+  if type(pos) ~= 'number' then raise('Llama:forward_cached: pos must be a number (the first position of idx)') end
+  local T = idx:size(2)
+  if pos + T > self.config.max_position_embeddings then
+    raise(string.format('Llama:forward_cached: positions %d..%d are beyond max_position_embeddings %d', pos, pos + T - 1,
+      self.config.max_position_embeddings))
+  end
+  return self:_run(idx, pos, cache)
+end
+
+function Llama:extra_repr()
+  local c = self.config
+  return string.format('%s: vocab %d, d %d, %d layers, %d heads (%d KV) of %d, mlp %d', c.model_type, c.vocab_size,
+    c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size)
+end
+
+gp.doc(Llama, 'gp.models.Llama(config, {dtype=\'f32\', device=gp.device(), init=true})',
+  'a Llama-family causal LM (llama, mistral, qwen2, SmolLM) from the fields of a config.json: RMSNorm, RoPE (linear and llama3 ' ..
+  'scaling), grouped-query attention, SwiGLU; parameters named as in Hugging Face checkpoints; model(ids[, targets])')
+gp.doc(Llama.forward_cached, 'llama:forward_cached(idx_new, cache, pos=cache:len())',
+  'logits (B, Tnew, V) of tokens at positions pos..; appends every layer\'s rotated keys and values to the cache')
+gp.doc(Llama.new_cache, 'llama:new_cache(batch, capacity, dtype, device)', 'a gp.KVCache with the model\'s KV heads per layer')
+
+Llama.config_of = config_of
+return Llama
