@@ -59,7 +59,7 @@ end
 
 -- a state dict in Hugging Face's names and layout (attn.bias and attn.masked_bias buffers of older checkpoints are skipped)
 function GPT2:load_state_dict(sd, opts)
-  local own, unexpected = {}, {}
+  local own = {}
   local theirs = {}
   for name in pairs(GPT.state_dict(self)) do
     local h, conv = hf_name(name)
@@ -68,7 +68,7 @@ function GPT2:load_state_dict(sd, opts)
   for k, t in pairs(sd) do
     local m = theirs[k]
     if m then own[m[1]] = m[2] and t:t() or t
-    elseif not (k:match('%.attn%.bias$') or k:match('%.attn%.masked_bias$')) then own[k] = t; unexpected[#unexpected + 1] = k end
+    elseif not (k:match('%.attn%.bias$') or k:match('%.attn%.masked_bias$')) then own[k] = t end -- unexpected: named by the check
   end
   if self.config.tie_weights then own['lm_head.weight'] = nil end
   return GPT.load_state_dict(self, own, opts)
