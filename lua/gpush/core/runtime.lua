@@ -31,6 +31,14 @@ function M.dtype(name, op)
   end
   return d
 end
+-- gpush's cache directory: $GPUSH_CACHE, else ~/.cache/gpush (compiled kernels, fetched models)
+function M.cache_dir()
+  local d = os.getenv('GPUSH_CACHE')
+  if d and d ~= '' then return d end
+  local home = os.getenv('HOME')
+  return home and home .. '/.cache/gpush' or nil
+end
+
 local box_stats = ffi.new('gp_memstats[1]')
 function M.memory_stats()
   C.gp_memory_stats(box_stats)

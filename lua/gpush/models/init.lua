@@ -13,6 +13,34 @@ local M = {
   generate = require('gpush.models.generate').generate,
 }
 
+-- the models `make models` fetches, by short name: where they land under models_dir()
+M.NAMES = {smollm2 = 'smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', ['all-minilm-l6-v2'] = 'all-minilm-l6-v2'}
+
+-- $GPUSH_CACHE/models (default ~/.cache/gpush/models)
+function M.dir() return (rt.cache_dir() or '.') .. '/models' end
+gp.doc(M.dir, 'gp.models.dir()', 'where `make models` puts what it fetches: $GPUSH_CACHE/models (default ~/.cache/gpush/models)')
+
+local function exists(path)
+  local f = io.open(path, 'rb')
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- the path of a fetched model by short name ('smollm2'); an error saying to run `make models` when it is absent
+function M.path(name)
+  local rel = M.NAMES[name]
+  if not rel then
+    local names = {}
+    for k in pairs(M.NAMES) do names[#names + 1] = k end
+    table.sort(names)
+    raise(string.format("models.path: no model named '%s' (%s)", tostring(name), table.concat(names, ', ')))
+  end
+  local p = M.dir() .. '/' .. rel
+  if not exists(p) then raise(string.format("models: '%s' is not fetched (%s is missing): run `make models`", name, p)) end
+  return p
+end
+gp.doc(M.path, "gp.models.path('smollm2')", 'the file or directory of a model `make models` fetched, by its short name')
+
 local function is_dir(path)
   local f = io.open(path .. '/.', 'rb')
   if f then f:close() return true end
@@ -23,6 +51,7 @@ end
 function M.load(path, opts)
   if type(path) ~= 'string' then raise('models.load: the path must be a string (a model directory or a .gguf file)') end
   opts = opts or {}
+  if M.NAMES[path] and not is_dir(path) and not exists(path) then path = M.path(path) end
   if is_dir(path) then return hf.load_dir(path, opts) end
   raise(string.format('models.load: %s is not a model directory', path))
 end

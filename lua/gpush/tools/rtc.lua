@@ -30,12 +30,7 @@ local function hash(s)
 end
 M.hash = hash
 
-function M.cache_dir()
-  local d = os.getenv('GPUSH_CACHE')
-  if d and d ~= '' then return d end
-  local home = os.getenv('HOME')
-  return home and home .. '/.cache/gpush' or nil
-end
+M.cache_dir = rt.cache_dir
 
 function M.arch()
   need_gpu('rtc.arch')
