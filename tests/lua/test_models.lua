@@ -1,0 +1,97 @@
+-- Real model formats: tiny Hugging Face checkpoints with random weights
+-- (tests/fixtures/models/NAME, made by make.py there with transformers) and
+-- the logits and greedy tokens transformers computed with them.
+local T = require 'lib'
+local root = (GPUSH_ROOT or '.') .. '/tests/fixtures/models'
+local ARCHS = {'llama_gqa', 'llama3_rope', 'qwen2', 'gpt2'}
+
+local function expected(name) return gp.load(root .. '/' .. name .. '/expected.safetensors') end
+
+local function greedy(m, e)
+  local prompt = {unpack(e.ids:totable()[1], 1, 8)}
+  local r = gp.generate(m, {prompt}, {max_new = 32, greedy = true})
+  return r.lists[1]
+end
+
+for _, name in ipairs(ARCHS) do
+  for _, device in ipairs {'cpu', 'cuda'} do
+    T.test(string.format('models: %s logits and greedy tokens equal transformers\' (f32, %s)', name, device), function()
+      if device == 'cuda' then T.cuda() end
+      local m = gp.models.load(root .. '/' .. name, {dtype = 'f32', device = device})
+      local e = expected(name)
+      local lg = m(e.ids:to(device))
+      T.ok(T.relnorm(lg:cpu(), e.logits) < 1e-4, 'logits: ' .. T.relnorm(lg:cpu(), e.logits))
+      local want = e.greedy:totable()[1]
+      local got = greedy(m, e)
+      T.eq(table.concat(got, ','), table.concat(want, ','))
+    end)
+  end
+  T.test(string.format('models: %s in bf16 within 2e-2 of transformers\' f32 logits', name), function()
+    local device = gp.cuda_available() and 'cuda' or 'cpu'
+    local m = gp.models.load(root .. '/' .. name, {dtype = 'bf16', device = device})
+    local e = expected(name)
+    local lg = m(e.ids:to(device)):float():cpu()
+    T.ok(T.relnorm(lg, e.logits) < 2e-2, 'logits: ' .. T.relnorm(lg, e.logits))
+  end)
+end
+
+T.test('models: state_dict() gives back the checkpoint\'s names, shapes and values', function()
+  for _, name in ipairs(ARCHS) do
+    local file = gp.load(root .. '/' .. name .. '/model.safetensors')
+    local m = gp.models.load(root .. '/' .. name, {device = 'cpu'})
+    local sd = m:state_dict()
+    for k, t in pairs(file) do
+      T.ok(sd[k], name .. ': ' .. k .. ' missing from state_dict()')
+      T.eq(table.concat(sd[k].shape, 'x'), table.concat(t.shape, 'x'), name .. ' ' .. k)
+      T.eq(sd[k].dtype, t.dtype, name .. ' ' .. k)
+      T.eq((sd[k]:float() - t:float()):abs():max():item(), 0, name .. ' ' .. k)
+    end
+    for k in pairs(sd) do T.ok(file[k], name .. ': state_dict() has ' .. k .. ', which the checkpoint does not') end
+  end
+end)
+
+T.test('models: a saved state_dict loads back (the fine-tuned model transformers can read)', function()
+  local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute('mkdir -p ' .. dir .. ' && cp ' .. root .. '/llama_gqa/config.json ' .. dir .. '/')
+  gp.save(dir .. '/model.safetensors', m:state_dict(), {format = 'pt'})
+  local m2 = gp.models.load(dir, {dtype = 'f32', device = 'cpu'})
+  local e = expected('llama_gqa')
+  T.ok(T.relnorm(m2(e.ids), e.logits) < 1e-4)
+  os.execute('rm -rf ' .. dir)
+end)
+
+-- a copy of a fixture with config.json changed by edit(config)
+local function with_config(name, edit)
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute(string.format('mkdir -p %s && cp %s/%s/model.safetensors %s/', dir, root, name, dir))
+  local f = assert(io.open(root .. '/' .. name .. '/config.json'))
+  local c = gp.json.decode(f:read('*a'))
+  f:close()
+  edit(c)
+  local out = assert(io.open(dir .. '/config.json', 'w'))
+  out:write(gp.json.encode(c))
+  out:close()
+  return dir
+end
+
+T.test('models: a config that disagrees with the weights, an unknown architecture or field value is a clear error', function()
+  local cases = {
+    {function(c) c.intermediate_size = 100 end, 'gate_proj.weight', 'model.safetensors', '(192,128)'},
+    {function(c) c.model_type = 'mamba' end, 'config.json', "model_type 'mamba' is not supported"},
+    {function(c) c.hidden_act = 'relu' end, 'config.json', "hidden_act 'relu'"},
+    {function(c) c.rope_scaling = {rope_type = 'yarn', factor = 4} end, 'yarn', 'not supported'},
+    {function(c) c.num_key_value_heads = 3 end, 'num_key_value_heads 3'},
+    {function(c) c.num_hidden_layers = 3 end, 'missing keys', 'model.layers.2'},
+  }
+  for _, case in ipairs(cases) do
+    local dir = with_config('llama_gqa', case[1])
+    local err = T.raises(function() gp.models.load(dir, {device = 'cpu'}) end, unpack(case, 2))
+    T.ok(not err:find('traceback', 1, true))
+    os.execute('rm -rf ' .. dir)
+  end
+  T.raises(function() gp.models.load(root .. '/no_such_model') end, 'no_such_model')
+  T.raises(function() gp.models.load('gpt-17') end, 'gpt-17')
+end)
