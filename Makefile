@@ -49,7 +49,7 @@ OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
 endif
 TEST_SRC := $(wildcard tests/c/*.c)
 
-.PHONY: all deps test check lint docs models run bench clean
+.PHONY: all deps test check lint docs models run bench fuzz clean
 all: $(BUILD)/gpush $(BUILD)/test_c
 
 $(BUILD)/obj/%.o: %.c
@@ -142,7 +142,26 @@ run: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush
 	$(Q)$(BUILD)/gpush scripts/polychromic.lua
 
+# libFuzzer harness of the GGUF reader and the dequant CPU references
+# (tests/fuzz/fuzz_gguf.c): clang with ASan and UBSan over the CPU-only library.
+# Run: build/fuzz_gguf -max_total_time=300 build/fuzz-corpus tests/fixtures/gguf
+FUZZ_CC    ?= clang
+FUZZ_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+FUZZ_OBJS  := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(CORE_SRC) src/nocuda.c)
+$(BUILD)/fuzz/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "  FUZZCC $<"
+	$(Q)$(FUZZ_CC) -Isrc -I$(LUAJIT_INC) -DGP_HAVE_CUDA=0 -D_GNU_SOURCE -std=c11 -MMD -MP $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_OBJS)
+	@echo "  LINK  $@"
+	$(Q)$(FUZZ_CC) -Isrc -DGP_HAVE_CUDA=0 $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LUAJIT_LIB) -lreadline -lcjson -lm -ldl -lpthread
+
+fuzz: $(BUILD)/fuzz_gguf
+	@mkdir -p $(BUILD)/fuzz-corpus
+	@echo "  run: $(BUILD)/fuzz_gguf -max_total_time=300 $(BUILD)/fuzz-corpus tests/fixtures/gguf"
+
 clean:
 	rm -rf $(BUILD)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/fuzz -name '*.d' 2>/dev/null)

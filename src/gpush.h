@@ -206,6 +206,46 @@ int gp_st_meta(const gp_st *st, int i, const char **key, const char **value);
 int gp_st_save(const char *path, int n, const char *const *names, const gp_tensor *const *ts, int nmeta,
                const char *const *keys, const char *const *values);
 
+/* ---- GGUF files (src/gguf.c): llama.cpp's format, versions 2 and 3 ----
+ * gp_gguf_open maps the file and checks its whole header (every length,
+ * count, type, size and tensor extent) before returning; tensor data is read
+ * only by gp_gguf_read. Metadata entries and tensors are numbered from 0 in
+ * file order. Value types (gp_gguf_meta_type): 0 u8, 1 i8, 2 u16, 3 i16,
+ * 4 u32, 5 i32, 6 f32, 7 bool, 8 string, 9 array, 10 u64, 11 i64, 12 f64.
+ * Strings point into the mapping, are not NUL-terminated and live until
+ * gp_gguf_close. Tensor dims are in ggml order: dims[0] (ne0) varies
+ * fastest, so PyTorch's shape is the reverse. */
+typedef struct gp_gguf gp_gguf;
+int gp_gguf_open(gp_gguf **out, const char *path);
+void gp_gguf_close(gp_gguf *g);
+int gp_gguf_version(const gp_gguf *g);         /* 2 or 3 */
+int64_t gp_gguf_alignment(const gp_gguf *g);   /* general.alignment, default 32 */
+int64_t gp_gguf_data_offset(const gp_gguf *g); /* file offset of the data section */
+int64_t gp_gguf_file_size(const gp_gguf *g);
+int64_t gp_gguf_meta_count(const gp_gguf *g);
+int64_t gp_gguf_meta_find(const gp_gguf *g, const char *key);  /* the entry's index, -1 if absent */
+int gp_gguf_meta_key(const char **key, int64_t *len, const gp_gguf *g, int64_t i);
+/* type; elem_type: an array's element type (else = type); n: an array's length (else 1) */
+int gp_gguf_meta_type(int *type, int *elem_type, int64_t *n, const gp_gguf *g, int64_t i);
+/* a number or bool (j = 0), or element j of an array of them, as a double (u64, i64 rounded) */
+int gp_gguf_meta_number(double *v, const gp_gguf *g, int64_t i, int64_t j);
+/* the same for integers and bools, exactly (a u64 as its bits) */
+int gp_gguf_meta_int(int64_t *v, const gp_gguf *g, int64_t i, int64_t j);
+/* elements start .. start + n - 1 of an array of numbers or bools */
+int gp_gguf_meta_numbers(double *out, const gp_gguf *g, int64_t i, int64_t start, int64_t n);
+/* a string (j = 0), or element j of an array of strings: *s, *len bytes */
+int gp_gguf_meta_string(const char **s, int64_t *len, const gp_gguf *g, int64_t i, int64_t j);
+int64_t gp_gguf_tensor_count(const gp_gguf *g);
+int64_t gp_gguf_tensor_find(const gp_gguf *g, const char *name);  /* index, -1 if absent */
+/* any output may be NULL; dims: 4 entries (1 past ndim); offset: in the file; nbytes of its data */
+int gp_gguf_tensor_info(const char **name, int *type, int *ndim, int64_t *dims, int64_t *offset, int64_t *nbytes,
+                        const gp_gguf *g, int64_t i);
+/* the raw bytes of tensor i into out: contiguous, on the cpu or cuda, either u8 of exactly nbytes
+ * elements or (F32, F16, BF16, I32, I64, F64) the matching dtype with the tensor's element count */
+int gp_gguf_read(gp_gguf *g, int64_t i, gp_tensor *out);
+const char *gp_gguf_type_name(int type);       /* "Q4_1"; NULL for an unknown ggml type */
+int gp_gguf_type_size(int *block, int *bytes, int type);  /* elements and bytes a block */
+
 /* ---- multi-tensor lists: one launch over many tensors (optimizers) ----
  * A list holds `groups` groups of n tensors each (group-major: ts[g * n + i]),
  * tensor i of every group having the same number of elements, each group one

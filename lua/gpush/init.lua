@@ -2,7 +2,7 @@
 -- gp facade: it only re-exports the layers below it (docs/architecture.md).
 -- `gp` is preloaded in scripts and the prompt; `local gp = require 'gpush'` also works.
 --
---   core/         tensors, kernels (gp.k), ops, autograd, streams, graphs, checkpoints
+--   core/         tensors, kernels (gp.k), ops, autograd, streams, graphs, checkpoints, GGUF (gp.gguf)
 --   nn/           modules and layers             -> gp.nn, gp.lora
 --   models/       models and generation          -> gp.models, gp.generate
 --   train/        optimizers, data, logs, dist   -> gp.optim, gp.data, gp.train, gp.dist
@@ -14,6 +14,7 @@ local autograd = require 'gpush.core.autograd'
 local gp = {}
 for k, v in pairs(core) do gp[k] = v end
 autograd.install(gp) -- rules defined later (by users, on gp) wrap gp's functions too
+gp.gguf = require 'gpush.core.gguf'
 
 gp.nn = require 'gpush.nn'
 gp.lora = require 'gpush.nn.lora'

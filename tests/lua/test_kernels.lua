@@ -195,6 +195,27 @@ KCASES.rope = {
 }
 KTOL.rope = {f32 = 1e-4}
 
+-- per kernel (by name or family): fix up the inputs make_args drew (args on the cpu)
+local KFILL = {}
+-- dequant: x holds quantized blocks: random bytes, except the fp16 scales (at these
+-- byte offsets of each block), which get magnitudes 2^-7 .. 2^-3 so that values stay in f16's range
+local SCALE_BYTES = {dequant_q4_0 = {0}, dequant_q4_1 = {0, 2}, dequant_q5_0 = {0}, dequant_q5_1 = {0, 2},
+                     dequant_q8_0 = {0}, dequant_q4_k = {0, 2}, dequant_q5_k = {0, 2}, dequant_q6_k = {208}}
+KFILL.dequant = function(k, args)
+  local x = args[2]
+  local r = gp.empty(x.shape, {dtype = 'i32', device = 'cpu'})
+  gp.k.randint(r, 0, 256)
+  x:copy_(r)
+  local p = require('ffi').cast('uint8_t *', x.c.data) + x.c.offset
+  local nb, bytes = x.shape[1], x.shape[2]
+  for b = 0, nb - 1 do
+    for _, o in ipairs(SCALE_BYTES[k.name]) do
+      p[b * bytes + o] = math.random(0, 255)
+      p[b * bytes + o + 1] = math.random(0, 1) * 128 + 0x20 + math.random(0, 15)
+    end
+  end
+end
+
 local function rand_fill(dst, positive)
   local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
   local dt = t.dtype
@@ -352,6 +373,8 @@ for _, k in ipairs(kernels.list) do
         if not (case.big and si > 2) then
           local variant = case.variant or (si + ci) % 3
           local args = make_args(k, case, dts, variant)
+          local kfill = KFILL[k.name] or KFILL[k.family]
+          if kfill then kfill(k, args, case) end
           local seed = 99 + si * 7 + ci
           local dev = gp.cuda_available() and 'cuda' or 'cpu'
           -- every element written: two runs with different poison agree

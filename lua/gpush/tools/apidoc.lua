@@ -24,12 +24,13 @@ M.SECTIONS = {
   {'gp.rtc', 'gp.rtc: kernels compiled at run time (NVRTC)', ''},
   {'gp.args', 'gp.args: script flags', ''},
   {'gp.json', 'gp.json', ''},
+  {'gp.gguf', 'gp.gguf: GGUF files', "llama.cpp's model files: metadata, tensor infos, raw and dequantized tensors (docs/tensors.md)"},
   {'other', 'Other objects', ''},
 }
 
 -- the section of a usage line
 local OBJECT = {t = 'tensor', a = 'tensor', x = 'tensor', m = 'gp.nn', moe = 'gp.nn', lora = 'gp.nn', gpt = 'gp.models',
-                opt = 'gp.optim', ds = 'gp.data', ddp = 'gp.dist', cache = 'gp', g = 'gp'}
+                opt = 'gp.optim', ds = 'gp.data', ddp = 'gp.dist', cache = 'gp', g = 'gp', gguf = 'gp.gguf'}
 local function section_of(usage)
   local ns = usage:match('^gp%.([%a_]+)%.')
   if ns then return 'gp.' .. ns end
