@@ -31,7 +31,7 @@ tokenizer.from_json = doc(function(spec, extra)
   return T.from_spec(spec, 'the tokenizer table', extra)
 end, 'gp.tokenizer.from_json(text_or_table, {config = tokenizer_config})',
   'a tokenizer from the content of a tokenizer.json (its text or the decoded table); config is a decoded tokenizer_config.json')
-tokenizer.template = doc(function(source) return jinja.compile(source, 'template') end, 'gp.tokenizer.template(source)',
+tokenizer.template = doc(function(source) return jinja.compile(source, 'chat template') end, 'gp.tokenizer.template(source)',
   "a compiled Jinja chat template (the subset model templates use); tpl:render{messages = ..., add_generation_prompt = true}")
 
 local Tok = T.Tokenizer

@@ -71,6 +71,12 @@ local function bert(spec)
   local accents = spec.strip_accents
   if accents == nil or accents == null then accents = lower end
   return function(s)
+    if not s:find('[\128-\255]') then
+      -- ASCII: controls go (but tab, newline and return, which become spaces); nothing to strip
+      if clean then s = s:gsub('[%z\1-\8\11\12\14-\31\127]', ''):gsub('[\t\n\r]', ' ') end
+      if lower then s = s:lower() end
+      return s
+    end
     if clean then
       s = U.map(s, function(cp)
         if cp == 9 or cp == 10 or cp == 13 then return ' ' end
