@@ -66,21 +66,38 @@ local function strip_accents(s)
   return U.filter(U.normalize(s, 'NFD'), function(cp) return not U.is_nonspacing_mark(cp) end)
 end
 
+-- f on the ASCII runs of s and g on the others (a run of bytes >= 0x80 holds
+-- whole characters, and NFD only reorders marks, which are never ASCII)
+local function by_runs(s, f, g)
+  if not s:find('[\128-\255]') then return f(s) end
+  local out, i, n = {}, 1, #s
+  while i <= n do
+    local a, b = s:find('[\128-\255]+', i)
+    if not a then
+      out[#out + 1] = f(s:sub(i))
+      break
+    end
+    if a > i then out[#out + 1] = f(s:sub(i, a - 1)) end
+    out[#out + 1] = g(s:sub(a, b))
+    i = b + 1
+  end
+  return table.concat(out)
+end
+
 local function bert(spec)
   local clean, chinese, lower = spec.clean_text ~= false, spec.handle_chinese_chars ~= false, spec.lowercase ~= false
   local accents = spec.strip_accents
   if accents == nil or accents == null then accents = lower end
-  return function(s)
-    if not s:find('[\128-\255]') then
-      -- ASCII: controls go (but tab, newline and return, which become spaces); nothing to strip
-      if clean then s = s:gsub('[%z\1-\8\11\12\14-\31\127]', ''):gsub('[\t\n\r]', ' ') end
-      if lower then s = s:lower() end
-      return s
-    end
+  -- ASCII: controls go (but tab, newline and return, which become spaces); nothing to strip
+  local function ascii(s)
+    if clean then s = s:gsub('[%z\1-\8\11\12\14-\31\127]', ''):gsub('[\t\n\r]', ' ') end
+    if lower then s = s:lower() end
+    return s
+  end
+  local function other(s)
     if clean then
       s = U.map(s, function(cp)
-        if cp == 9 or cp == 10 or cp == 13 then return ' ' end
-        if cp == 0 or cp == 0xFFFD or U.is_other(cp) then return '' end
+        if cp == 0xFFFD or U.is_other(cp) then return '' end
         if WHITE[cp] then return ' ' end
       end)
     end
@@ -91,6 +108,7 @@ local function bert(spec)
     if lower then s = U.lower(s) end
     return s
   end
+  return function(s) return by_runs(s, ascii, other) end
 end
 
 -- the byte-to-character table of GPT-2's byte-level BPE (tokenizers'

@@ -16,6 +16,13 @@ local sub = string.sub
 local function split(s, at_start, emit, iter, behavior, invert)
   local n = #s
   if n == 0 then return end
+  if behavior == 'Removed' and invert then
+    -- the matches are what is kept
+    iter(s, function(a, b)
+      if b > a then emit(sub(s, a + 1, b), at_start and a == 0) end
+    end)
+    return
+  end
   if (behavior == 'Isolated' or behavior == 'Removed') and not invert then
     local prev = 0
     local keep = behavior == 'Isolated'
@@ -149,10 +156,12 @@ local function stages(spec, where, list)
   elseif t == 'Metaspace' then
     list[#list + 1] = {type = t, fn = metaspace(spec, where)}
   elseif t == 'BertPreTokenizer' then
-    local ws, punct = chars_where(is_white), chars_where(is_bert_punct)
-    list[#list + 1] = {type = t, fn = function(s, a, emit)
-      split(s, a, function(p, pa) split(p, pa, emit, punct, 'Isolated') end, ws, 'Removed')
-    end}
+    -- whitespace removed, each punctuation character isolated (ASCII
+    -- punctuation, symbols included, and Unicode's P categories): in one pass,
+    -- the runs of other characters and the punctuation characters are kept
+    local punct = [=[\p{P}!-/:-@\[-`{-~]=]
+    local iter = regex_iter(U.regex('[^' .. U.SPACE .. punct .. ']+|[' .. punct .. ']', {onig = false}))
+    list[#list + 1] = {type = t, fn = function(s, a, emit) split(s, a, emit, iter, 'Removed', true) end}
   elseif t == 'Whitespace' then
     -- \w+|[^\w\s]+ in Rust's regex crate
     local w = U.RUST_WORD
