@@ -101,6 +101,19 @@ T.test('chat template: tok:apply_chat_template from tokenizer_config.json and fr
   T.raises(function() tok:apply_chat_template('hi') end, 'messages must be a list')
 end)
 
+T.test('chat template: chat_template.jinja beside tokenizer.json when tokenizer_config.json has none', function()
+  local dir = os.tmpname()
+  os.remove(dir)
+  os.execute('mkdir -p "' .. dir .. '" && cp "' .. root .. '/gpt2/tokenizer.json" "' .. dir .. '/"')
+  local f = assert(io.open(dir .. '/chat_template.jinja', 'wb'))
+  f:write('{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}\n')
+  f:close()
+  local tok = gp.tokenizer.load(dir)
+  T.eq(tok:apply_chat_template({{role = 'user', content = 'hi'}}), '<user>hi')
+  T.eq(tok.bos_token, '<|endoftext|>') -- no config: found by its usual name
+  os.execute('rm -rf "' .. dir .. '"')
+end)
+
 T.test('chat template: dictionaries keep the order their metatable gives, else sorted; an empty table is a list', function()
   local tpl = gp.tokenizer.template('{{ d | tojson }} {% for k, v in d.items() %}{{ k }}{% endfor %} {{ e | tojson }}')
   T.eq(tpl:render{d = {b = 1, a = 2}, e = {}}, '{"a": 2, "b": 1} ab []')

@@ -147,6 +147,9 @@ T.test('tokenizer: byte-level BPE decodes what it encodes, byte for byte', funct
   for _, s in ipairs(all) do
     T.eq(tok:decode(tok:encode(s)), s)
   end
+  -- NUL bytes (which JSON fixtures cannot carry through cJSON): ids from tokenizers
+  T.eq(show(tok:encode('a\0b')), '{64 188 65}')
+  T.eq(tok:decode({64, 188, 65}), 'a\0b')
   -- ids cut in the middle of a character decode to U+FFFD, as tokenizers does
   local ids = tok:encode('\u{1F600}')
   T.ok(#ids > 1)
@@ -180,6 +183,31 @@ T.test('tokenizer: a Hugging Face directory with tokenizer_config.json (SmolLM2)
   T.eq(g.unk_id, 0)
   T.eq(g.chat_template, tok.chat_template)
   T.eq(g.vocab_size, tok.vocab_size)
+end)
+
+T.test('tokenizer from_gguf: arrays as FFI arrays, named chat templates', function()
+  local ffi = require 'ffi'
+  local meta = json.decode(read(root .. '/bpe_fallback/gguf_meta.json'))
+  local n = #meta['tokenizer.ggml.tokens']
+  local types, scores = ffi.new('int32_t[?]', n), ffi.new('float[?]', n)
+  for i = 1, n do
+    types[i - 1] = meta['tokenizer.ggml.token_type'][i]
+    scores[i - 1] = meta['tokenizer.ggml.scores'][i]
+  end
+  local want = gp.tokenizer.from_gguf(meta)
+  meta['tokenizer.ggml.token_type'], meta['tokenizer.ggml.scores'] = types, scores
+  meta['tokenizer.ggml.bos_token_id'] = ffi.new('uint32_t', 1)
+  meta['tokenizer.chat_template'] = '{{ bos_token }}default'
+  meta['tokenizer.chat_template.tool_use'] = '{{ bos_token }}tools'
+  local tok = gp.tokenizer.from_gguf(meta)
+  for _, s in ipairs {'Hello world', text[1], '\u{1F600} <0x41> <s>x</s>'} do
+    T.eq(show(tok:encode(s)), show(want:encode(s)))
+  end
+  T.eq(tok.bos_id, 1)
+  T.eq(tok.vocab_size, n)
+  local chat = {{role = 'user', content = 'x'}}
+  T.eq(tok:apply_chat_template(chat), '<s>default')
+  T.eq(tok:apply_chat_template(chat, {chat_template = 'tool_use'}), '<s>tools')
 end)
 
 T.test('tokenizer: WordPiece padding, truncation and the attention mask (all-MiniLM-L6-v2)', function()

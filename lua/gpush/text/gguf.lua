@@ -60,6 +60,12 @@ local TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_BYTE = 2, 3, 4, 6
 
 local function get(meta, key) local v = meta[key] if v == null then return nil end return v end
 local function num(v) if v == nil then return nil end return tonumber(v) end
+-- element i (1-based) of an array the GGUF reader gives: a Lua list or an FFI array
+local function at(arr, i)
+  if arr == nil then return nil end
+  if type(arr) == 'cdata' then return arr[i - 1] end
+  return arr[i]
+end
 
 -- the added tokens of a GGUF vocabulary: control and unknown tokens are
 -- special, user-defined ones are not (tokenizers' added_tokens)
@@ -67,7 +73,7 @@ local function added_tokens(tokens, types)
   local added = {}
   if not types then return added end
   for i, t in ipairs(tokens) do
-    local ty = num(types[i])
+    local ty = num(at(types, i))
     if ty == TYPE_CONTROL or ty == TYPE_UNKNOWN or ty == TYPE_USER_DEFINED then
       added[#added + 1] = {id = i - 1, content = t, special = ty ~= TYPE_USER_DEFINED, normalized = false}
     end
@@ -133,8 +139,8 @@ function M.from_gguf(meta)
     local scores = get(meta, 'tokenizer.ggml.scores') or {}
     local sc, byte_ids = {}, {}
     for i = 1, #tokens do
-      sc[i - 1] = num(scores[i]) or 0
-      if types and num(types[i]) == TYPE_BYTE then
+      sc[i - 1] = num(at(scores, i)) or 0
+      if types and num(at(types, i)) == TYPE_BYTE then
         local hex = tokens[i]:match('^<0x(%x%x)>$')
         if hex then byte_ids[tonumber(hex, 16)] = i - 1 end
       end
@@ -156,8 +162,22 @@ function M.from_gguf(meta)
     raise(string.format("tokenizer: unsupported tokenizer.ggml.model '%s' in %s (supported: gpt2, llama)", model, where))
   end
   extra.bos_id, extra.eos_id, extra.unk_id, extra.pad_id = bos, eos, unk, pad
+  -- the other named templates (tokenizer.chat_template.NAME)
+  local named
+  for k, v in pairs(meta) do
+    local name = type(k) == 'string' and k:match('^tokenizer%.chat_template%.(.+)$')
+    if name and type(v) == 'string' then
+      named = named or {}
+      named[name] = v
+    end
+  end
   local tok = T.from_spec(spec, where, extra)
+  if named then
+    named.default = tok.chat_template
+    tok.chat_templates = named
+  end
   tok.gguf_pre = get(meta, 'tokenizer.ggml.pre')
+  tok.vocab_size = #tokens -- llama.cpp's n_vocab, duplicates included
   return tok
 end
 

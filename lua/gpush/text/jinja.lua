@@ -1566,7 +1566,7 @@ tests = {
   ['true'] = function(v) return v == true end,
   ['false'] = function(v) return v == false end,
   mapping = function(v) return is_dict(v) end,
-  sequence = function(v) return type(v) == 'string' or (is_list(v) and not is_undef(v)) end,
+  sequence = function(v) return type(v) == 'string' or (v ~= none and is_list(v) and not is_undef(v)) end,
   iterable = function(v)
     if type(v) == 'string' then return true end
     if type(v) ~= 'table' or v == none or is_undef(v) then return false end

@@ -532,8 +532,15 @@ function M.load(path)
   local cfg_path = dir .. '/tokenizer_config.json'
   if exists(cfg_path) then
     extra.config = decode_json(read(cfg_path), cfg_path)
-    local tpl_path = dir .. '/chat_template.jinja'
-    if not opt(extra.config.chat_template) and exists(tpl_path) then extra.chat_template = read(tpl_path) end
+  end
+  -- newer repositories keep the template in a file of its own
+  if not (extra.config and opt(extra.config.chat_template)) then
+    local jinja_path, json_path = dir .. '/chat_template.jinja', dir .. '/chat_template.json'
+    if exists(jinja_path) then
+      extra.chat_template = read(jinja_path)
+    elseif exists(json_path) then
+      extra.chat_template = opt(decode_json(read(json_path), json_path).chat_template)
+    end
   end
   local tok = M.from_spec(spec, file, extra)
   tok.path = file
