@@ -14,19 +14,28 @@ local CHAR_BYTE = N.CHAR_BYTE
 
 -- byte-level: every character of a token back to its byte (a token with a
 -- character outside the table stays as it is), then invalid UTF-8 replaced
+local byte_memo = {} -- token -> its bytes (at most the tokens of the vocabularies in use)
+local function token_bytes(t)
+  local r = byte_memo[t]
+  if r then return r end
+  local bytes, i, n = {}, 1, #t
+  while i <= n do
+    local cp
+    cp, i = U.decode_at(t, i)
+    local b = CHAR_BYTE[cp]
+    if not b then
+      bytes = nil
+      break
+    end
+    bytes[#bytes + 1] = string.char(b)
+  end
+  r = bytes and concat(bytes) or t
+  byte_memo[t] = r
+  return r
+end
 local function byte_level(tokens)
   local out = {}
-  for _, t in ipairs(tokens) do
-    local bytes, ok, i, n = {}, true, 1, #t
-    while i <= n do
-      local cp
-      cp, i = U.decode_at(t, i)
-      local b = CHAR_BYTE[cp]
-      if not b then ok = false break end
-      bytes[#bytes + 1] = string.char(b)
-    end
-    out[#out + 1] = ok and concat(bytes) or t
-  end
+  for i, t in ipairs(tokens) do out[i] = token_bytes(t) end
   return {U.lossy(concat(out))}
 end
 
@@ -119,10 +128,10 @@ local function build(spec, where)
   elseif t == 'Strip' then
     return strip(spec.content or ' ', spec.start or 0, spec.stop or 0)
   elseif t == 'Replace' then
-    local re, content = N.pattern(spec.pattern, 'Replace decoder', where), spec.content or ''
+    local f = N.replacer(spec.pattern, spec.content, 'Replace decoder', where)
     return function(tokens)
       local out = {}
-      for i, tok in ipairs(tokens) do out[i] = N.replace(tok, re, content) end
+      for i, tok in ipairs(tokens) do out[i] = f(tok) end
       return out
     end
   elseif t == 'Metaspace' then

@@ -40,6 +40,33 @@ function M.replace(s, re, content)
   return table.concat(out)
 end
 
+-- every occurrence of the string a in s replaced by b
+local function replace_plain(s, a, b)
+  local i = s:find(a, 1, true)
+  if not i then return s end
+  local out, j = {}, 1
+  while i do
+    out[#out + 1] = s:sub(j, i - 1)
+    out[#out + 1] = b
+    j = i + #a
+    i = s:find(a, j, true)
+  end
+  out[#out + 1] = s:sub(j)
+  return table.concat(out)
+end
+M.replace_plain = replace_plain
+
+-- a function s -> s replacing what a tokenizer.json pattern matches by content
+function M.replacer(p, content, kind, where)
+  content = content or ''
+  if type(p) == 'table' and type(p.String) == 'string' and p.String ~= '' then
+    local a = p.String
+    return function(s) return replace_plain(s, a, content) end
+  end
+  local re = M.pattern(p, kind, where)
+  return function(s) return M.replace(s, re, content) end
+end
+
 local WHITE = U.WHITE
 local function strip(s, left, right)
   local cps = U.codepoints(s)
@@ -153,8 +180,7 @@ function M.build(spec, where)
       return U.filter(s, function(cp) return not U.is_mark(cp) end)
     end
   elseif t == 'Replace' then
-    local re, content = M.pattern(spec.pattern, 'Replace normalizer', where), spec.content or ''
-    return function(s) return M.replace(s, re, content) end
+    return M.replacer(spec.pattern, spec.content, 'Replace normalizer', where)
   elseif t == 'Prepend' then
     local p = spec.prepend or ''
     return function(s) if s == '' then return s end return p .. s end

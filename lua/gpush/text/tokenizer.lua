@@ -187,7 +187,7 @@ end
 ---------------------------------------------------------------------------
 -- building
 
-local CACHE_MAX = 200000
+local CACHE_MAX, CACHE_WORD = 200000, 256 -- words cached, bytes of the longest cached word
 
 -- a tokenizer from a decoded tokenizer.json table; where names it in errors;
 -- extra: {config = tokenizer_config.json table, chat_template =, bos_token =, eos_token =, ...}
@@ -325,12 +325,14 @@ function Tokenizer:encode_piece(s, at_start, out)
     local ids = cache[w]
     if not ids then
       ids = model.tokenize(deferred and byte_level(w) or w)
-      if self.cache_n >= CACHE_MAX then
-        cache = {}
-        self.cache, self.cache_n = cache, 0
+      if #w < CACHE_WORD then -- long words are rare and would fill the cache (tokenizers: the same bound)
+        if self.cache_n >= CACHE_MAX then
+          cache = {}
+          self.cache, self.cache_n = cache, 0
+        end
+        cache[w] = ids
+        self.cache_n = self.cache_n + 1
       end
-      cache[w] = ids
-      self.cache_n = self.cache_n + 1
     end
     local n = #out
     for i = 1, #ids do out[n + i] = ids[i] end
