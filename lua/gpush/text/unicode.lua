@@ -1,9 +1,12 @@
 -- unicode: what the tokenizers need to know about characters, through the
--- LuaJIT FFI: PCRE2 (regular expressions with Unicode classes, JIT-compiled)
--- and utf8proc (general categories, case mapping, NFC/NFD/NFKC/NFKD). Both
--- are linked into the gpush binary (Makefile: -lpcre2-8 -lutf8proc), so
--- ffi.C resolves them. Strings are Lua byte strings holding UTF-8; offsets
--- are 0-based byte offsets, ends exclusive, as PCRE2 reports them.
+-- LuaJIT FFI: PCRE2 (regular expressions with Unicode classes, JIT-compiled),
+-- linked into the gpush binary (Makefile: -lpcre2-8) so that ffi.C resolves
+-- it, and utf8proc (general categories, case mapping, NFC/NFD/NFKC/NFKD),
+-- loaded on first use (Debian's libutf8proc2): only text that is not ASCII
+-- going through a normalizer, a category test or a case change needs it, so
+-- a machine without it builds and runs gpush, and byte-level BPE tokenizers.
+-- Strings are Lua byte strings holding UTF-8; offsets are 0-based byte
+-- offsets, ends exclusive, as PCRE2 reports them.
 local ffi = require 'ffi'
 local bit = require 'bit'
 local rt = require 'gpush.core.runtime'
@@ -28,12 +31,33 @@ size_t *pcre2_get_ovector_pointer_8(pcre2_match_data_8 *match_data);
 int pcre2_get_error_message_8(int errorcode, uint8_t *buffer, size_t bufflen);
 
 ptrdiff_t utf8proc_map(const uint8_t *str, ptrdiff_t strlen, uint8_t **dstptr, int options);
+const char *utf8proc_version(void);
 int utf8proc_category(int32_t codepoint);
 int32_t utf8proc_tolower(int32_t c);
 int32_t utf8proc_toupper(int32_t c);
 const char *utf8proc_errmsg(ptrdiff_t errcode);
 void free(void *ptr);
 ]]
+
+-- utf8proc: in the binary if it was linked in, else the shared library
+local utf8proc
+local function U8()
+  if utf8proc then return utf8proc end
+  if pcall(function() return C.utf8proc_version end) then
+    utf8proc = C
+    return C
+  end
+  for _, name in ipairs {'utf8proc', 'libutf8proc.so.2', 'libutf8proc.so.3'} do
+    local ok, lib = pcall(ffi.load, name)
+    if ok then
+      utf8proc = lib
+      return lib
+    end
+  end
+  rt.raise('unicode: libutf8proc is not installed (Debian: libutf8proc2, which `make deps` installs); ' ..
+    'tokenizers need it for the Unicode categories, case and normalization forms of text that is not ASCII')
+end
+M.utf8proc = U8
 
 local PCRE2_CASELESS, PCRE2_UCP, PCRE2_UTF = 0x00000008, 0x00020000, 0x00080000
 local PCRE2_NO_UTF_CHECK, PCRE2_JIT_COMPLETE, PCRE2_ERROR_NOMATCH = 0x40000000, 1, -1
@@ -172,7 +196,7 @@ end
 ---------------------------------------------------------------------------
 -- character classes (utf8proc's general categories, Unicode 15)
 
-M.category = function(cp) return C.utf8proc_category(cp) end
+M.category = function(cp) return (utf8proc or U8()).utf8proc_category(cp) end
 local category = M.category
 -- category numbers (utf8proc_category_t)
 local CN, LU, LO, MN, ME, ND, NO, PC, PO, CC, CO = 0, 1, 5, 6, 8, 9, 11, 12, 18, 26, 29
@@ -210,7 +234,7 @@ function M.lower(s)
   while i <= n do
     local cp
     cp, i = decode_at(s, i)
-    if cp == 0x130 then out[#out + 1] = 'i\204\135' else out[#out + 1] = encode(C.utf8proc_tolower(cp)) end
+    if cp == 0x130 then out[#out + 1] = 'i\204\135' else out[#out + 1] = encode((utf8proc or U8()).utf8proc_tolower(cp)) end
   end
   return table.concat(out)
 end
@@ -221,7 +245,7 @@ function M.upper(s)
   while i <= n do
     local cp
     cp, i = decode_at(s, i)
-    out[#out + 1] = encode(C.utf8proc_toupper(cp))
+    out[#out + 1] = encode((utf8proc or U8()).utf8proc_toupper(cp))
   end
   return table.concat(out)
 end
@@ -266,8 +290,9 @@ function M.normalize(s, form)
   local opt = NF[form]
   if not opt then rt.raise('unicode.normalize: unknown form ' .. tostring(form)) end
   if not s:find('[\128-\255]') then return s end -- ASCII is in every form
-  local n = C.utf8proc_map(s, #s, dst, opt)
-  if n < 0 then rt.raise('unicode.normalize: ' .. ffi.string(C.utf8proc_errmsg(n))) end
+  local L = utf8proc or U8()
+  local n = L.utf8proc_map(s, #s, dst, opt)
+  if n < 0 then rt.raise('unicode.normalize: ' .. ffi.string(L.utf8proc_errmsg(n))) end
   local r = ffi.string(dst[0], n)
   C.free(dst[0])
   return r
