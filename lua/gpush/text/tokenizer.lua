@@ -549,7 +549,7 @@ function M.load(path)
   return tok
 end
 
--- for tests and tools: the ids of a text under several pieces of the pipeline
+-- the added-token split, for tools that run parts of the pipeline
 M.split_added = split_added
 
 return M

@@ -219,7 +219,7 @@ function M.is_punctuation(cp) local c = category(cp) return c >= PC and c <= PO 
 -- Cc, Cf, Cs, Co and unassigned (unicode_categories' is_other)
 function M.is_other(cp) local c = category(cp) return c == CN or (c >= CC and c <= CO) end
 function M.is_separator(cp) local c = category(cp) return c >= ZS and c <= ZP end
--- a "word" character as Oniguruma's and Rust regex's \w: letter, mark, number, connector punctuation
+-- a "word" character as Oniguruma's \w: letter, mark, number, connector punctuation
 function M.is_word(cp) local c = category(cp) return (c >= LU and c <= NO) or c == PC end
 function M.is_ascii_punctuation(cp)
   return (cp >= 33 and cp <= 47) or (cp >= 58 and cp <= 64) or (cp >= 91 and cp <= 96) or (cp >= 123 and cp <= 126)
