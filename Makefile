@@ -35,7 +35,9 @@ CFLAGS    ?= -O2 -g
 CFLAGS    += -std=c11 -Wall -Wextra -MMD -MP
 NVFLAGS   ?= -O3 -g -lineinfo
 NVFLAGS   += -std=c++17 $(GENCODE) -Xcompiler -Wall,-Wextra -MMD -MP --expt-relaxed-constexpr
-LDLIBS    := $(LUAJIT_LIB) -Wl,--no-as-needed -lreadline -Wl,--as-needed -lcjson -lm -ldl -lpthread
+# pcre2-8 is called only through the LuaJIT FFI (lua/gpush/text/unicode.lua): --no-as-needed
+# keeps it linked, so ffi.C finds its symbols (utf8proc is loaded by the FFI when first used)
+LDLIBS    := $(LUAJIT_LIB) -Wl,--no-as-needed -lreadline -lpcre2-8 -Wl,--as-needed -lcjson -lm -ldl -lpthread
 ifeq ($(HAVE_CUDA),1)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lnvrtc -lcublas -lcublasLt -lrt -lstdc++
 endif
@@ -90,6 +92,8 @@ DEB_PKGS := libluajit-5.1-dev=2.1.0~beta3+git20220320+dfsg-4.1+deb12u1 \
             libcriterion-dev=2.4.1-2 \
             libcjson-dev=1.7.15-1+deb12u4 \
             libreadline-dev=8.2-1.3 \
+            libpcre2-dev=10.42-1+deb12u2 \
+            libutf8proc2=2.8.0-1 \
             pkg-config=1.8.1-1 \
             lua-check=1.1.0-1 \
             tmux=3.3a-3

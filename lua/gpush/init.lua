@@ -4,6 +4,7 @@
 --
 --   core/         tensors, kernels (gp.k), ops, autograd, streams, graphs, checkpoints, GGUF (gp.gguf)
 --   nn/           modules and layers             -> gp.nn, gp.lora
+--   text/         tokenizers, chat templates     -> gp.tokenizer
 --   models/       models and generation          -> gp.models, gp.generate
 --   train/        optimizers, data, logs, dist   -> gp.optim, gp.data, gp.train, gp.dist
 --   experiments/  research libraries             -> gp.polychromic, gp.titans
@@ -17,6 +18,7 @@ autograd.install(gp) -- rules defined later (by users, on gp) wrap gp's function
 gp.gguf = require 'gpush.core.gguf'
 
 gp.nn = require 'gpush.nn'
+gp.tokenizer = require('gpush.text').tokenizer
 gp.lora = require 'gpush.nn.lora'
 
 gp.models = require 'gpush.models'

@@ -55,7 +55,7 @@ end)
 
 T.test('docs/ has its index and topic pages', function()
   for _, p in ipairs {'README.md', 'architecture.md', 'api.md', 'tensors.md', 'autograd-nn.md', 'kernels.md', 'attention.md', 'generation.md',
-                      'training.md', 'experiments.md', 'benchmarks.md'} do
+                      'training.md', 'experiments.md', 'benchmarks.md', 'models.md'} do
     T.ok(read('docs/' .. p), 'docs/' .. p .. ' is missing')
   end
 end)

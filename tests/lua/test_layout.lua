@@ -6,10 +6,11 @@ local root = (GPUSH_ROOT or '.') .. '/lua'
 -- which layers each layer may require (besides itself)
 local MAY = {
   core = {},
+  text = {core = true},
   nn = {core = true},
-  models = {core = true, nn = true},
-  train = {core = true, nn = true},
-  experiments = {core = true, nn = true, models = true, train = true},
+  models = {core = true, nn = true, text = true},
+  train = {core = true, nn = true, text = true},
+  experiments = {core = true, nn = true, models = true, train = true, text = true},
   tools = {core = true},
 }
 -- modules the gpush binary preloads from C (no Lua file)

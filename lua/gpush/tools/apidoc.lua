@@ -19,6 +19,7 @@ M.SECTIONS = {
   {'gp.train', 'gp.train: progress and logs', ''},
   {'gp.dist', 'gp.dist: several processes', 'collectives, the launcher, data parallel'},
   {'gp.lora', 'gp.lora: low-rank adapters', ''},
+  {'gp.tokenizer', 'gp.tokenizer: tokenizers and chat templates', 'Hugging Face tokenizer.json and GGUF vocabularies, Jinja chat templates (docs/models.md)'},
   {'gp.polychromic', 'gp.polychromic: set-level RL', ''},
   {'gp.titans', 'gp.titans: neural long-term memory', ''},
   {'gp.rtc', 'gp.rtc: kernels compiled at run time (NVRTC)', ''},
@@ -30,7 +31,8 @@ M.SECTIONS = {
 
 -- the section of a usage line
 local OBJECT = {t = 'tensor', a = 'tensor', x = 'tensor', m = 'gp.nn', moe = 'gp.nn', lora = 'gp.nn', gpt = 'gp.models',
-                opt = 'gp.optim', ds = 'gp.data', ddp = 'gp.dist', cache = 'gp', g = 'gp', gguf = 'gp.gguf'}
+                opt = 'gp.optim', ds = 'gp.data', ddp = 'gp.dist', cache = 'gp', g = 'gp', gguf = 'gp.gguf', tok = 'gp.tokenizer',
+                tpl = 'gp.tokenizer', llama = 'gp.models'}
 local function section_of(usage)
   local ns = usage:match('^gp%.([%a_]+)%.')
   if ns then return 'gp.' .. ns end
