@@ -6,6 +6,7 @@ local rt = require 'gpush.core.runtime'
 local gp = require 'gpush.core'
 local Llama = require 'gpush.models.llama'
 local GPT2 = require 'gpush.models.gpt2'
+local text = require 'gpush.text'
 local raise = rt.raise
 
 local M = {}
@@ -61,7 +62,7 @@ end
 -- the dtype a checkpoint declares (config.json torch_dtype/dtype), as a gpush dtype name
 local DT = {float32 = 'f32', bfloat16 = 'bf16', float16 = 'f16'}
 
--- model, config from a Hugging Face directory; opts: {dtype=, device=}
+-- model, tokenizer (nil without tokenizer.json), config from a Hugging Face directory; opts: {dtype=, device=}
 function M.load_dir(dir, opts)
   opts = opts or {}
   local cpath = dir .. '/config.json'
@@ -83,7 +84,8 @@ function M.load_dir(dir, opts)
   if not ok2 then raise(string.format('models.load: %s: %s', table.concat(files, ', '), tostring(err):gsub('^.-:%d+: ', ''))) end
   local gpath = dir .. '/generation_config.json'
   model.generation_config = exists(gpath) and read_json(gpath) or {}
-  return model:eval(), c
+  local tok = exists(dir .. '/tokenizer.json') and text.tokenizer.load(dir) or nil
+  return model:eval(), tok, c
 end
 
 return M

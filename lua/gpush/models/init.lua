@@ -4,6 +4,7 @@
 local rt = require 'gpush.core.runtime'
 local gp = require 'gpush.core'
 local hf = require 'gpush.models.hf'
+local gguf = require 'gpush.models.gguf'
 local raise = rt.raise
 
 local M = {
@@ -47,16 +48,18 @@ local function is_dir(path)
   return false
 end
 
--- model, config for path: a Hugging Face directory; opts {dtype=, device=}
+-- model, tokenizer, config for path: a Hugging Face directory, a .gguf file or a fetched short name; opts {dtype=, device=}
 function M.load(path, opts)
   if type(path) ~= 'string' then raise('models.load: the path must be a string (a model directory or a .gguf file)') end
   opts = opts or {}
   if M.NAMES[path] and not is_dir(path) and not exists(path) then path = M.path(path) end
   if is_dir(path) then return hf.load_dir(path, opts) end
-  raise(string.format('models.load: %s is not a model directory', path))
+  if path:match('%.gguf$') then return gguf.load(path, opts) end
+  raise(string.format('models.load: %s is neither a model directory nor a .gguf file (nor a short name: gp.models.NAMES)', path))
 end
 gp.doc(M.load, "gp.models.load(path, {dtype=, device=gp.device()})",
-  'a model from a Hugging Face directory (config.json, model.safetensors or its sharded index): the Llama family ' ..
-  '(llama, mistral, qwen2, SmolLM) or GPT-2; returns model, config (the model in eval mode, its weights checked against the config)')
+  'a model from a Hugging Face directory (config.json, model.safetensors or its sharded index, tokenizer.json), a GGUF file ' ..
+  '(llama, qwen2 architectures; tensors dequantized on the device) or a short name fetched by make models (smollm2): the ' ..
+  'Llama family (llama, mistral, qwen2, SmolLM) or GPT-2; returns model (eval mode, weights checked against the config), tokenizer, config')
 
 return M
