@@ -95,3 +95,23 @@ T.test('models: a config that disagrees with the weights, an unknown architectur
   T.raises(function() gp.models.load(root .. '/no_such_model') end, 'no_such_model')
   T.raises(function() gp.models.load('gpt-17') end, 'gpt-17')
 end)
+
+T.test('models: a BERT encoder equals transformers\' hidden states (padding masked), and mean pooling its embeddings', function()
+  local devices = {'cpu'}
+  if gp.cuda_available() then devices[2] = 'cuda' end
+  local e = expected('bert')
+  for _, device in ipairs(devices) do
+    local m = gp.models.load(root .. '/bert', {dtype = 'f32', device = device})
+    local h = m(e.ids:to(device), e.mask:to(device)):cpu()
+    -- padded positions of the second row are not compared (their values are not used)
+    T.ok(T.relnorm(h:narrow(1, 1, 1), e.hidden:narrow(1, 1, 1)) < 1e-4, device .. ' row 1')
+    T.ok(T.relnorm(h:narrow(1, 2, 1):narrow(2, 1, 18), e.hidden:narrow(1, 2, 1):narrow(2, 1, 18)) < 1e-4, device .. ' row 2')
+    -- the sentence wrapper: texts are id lists here (a stand-in tokenizer), grouped by length without padding
+    local rows = e.ids:totable()
+    local tok = {encode = function(_, s) return s == 'a' and rows[1] or {unpack(rows[2], 1, 18)} end}
+    local enc = require('gpush.models.bert').sentence(m, tok, {pooling = 'mean', normalize = true})
+    local emb = enc:embed({'a', 'b', 'a'}):cpu()
+    T.ok(T.relnorm(emb:narrow(1, 1, 2), e.embed) < 1e-4, device .. ' embed')
+    T.ok(T.relnorm(emb:narrow(1, 3, 1), e.embed:narrow(1, 1, 1)) < 1e-6, device .. ' the same text, the same row')
+  end
+end)

@@ -7,12 +7,13 @@ local gp = require 'gpush.core'
 local Llama = require 'gpush.models.llama'
 local GPT2 = require 'gpush.models.gpt2'
 local text = require 'gpush.text'
+local bert = require 'gpush.models.bert'
 local raise = rt.raise
 
 local M = {}
 
 -- the model class for a config.json's model_type
-M.ARCH = {llama = Llama, mistral = Llama, qwen2 = Llama, smollm = Llama, gpt2 = GPT2}
+M.ARCH = {llama = Llama, mistral = Llama, qwen2 = Llama, smollm = Llama, gpt2 = GPT2, bert = bert.Bert}
 
 local function exists(path)
   local f = io.open(path, 'rb')
@@ -80,12 +81,40 @@ function M.load_dir(dir, opts)
   local dtype = opts.dtype or DT[c.torch_dtype or c.dtype or ''] or 'f32'
   local ok, model = pcall(cls, c, {dtype = dtype, device = opts.device or gp.device(), init = false})
   if not ok then raise(cpath .. ': ' .. tostring(model):gsub('^.-:%d+: ', '')) end
+  for k in pairs(sd) do -- buffers older checkpoints saved that are computed, not loaded (position ids, rotary frequencies)
+    for _, pat in ipairs(cls.ignore_keys or {}) do if k:match(pat) then sd[k] = nil end end
+  end
   local ok2, err = pcall(model.load_state_dict, model, sd)
   if not ok2 then raise(string.format('models.load: %s: %s', table.concat(files, ', '), tostring(err):gsub('^.-:%d+: ', ''))) end
   local gpath = dir .. '/generation_config.json'
   model.generation_config = exists(gpath) and read_json(gpath) or {}
   local tok = exists(dir .. '/tokenizer.json') and text.tokenizer.load(dir) or nil
+  if exists(dir .. '/modules.json') then return M.sentence(dir, model:eval(), tok), tok, c end
   return model:eval(), tok, c
+end
+
+-- a sentence-transformers directory: modules.json lists Transformer, Pooling (1_Pooling/config.json) and Normalize
+function M.sentence(dir, model, tok)
+  if not tok then raise('models.load: ' .. dir .. ': a sentence encoder needs its tokenizer.json') end
+  local mods = read_json(dir .. '/modules.json')
+  local pooling, normalize
+  for _, m in ipairs(mods) do
+    local kind = tostring(m.type):match('([%w_]+)$')
+    if kind == 'Pooling' then
+      local pc = dir .. '/' .. (m.path ~= '' and m.path or '1_Pooling') .. '/config.json'
+      if not exists(pc) then raise('models.load: ' .. dir .. ': the Pooling module has no ' .. pc) end
+      local p = read_json(pc)
+      if p.pooling_mode_mean_tokens then pooling = 'mean' elseif p.pooling_mode_cls_token then pooling = 'cls'
+      else raise('models.load: ' .. pc .. ': only mean and cls pooling are supported') end
+    elseif kind == 'Normalize' then normalize = true
+    elseif kind ~= 'Transformer' then
+      raise(string.format("models.load: %s/modules.json: module type '%s' is not supported (Transformer, Pooling, Normalize)", dir, tostring(m.type)))
+    end
+  end
+  if not pooling then raise('models.load: ' .. dir .. ': modules.json has no Pooling module (a sentence encoder needs its pooling config)') end
+  local sc = dir .. '/sentence_bert_config.json'
+  local max_len = exists(sc) and read_json(sc).max_seq_length or nil
+  return bert.sentence(model, tok, {pooling = pooling, normalize = normalize == true, max_seq_length = max_len})
 end
 
 return M

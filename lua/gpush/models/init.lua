@@ -11,6 +11,7 @@ local M = {
   GPT = require 'gpush.models.gpt',
   GPT2 = require 'gpush.models.gpt2',
   Llama = require 'gpush.models.llama',
+  Bert = require('gpush.models.bert').Bert,
   generate = require('gpush.models.generate').generate,
 }
 

@@ -137,6 +137,7 @@ function Body:init(cfg, o)
 end
 
 local Llama = Module:extend('Llama')
+Llama.ignore_keys = {'%.rotary_emb%.inv_freq$'}
 
 -- cfg: the fields of a config.json; opts: {dtype = 'f32', device = gp.device(), init = true}
 function Llama:init(c, opts)

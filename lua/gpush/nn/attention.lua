@@ -29,7 +29,7 @@ function nn.causal_mask(T, S, device, dtype)
 end
 function nn.clear_mask_cache() masks = {} end
 
--- softmax(q k^T * scale [+ causal mask]) v over the last two dims; q (..., T, d),
+-- softmax(q k^T * scale [+ causal mask] [+ opts.mask]) v over the last two dims; q (..., T, d),
 -- k (..., S, d), v (..., S, dv) with the same leading dims. The one function
 -- attention layers call: assign nn.attention to swap the core (flash attention).
 -- whether flash attention is the better path at head dim D over S keys (asked of C)
@@ -63,7 +63,7 @@ function nn.attention(q, k, v, opts)
   -- or 128 (or 32 up to S 512: no tensor-core kernel there, so the launches it
   -- saves only pay at short lengths), one dtype, and S >= T when causal; else
   -- the matmul path below
-  if gp.attention and (opts.dropout or 0) == 0 and flash_dim(q.dtype, D, S) and Dv == D and k.dtype == q.dtype and
+  if gp.attention and not opts.mask and (opts.dropout or 0) == 0 and flash_dim(q.dtype, D, S) and Dv == D and k.dtype == q.dtype and
     v.dtype == q.dtype and (not opts.causal or T <= S) then
     local y = gp.attention(nd == 4 and q or q:reshape {lead, 1, T, D}, nd == 4 and k or k:reshape {lead, 1, S, D},
       nd == 4 and v or v:reshape {lead, 1, S, D}, {causal = opts.causal and true or false, scale = opts.scale})
@@ -72,6 +72,11 @@ function nn.attention(q, k, v, opts)
   local q3, k3, v3 = q:reshape {lead, T, D}, k:reshape {lead, S, D}, v:reshape {lead, S, Dv}
   local att = gp.matmul(q3, k3, {trans_b = true, alpha = opts.scale or 1 / math.sqrt(D)})
   if opts.causal then att = att + nn.causal_mask(T, S, att.device, att.dtype) end
+  if opts.mask then -- additive, broadcast over q's leading dims and (T, S): (B, 1, 1, S) masks padded keys
+    local full = {unpack(s, 1, nd - 2)}
+    full[#full + 1], full[#full + 2] = T, S
+    att = (att:view(full) + opts.mask):view {lead, T, S}
+  end
   att = att:softmax(-1)
   if opts.dropout and opts.dropout > 0 then att = (gp.dropout(att, opts.dropout)) end
   return att:matmul(v3):view(os)
@@ -151,8 +156,8 @@ function CausalSelfAttention:forward_cached(x, cache, layer, pos)
 end
 function CausalSelfAttention:extra_repr() return string.format('n_embd=%d, n_head=%d', self.n_embd, self.n_head) end
 
-doc(nn.attention, 'nn.attention(q, k, v, {causal=false, scale=1/sqrt(d), dropout=0})',
-  'softmax(q k^T * scale + mask) v over the last two dims; q (..., T, d), k (..., S, d), v (..., S, dv); the attention core (assign nn.attention to swap it); flash attention (gp.attention) when dropout is 0, d = dv, gp.attention_supported(\'flash\', dtype, d, S) and S >= T if causal')
+doc(nn.attention, 'nn.attention(q, k, v, {causal=false, scale=1/sqrt(d), dropout=0, mask=nil})',
+  'softmax(q k^T * scale + mask) v over the last two dims; q (..., T, d), k (..., S, d), v (..., S, dv); mask: an additive mask broadcast to (..., T, S) (e.g. (B, 1, 1, S), -inf on padding); the attention core (assign nn.attention to swap it); flash attention (gp.attention) when there is no mask, dropout is 0, d = dv, gp.attention_supported(\'flash\', dtype, d, S) and S >= T if causal')
 doc(nn.causal_mask, 'nn.causal_mask(T, S, device, dtype)', 'the cached additive causal mask (T, S): 0 where key j <= i + S - T, else -inf')
 doc(nn.clear_mask_cache, 'nn.clear_mask_cache()', 'forget the cached causal masks')
 doc(nn.CausalSelfAttention, 'nn.CausalSelfAttention{n_embd=, n_head=, dropout=0, bias=true}',
