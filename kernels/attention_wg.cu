@@ -1,6 +1,5 @@
-/* attention_wg.cuh: the Hopper (sm_90a) flash attention kernels at head dim
- * 64 (forward also 128), bf16/f16, included by attention.cu inside its namespace (they use its
- * AttnP, KvTiles, load_tile, ex2, acc_to_a and pack2).
+/* attention_wg.cu: the Hopper (sm_90a) flash attention kernels at head dim
+ * 64 (forward also 128), bf16/f16; the tile machinery is attention_tc.cuh's.
  *
  * The same algorithms as the mma.sync kernels, with the products on wgmma:
  * a warpgroup (4 warps) owns 64 rows of a tile and issues m64nNk16 products
@@ -14,14 +13,20 @@
  * B) with the k-th 16-column slice at +32 bytes, or an MN-major B operand
  * (V in O += P V) with the k-th 16-row slice at +2048 bytes. */
 
+#include "attention_tc.cuh"
+#include "wgmma.cuh"
+
 /* the kernels' bodies exist in the sm_90a pass only (GP_WG: in the others,
- * and in the host pass, they are empty; the host launches them only on a
+ * and in the host pass, they are empty; the dispatch launches them only on a
  * compute capability 9.0 device of a build with sm_90a code, GP_SM90A) */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GP_WG 1
 #else
 #define GP_WG 0
 #endif
+
+namespace gp_attn {
+namespace {
 
 #if GP_WG
 /* the descriptors of a [rows][64] swizzled tile at shared address a */
@@ -441,3 +446,55 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
 #endif
 }
 
+template <typename T, int D, int NWG, int BN, int MINB, int NS> int launch_fwd_wg(const AttnP &P, int64_t BH) {
+  constexpr int BM = 64 * NWG;
+  static bool attr = false; /* per instantiation */
+  return launch_fwd_tiles(k_attn_fwd_wg<T, D, NWG, BN, MINB, NS>, P, BH, BM, NWG * 128,
+                          (BM + 2 * NS * BN) * D * (int)sizeof(T) + 1024, attr);
+}
+
+/* the wgmma backward at D 64: dk/dv by NWG1 warpgroups of 64 keys (query
+ * tiles of BQ), dq by NWG2 warpgroups of 64 queries (key tiles of BN) */
+template <typename T, int NWG1, int BQ, int MINB1, int NWG2, int BN, int MINB2>
+int launch_bwd_wg(const AttnP &P, int64_t BH) {
+  constexpr int BNK = 64 * NWG1, BM = 64 * NWG2;
+  static bool a1 = false, a2 = false; /* per instantiation */
+  return launch_bwd_kernels<T, 64, false>(P, BH, k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1, false>, NWG1 * 128,
+                                          (2 * BNK + 4 * BQ) * 64 * (int)sizeof(T) + 4 * BQ * (int)sizeof(float) + 1024,
+                                          (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>, NWG2 * 128,
+                                          (2 * BM + 4 * BN) * 64 * (int)sizeof(T) + 1024, (P.T + BM - 1) / BM, a2);
+}
+
+/* the fused wgmma backward at D 64: dk/dv and the dQ atomics by NWG
+ * warpgroups of 64 keys, query tiles of 64 */
+template <typename T, int NWG, int MINB> int launch_bwd_wg_fused(const AttnP &P, int64_t BH) {
+  constexpr int BNK = 64 * NWG;
+  static bool a1 = false, unused = false; /* per instantiation */
+  return launch_bwd_kernels<T, 64, true>(P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true>, NWG * 128,
+                                         (3 * BNK + 4 * 64) * 64 * (int)sizeof(T) + 4 * 64 * (int)sizeof(float) + 1024,
+                                         (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_store<T>, 0, 0, 0, unused);
+}
+
+} // namespace
+
+int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
+  /* D 64: 2 warpgroups of 64 rows, key tiles of 64 in 3 stages, 2 CTAs an SM
+   * (the best of the tilings measured: BENCHMARKS.md); D 128: the same
+   * kernel, tiles as two 64-column halves, 1 CTA an SM (3 warpgroups
+   * measured slower) */
+  if (dtype == GP_BF16)
+    return D == 64 ? launch_fwd_wg<__nv_bfloat16, 64, 2, 64, 2, 3>(P, BH)
+                   : launch_fwd_wg<__nv_bfloat16, 128, 2, 64, 1, 3>(P, BH);
+  return D == 64 ? launch_fwd_wg<__half, 64, 2, 64, 2, 3>(P, BH) : launch_fwd_wg<__half, 128, 2, 64, 1, 3>(P, BH);
+}
+
+int bwd_wg(const AttnP &P, int64_t BH, int dtype, bool deterministic) {
+  /* deterministic: the two kernels; else dQ by atomics in the dk/dv kernel,
+   * 3 CTAs an SM (BENCHMARKS.md) */
+  if (dtype == GP_BF16)
+    return deterministic ? launch_bwd_wg<__nv_bfloat16, 1, 64, 2, 1, 64, 2>(P, BH)
+                         : launch_bwd_wg_fused<__nv_bfloat16, 1, 3>(P, BH);
+  return deterministic ? launch_bwd_wg<__half, 1, 64, 2, 1, 64, 2>(P, BH) : launch_bwd_wg_fused<__half, 1, 3>(P, BH);
+}
+
+} // namespace gp_attn
