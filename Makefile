@@ -49,7 +49,7 @@ OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
 endif
 TEST_SRC := $(wildcard tests/c/*.c)
 
-.PHONY: all deps test check run bench clean
+.PHONY: all deps test check run bench clean headers
 all: $(BUILD)/gpush $(BUILD)/test_c
 
 $(BUILD)/obj/%.o: %.c
@@ -83,6 +83,28 @@ $(BUILD)/test_c: $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libgpush.a
 	@echo "  LINK  $@"
 	$(Q)$(CC) -o $@ $^ -lcriterion $(LDLIBS)
 
+# Every header compiles when it is the first thing a file includes: a file of
+# one #include line is compiled for each (C headers as C11 and as C++17, the
+# CUDA headers with nvcc for sm_90a, so that the wgmma code is read too). A
+# stamp per header; `make check` runs it (a few seconds, once per change).
+HDRS_C  := src/gpush.h src/internal.h $(wildcard kernels/*.h)
+HDRS_CU := src/cuda_internal.h $(wildcard kernels/*.cuh)
+HDR_OK  := $(HDRS_C:%=$(BUILD)/hdr/%.c.ok) $(HDRS_C:%=$(BUILD)/hdr/%.cc.ok) \
+           $(if $(NVCC),$(HDRS_CU:%=$(BUILD)/hdr/%.cu.ok))
+HDR_CHECK = @mkdir -p $(dir $@); echo '\#include "$(CURDIR)/$<"' > $(@:.ok=); echo "  HDR   $<"
+headers: $(HDR_OK)
+$(BUILD)/hdr/%.c.ok: %
+	$(HDR_CHECK)
+	$(Q)$(CC) $(CPPFLAGS) -std=c11 -Wall -Wextra -Werror=implicit-function-declaration -fsyntax-only \
+	  -MMD -MP -MF $@.d -MT $@ $(@:.ok=) && touch $@
+$(BUILD)/hdr/%.cc.ok: %
+	$(HDR_CHECK)
+	$(Q)$(CXX) $(CPPFLAGS) -std=c++17 -Wall -Wextra -fsyntax-only -MMD -MP -MF $@.d -MT $@ $(@:.ok=) && touch $@
+$(BUILD)/hdr/%.cu.ok: %
+	$(HDR_CHECK)
+	$(Q)$(NVCC) $(CPPFLAGS) -std=c++17 --expt-relaxed-constexpr -Xcompiler -Wall,-Wextra -arch=sm_90a \
+	  -MMD -MP -MF $@.d -MT $@ -c $(@:.ok=) -o /dev/null && touch $@
+
 # Debian packages the build and tests need, pinned to the versions tested;
 # only missing ones are installed, and a pinned version that the mirror no
 # longer has falls back to the current one.
@@ -110,6 +132,7 @@ test: deps
 # Run the tests of an existing build (no rebuild): Criterion, the Lua suite,
 # then the prompt through a terminal (tmux; skipped with a message without it).
 check:
+	$(Q)$(MAKE) --no-print-directory headers
 	$(Q)rc=0; $(BUILD)/test_c --jobs 1 || rc=1; \
 	$(BUILD)/gpush tests/lua/run.lua || rc=1; \
 	tests/repl/test_repl.sh $(BUILD)/gpush || rc=1; \
@@ -130,4 +153,4 @@ run: deps
 clean:
 	rm -rf $(BUILD)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/hdr -name '*.d' 2>/dev/null)
