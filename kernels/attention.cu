@@ -26,12 +26,12 @@ using namespace gp_attn;
 
 namespace {
 
-int fill_params(AttnP &P, const char *op, const gp_tensor *q, const gp_tensor *k, double scale, int64_t win,
-                int64_t ng, int causal) {
+int fill_params(AttnP &P, const char *op, const gp_tensor *q, const gp_tensor *k, double scale, int64_t win, int64_t ng,
+                int causal) {
   char bq[96], bk[96];
   if (q->shape[2] >= INT32_MAX / 2 || k->shape[2] >= INT32_MAX / 2)
-    return gp_error("%s: sequence lengths must be below 2^30 on the GPU; q is %s, k is %s", op,
-                    gp_shape_str(q, bq, 96), gp_shape_str(k, bk, 96));
+    return gp_error("%s: sequence lengths must be below 2^30 on the GPU; q is %s, k is %s", op, gp_shape_str(q, bq, 96),
+                    gp_shape_str(k, bk, 96));
   if (q->shape[0] * q->shape[1] > 65535)
     return gp_error("%s: B * H must be at most 65535 on the GPU; q is %s", op, gp_shape_str(q, bq, 96));
   P.H = (int)q->shape[1];
@@ -141,8 +141,8 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
   }
   /* wgmma's backward exists at head dim 64 (at 128 its three accumulators do
    * not fit a warpgroup's registers beside S and dP: BENCHMARKS.md) */
-  const bool tc = q->dtype != GP_F32 && D != 32 && rows16(q) && rows16(k) && rows16(v) && rows16(dout) &&
-                  rows16(dq) && rows16(dk) && rows16(dv);
+  const bool tc = q->dtype != GP_F32 && D != 32 && rows16(q) && rows16(k) && rows16(v) && rows16(dout) && rows16(dq) &&
+                  rows16(dk) && rows16(dv);
   if (tc && D == 64 && use_wg()) rc = bwd_wg(P, BH, q->dtype, deterministic());
   else if (tc) rc = bwd_mma(P, BH, q->dtype, (int)D);
   else rc = bwd_plain(P, BH, q->dtype, (int)D);
@@ -150,9 +150,8 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
   return gp_cuda_check_launch("attn_bwd");
 }
 
-extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache,
-                                   const gp_tensor *vcache, const gp_tensor *lens, double scale, int64_t window,
-                                   int64_t n_global) {
+extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
+                                   const gp_tensor *lens, double scale, int64_t window, int64_t n_global) {
   int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], C = kcache->shape[2], BH = B * H;
   if (BH == 0) return GP_OK;
   if (C >= INT32_MAX / 2 || BH > 65535) {

@@ -36,8 +36,7 @@ template <typename T, int N> __device__ __forceinline__ void vec_f32(float *f, c
  * rescale per U keys (base 2); the 4 KPW lane groups' partials meet in
  * shared memory and go to part (m in log2 units). VEC: q, kc and vc start
  * 16-byte aligned (else the vectors are read element by element). */
-template <typename T, int D, bool VEC>
-__global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
+template <typename T, int D, bool VEC> __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
   constexpr int EPL = 16 / (int)sizeof(T), LPK = D / EPL, KPW = 32 / LPK, NPART = 4 * KPW, U = 4;
   static_assert(LPK <= 32 && 32 % LPK == 0, "decode: a key's row is 16-byte vectors of one warp");
   __shared__ float sm_m[NPART], sm_l[NPART], sm_acc[NPART][D];
@@ -87,7 +86,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
       float mn = m;
 #pragma unroll
       for (int u = 0; u < U; u++) mn = fmaxf(mn, sc[u]);
-      if (mn == -INFINITY) continue; /* none of this group's keys */
+      if (mn == -INFINITY) continue;   /* none of this group's keys */
       const float alpha = ex2(m - mn); /* m = -inf: 0 */
       l *= alpha;
 #pragma unroll
@@ -137,8 +136,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
 }
 
 /* the splits' partials of one (b, h): weights 2^(m_s - M) */
-template <typename T, int D>
-__global__ void __launch_bounds__(D) k_attn_decode_combine(DecP P) {
+template <typename T, int D> __global__ void __launch_bounds__(D) k_attn_decode_combine(DecP P) {
   const int bh = blockIdx.x, d = threadIdx.x;
   const float *part = P.part + (int64_t)bh * P.nsplit * (D + 2);
   float M = -INFINITY;

@@ -40,15 +40,17 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t *r, uint32_t addr) {
 }
 template <typename T> __device__ __forceinline__ void mma16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
   if constexpr (std::is_same<T, __nv_bfloat16>::value)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 /* two n-tiles: c[0] += a b[0..1], c[1] += a b[2..3] (b from one ldmatrix.x4) */
 template <typename T> __device__ __forceinline__ void mma2(float (*c)[4], const uint32_t *a, const uint32_t *b) {
@@ -59,8 +61,8 @@ template <typename T> __device__ __forceinline__ void mma2(float (*c)[4], const 
 /* the K/V pipeline step of key tile t (of kt.n): start loading tile t + 1
  * into the other stage, then wait for tile t (stage t & 1) */
 template <typename T, int D, int BN, int NTH = 128>
-__device__ __forceinline__ void kv_next(T *Ks, T *Vs, const T *k, const T *v, int64_t ks, int64_t vs,
-                                        const KvTiles &kt, int t, int S) {
+__device__ __forceinline__ void kv_next(T *Ks, T *Vs, const T *k, const T *v, int64_t ks, int64_t vs, const KvTiles &kt,
+                                        int t, int S) {
   if (t + 1 < kt.n) {
     const int o = ((t & 1) ^ 1) * BN * D;
     load_tile<T, D, BN, NTH>(Ks + o, k, ks, kt.j0(t + 1), S);
@@ -93,10 +95,8 @@ template <int D> __device__ __forceinline__ int bk_off(int k0, int nc0, int lane
  * else one body that tests its own need_mask (mk 2: the forward at scale <= 0) */
 template <bool SPEC, typename F> __device__ __forceinline__ void run_tile(F &tile, int t, bool masked) {
   if constexpr (SPEC) {
-    if (masked)
-      tile(std::integral_constant<int, 1>(), t);
-    else
-      tile(std::integral_constant<int, 0>(), t);
+    if (masked) tile(std::integral_constant<int, 1>(), t);
+    else tile(std::integral_constant<int, 0>(), t);
   } else {
     tile(std::integral_constant<int, 2>(), t);
   }
@@ -261,7 +261,8 @@ __global__ void __launch_bounds__(128, 1) k_attn_fwd_mma(AttnP P, int BH) {
   /* m: raw max (RAWMAX), else the base-2 scaled max */
 #pragma unroll
   for (int mt = 0; mt < MT; mt++)
-    store_out_rows<T, DT>(P, bh, i0 + wrow + mt * 16, o[mt], m[mt], l[mt], RAWMAX ? P.scale : 0.6931471805599453f, lane);
+    store_out_rows<T, DT>(P, bh, i0 + wrow + mt * 16, o[mt], m[mt], l[mt], RAWMAX ? P.scale : 0.6931471805599453f,
+                          lane);
 }
 
 /* dk, dv: block b holds key tile b / BH (the first key tiles, which most
@@ -272,8 +273,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   extern __shared__ uint4 attn_smem[];
   T *Ks = (T *)attn_smem;
   T *Vs = Ks + BN * D;
-  T *Qs = Vs + BN * D;     /* 2 stages */
-  T *Gs = Qs + 2 * BQ * D; /* 2 stages */
+  T *Qs = Vs + BN * D;                    /* 2 stages */
+  T *Gs = Qs + 2 * BQ * D;                /* 2 stages */
   float *Ls = (float *)(Gs + 2 * BQ * D); /* 2 stages of BQ */
   float *Dl = Ls + 2 * BQ;                /* 2 stages of BQ */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -384,7 +385,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   for (int t = 0; t < n_qt; t++) run_tile<true>(tile, t, q_masked(ilo + t * BQ));
   cp_async_wait<0>();
 
-  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bh, P.H), P.sdk.r, j0 + wrow, P.S, dk, P.scale, lane); /* q was not scaled */
+  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bh, P.H), P.sdk.r, j0 + wrow, P.S, dk, P.scale,
+                        lane); /* q was not scaled */
   store_acc_rows<T, DT>((T *)P.dv + head_at(P.sdv, bh, P.H), P.sdv.r, j0 + wrow, P.S, dv, 1.f, lane);
 }
 

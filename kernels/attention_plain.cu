@@ -20,8 +20,7 @@ __device__ __forceinline__ float warp_sum(float v) {
 /* forward: a block of 4 warps owns 4 * RW query rows (RW per warp); K/V tiles
  * of 32 keys in shared memory; lane = key for the scores, lane = dims for the
  * output accumulators */
-template <typename T, int D, int RW>
-__global__ void __launch_bounds__(128) k_attn_fwd_plain(AttnP P) {
+template <typename T, int D, int RW> __global__ void __launch_bounds__(128) k_attn_fwd_plain(AttnP P) {
   constexpr int GM = 4 * RW, GN = 32, DT = D / 32;
   __shared__ float Qs[GM][D];
   __shared__ float Ks[GN][D + 1];
@@ -105,8 +104,7 @@ __global__ void __launch_bounds__(128) k_attn_fwd_plain(AttnP P) {
 
 /* backward, dq: query blocks as in the forward; per key tile, lane = key:
  * P = exp(s - lse), dP = dout . v, dS = P (dP - Di); dq += dS k */
-template <typename T, int D, int RW>
-__global__ void __launch_bounds__(128) k_attn_bwd_dq(AttnP P) {
+template <typename T, int D, int RW> __global__ void __launch_bounds__(128) k_attn_bwd_dq(AttnP P) {
   constexpr int GM = 4 * RW, GN = 32, DT = D / 32;
   __shared__ float Qs[GM][D];
   __shared__ float Gs[GM][D];
@@ -192,8 +190,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq(AttnP P) {
 /* backward, dk and dv: a block owns 4 * RW keys (RW per warp) and walks the
  * query tiles that see them (32 queries, lane = query):
  * dv += P dout, dk += dS q * scale */
-template <typename T, int D, int RW>
-__global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
+template <typename T, int D, int RW> __global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
   constexpr int GK = 4 * RW, GQ = 32, DT = D / 32;
   __shared__ float Ks[GK][D];
   __shared__ float Vs[GK][D];
@@ -296,8 +293,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
 }
 
 /* zeros into a (B, H, R, D) operand at its strides */
-template <typename T>
-__global__ void k_attn_zero(T *p, Str s, int64_t H, int64_t R, int64_t D, int64_t n) {
+template <typename T> __global__ void k_attn_zero(T *p, Str s, int64_t H, int64_t R, int64_t D, int64_t n) {
   for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
     const int64_t d = e % D, r = (e / D) % R, bh = e / (D * R);
     p[(bh / H) * s.b + (bh % H) * s.h + r * s.r + d] = st<T>(0.f);

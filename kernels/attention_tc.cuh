@@ -131,8 +131,8 @@ __device__ __forceinline__ void softmax_rows(float (*s)[4], float *m, float *l, 
 /* the forward's output rows row0 + g and row0 + g + 8 (those below T) of one
  * m-tile: o / l, and lse = m mnat + log l (mnat: the units of m) */
 template <typename T, int DT>
-__device__ __forceinline__ void store_out_rows(const AttnP &P, int bh, int row0, const float (*o)[4],
-                                               const float *m, const float *l, float mnat, int lane) {
+__device__ __forceinline__ void store_out_rows(const AttnP &P, int bh, int row0, const float (*o)[4], const float *m,
+                                               const float *l, float mnat, int lane) {
   T *out = (T *)P.out + head_at(P.so, bh, P.H);
 #pragma unroll
   for (int h = 0; h < 2; h++) {
@@ -200,8 +200,8 @@ template <typename K> int smem_attr(K *kern, int smem, bool &done, const char *o
 template <typename K> int launch_fwd_tiles(K *kern, const AttnP &P, int64_t BH, int BM, int nth, int smem, bool &attr) {
   GP_TRY(smem_attr(kern, smem, attr, "attn_fwd"));
   const int64_t blocks = BH * ((P.T + BM - 1) / BM);
-  if (blocks > INT32_MAX) return gp_error("attn_fwd: too many blocks for one launch (B * H = %lld, T = %d)",
-                                          (long long)BH, P.T);
+  if (blocks > INT32_MAX)
+    return gp_error("attn_fwd: too many blocks for one launch (B * H = %lld, T = %d)", (long long)BH, P.T);
   GP_NOTE_LAUNCH(kern, nth, smem);
   kern<<<(unsigned)blocks, nth, smem, gp_cuda_stream()>>>(P, (int)BH);
   return GP_OK;
@@ -213,13 +213,12 @@ template <typename K> int launch_fwd_tiles(K *kern, const AttnP &P, int64_t BH, 
  * 64 rows) and dq is the kernel that converts it (dq(P, n64), one CTA of 128
  * threads a tile of 64 rows; nth2, smem2, n_mt and a2 unused) */
 template <typename T, int D, bool FUSED, typename K1, typename K2>
-int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64_t n_kt, bool &a1, K2 *dq,
-                       int nth2, int smem2, int64_t n_mt, bool &a2) {
+int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64_t n_kt, bool &a1, K2 *dq, int nth2,
+                       int smem2, int64_t n_mt, bool &a2) {
   constexpr bool SPLIT = !FUSED; /* a dq kernel */
   const int64_t rows = BH * P.T;
   if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 7) / 8 > INT32_MAX)
-    return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T,
-                    P.S);
+    return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T, P.S);
   gp_tensor *dl = 0, *acc = 0;
   GP_TRY(gp_tensor_scratch(&dl, GP_F32, GP_CUDA, 1, &rows));
   const int64_t nacc = BH * ((P.T + 63) / 64) * 4096;
@@ -232,8 +231,8 @@ int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64
   float *delta = (float *)gp_ptr(dl);
   if (rc == GP_OK) {
     GP_NOTE_LAUNCH((k_attn_bwd_delta<T, D>), 128, 0);
-    k_attn_bwd_delta<T, D><<<(unsigned)((rows + 128 / (D / 8) - 1) / (128 / (D / 8))), 128, 0, gp_cuda_stream()>>>(
-        P, delta, rows);
+    k_attn_bwd_delta<T, D>
+        <<<(unsigned)((rows + 128 / (D / 8) - 1) / (128 / (D / 8))), 128, 0, gp_cuda_stream()>>>(P, delta, rows);
     rc = smem_attr(dkdv, smem1, a1, "attn_bwd");
   }
   if constexpr (SPLIT)
