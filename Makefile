@@ -14,17 +14,31 @@ NVCC    :=
 endif
 CUDA_HOME ?= $(if $(NVCC),$(patsubst %/bin/nvcc,%,$(NVCC)),)
 
-# Compute capability: CUDA_ARCH=90 overrides; else the visible GPU's; else a list.
+# Compute capability: CUDA_ARCH=90 overrides; else the visible GPU's; else one
+# list for builds without a GPU (CI; the binaries shipped to an H100): 80 (A100
+# and later) and 90 (H100, H200). A list goes lowest first.
 CUDA_ARCH ?= $(shell nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n1 | tr -d '.[:space:]')
 ifeq ($(strip $(CUDA_ARCH)),)
 CUDA_ARCH := 80 90
 endif
-# 90 builds sm_90a machine code (Hopper's wgmma, in the attention kernels);
-# the PTX for later GPUs stays the generic compute_NN.
-SASS     = $(if $(filter 90,$(1)),90a,$(1))
-GENCODE := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(call SASS,$(a)),code=sm_$(call SASS,$(a))) \
-           -gencode arch=compute_$(lastword $(CUDA_ARCH)),code=compute_$(lastword $(CUDA_ARCH)) \
-           $(if $(filter 90,$(CUDA_ARCH)),-DGP_SM90A=1)
+# Each .cu is compiled to PTX once, for the first (lowest) arch, and that PTX
+# is assembled into machine code for every arch of the list and embedded as it
+# is for later GPUs (the driver compiles it there). One PTX instead of one per
+# arch: the clean build's largest cut (the code differs only in how bf16 is
+# widened to f32: a move or a cvt, the same value). The wgmma attention
+# kernels (kernels/attention_wg.cu) need Hopper's arch-specific sm_90a
+# target: with 90 in the list that file is compiled for sm_90a alone, and
+# GP_SM90A tells the dispatch that they exist (it runs them on compute
+# capability 9.0 only).
+comma   := ,
+ARCH_LO := $(firstword $(CUDA_ARCH))
+GENCODE := -gencode 'arch=compute_$(ARCH_LO),code=[$(subst $(eval) ,$(comma),$(strip $(CUDA_ARCH:%=sm_%) compute_$(ARCH_LO)))]'
+GENCODE_SM90A := $(if $(filter 90,$(CUDA_ARCH)),-gencode arch=compute_90a$(comma)code=sm_90a,$(GENCODE))
+NVDEFS  := $(if $(filter 90,$(CUDA_ARCH)),-DGP_SM90A=1)
+# ccache, when it is installed, caches every compile (CCACHE= turns it off)
+ifeq ($(origin CCACHE),undefined)
+CCACHE  := $(shell command -v ccache 2>/dev/null)
+endif
 
 LUAJIT_INC ?= /usr/include/luajit-2.1
 LUAJIT_LIB ?= $(firstword $(wildcard /usr/lib/*/libluajit-5.1.a /usr/lib/libluajit-5.1.a /usr/local/lib/libluajit-5.1.a))
@@ -33,17 +47,23 @@ HAVE_CUDA := $(if $(NVCC),1,0)
 CPPFLAGS  += -Isrc -I$(LUAJIT_INC) -DGP_HAVE_CUDA=$(HAVE_CUDA) -D_GNU_SOURCE
 CFLAGS    ?= -O2 -g
 CFLAGS    += -std=c11 -Wall -Wextra -MMD -MP
-NVFLAGS   ?= -O3 -g -lineinfo
-NVFLAGS   += -std=c++17 $(GENCODE) -Xcompiler -Wall,-Wextra -MMD -MP --expt-relaxed-constexpr
+# (no host -g for .cu files: it cost a third of their host compile; -lineinfo
+# keeps device source lines for profilers and compute-sanitizer)
+NVFLAGS   ?= -O3 -lineinfo
+NVFLAGS   += -std=c++17 $(GENCODE) $(NVDEFS) -Xcompiler -Wall,-Wextra -MMD -MP --expt-relaxed-constexpr
 LDLIBS    := $(LUAJIT_LIB) -Wl,--no-as-needed -lreadline -Wl,--as-needed -lcjson -lm -ldl -lpthread
 ifeq ($(HAVE_CUDA),1)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lnvrtc -lcublas -lcublasLt -lrt -lstdc++
 endif
 
 CORE_SRC := $(filter-out src/main.c src/nocuda.c,$(wildcard src/*.c)) $(wildcard kernels/*.c)
-CU_SRC   := $(wildcard src/*.cu kernels/*.cu)
+# the longest compiles first (measured), so that make -j does not end waiting
+# on one of them; the rest follow, then the C files fill the gaps
+CU_FIRST := $(wildcard kernels/elementwise_binary.cu kernels/rows.cu kernels/elementwise.cu kernels/copy.cu \
+                       kernels/attention_mma.cu kernels/reduce.cu kernels/elementwise_compare.cu kernels/attention_plain.cu)
+CU_SRC   := $(CU_FIRST) $(filter-out $(CU_FIRST),$(wildcard src/*.cu kernels/*.cu))
 ifeq ($(HAVE_CUDA),1)
-OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o)
+OBJS := $(CU_SRC:%.cu=$(BUILD)/obj/%.cu.o) $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 else
 OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
 endif
@@ -55,12 +75,13 @@ all: $(BUILD)/gpush $(BUILD)/test_c
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+	$(Q)$(CCACHE) $(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	@echo "  NVCC  $<"
-	$(Q)$(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
+	$(Q)$(CCACHE) $(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
+$(BUILD)/obj/kernels/attention_wg.cu.o: GENCODE := $(GENCODE_SM90A)
 
 # The header as LuaJIT's ffi.cdef will read it: preprocessed, then quoted.
 $(BUILD)/gen/cdef.inc: src/gpush.h $(wildcard kernels/*.def)
@@ -108,7 +129,8 @@ $(BUILD)/hdr/%.cu.ok: %
 # Debian packages the build and tests need, pinned to the versions tested;
 # only missing ones are installed, and a pinned version that the mirror no
 # longer has falls back to the current one.
-DEB_PKGS := libluajit-5.1-dev=2.1.0~beta3+git20220320+dfsg-4.1+deb12u1 \
+DEB_PKGS := ccache=4.8+really4.7.5-1 \
+            libluajit-5.1-dev=2.1.0~beta3+git20220320+dfsg-4.1+deb12u1 \
             libcriterion-dev=2.4.1-2 \
             libcjson-dev=1.7.15-1+deb12u4 \
             libreadline-dev=8.2-1.3 \
