@@ -48,9 +48,12 @@ CPPFLAGS  += -Isrc -I$(LUAJIT_INC) -DGP_HAVE_CUDA=$(HAVE_CUDA) -D_GNU_SOURCE
 CFLAGS    ?= -O2 -g
 CFLAGS    += -std=c11 -Wall -Wextra -MMD -MP
 # (no host -g for .cu files: it cost a third of their host compile; -lineinfo
-# keeps device source lines for profilers and compute-sanitizer)
+# keeps device source lines for profilers and compute-sanitizer.
+# -compress-all: the fatbins' machine code compressed too, not only their PTX:
+# the binary shrinks from about 100 MB to 19, and fatbinary runs faster)
 NVFLAGS   ?= -O3 -lineinfo
-NVFLAGS   += -std=c++17 $(GENCODE) $(NVDEFS) -Xcompiler -Wall,-Wextra -MMD -MP --expt-relaxed-constexpr
+NVFLAGS   += -std=c++17 $(GENCODE) $(NVDEFS) -Xfatbin -compress-all -Xcompiler -Wall,-Wextra -MMD -MP \
+             --expt-relaxed-constexpr
 LDLIBS    := $(LUAJIT_LIB) -Wl,--no-as-needed -lreadline -Wl,--as-needed -lcjson -lm -ldl -lpthread
 ifeq ($(HAVE_CUDA),1)
 LDLIBS    += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -lnvrtc -lcublas -lcublasLt -lrt -lstdc++
@@ -72,12 +75,22 @@ TEST_SRC := $(wildcard tests/c/*.c)
 .PHONY: all deps test check run bench clean headers
 all: $(BUILD)/gpush $(BUILD)/test_c
 
-$(BUILD)/obj/%.o: %.c
+# Objects depend on the flags they were compiled with: $(BUILD)/flags.c and
+# flags.nv are rewritten (at parse time) only when the flags change, so a new
+# CUDA_ARCH, NVFLAGS or CFLAGS rebuilds what it affects (ccache makes it cheap
+# when nothing really changed).
+flags_c  := $(CC) $(CPPFLAGS) $(CFLAGS)
+flags_nv := $(NVCC) $(CPPFLAGS) $(NVFLAGS) | $(GENCODE_SM90A)
+$(shell mkdir -p $(BUILD))
+$(foreach k,c nv,$(eval old_ := $(file <$(BUILD)/flags.$(k)))$(if $(subst $(old_),,$(flags_$(k)))$(subst \
+  $(flags_$(k)),,$(old_)),$(file >$(BUILD)/flags.$(k),$(flags_$(k)))))
+
+$(BUILD)/obj/%.o: %.c $(BUILD)/flags.c
 	@mkdir -p $(dir $@)
 	@echo "  CC    $<"
 	$(Q)$(CCACHE) $(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
 
-$(BUILD)/obj/%.cu.o: %.cu
+$(BUILD)/obj/%.cu.o: %.cu $(BUILD)/flags.nv
 	@mkdir -p $(dir $@)
 	@echo "  NVCC  $<"
 	$(Q)$(CCACHE) $(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
