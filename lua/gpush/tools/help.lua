@@ -24,7 +24,7 @@ function M.help(x)
   gp.tensor, gp.zeros, gp.ones, gp.full, gp.rand, gp.randn, gp.randint, gp.arange: creation
   t:to('cuda'), t:view{...}, t:transpose(1,2), a + b, a:exp(), ...: see README.md and docs/]])
   end
-  if type(x) == 'string' then x = by_name(x) or gp.k[x] or Tensor[x] end
+  if type(x) == 'string' then x = by_name(x) or rawget(gp.k, x) or Tensor[x] end
   local d = docs[x]
   if not d then
     for name, f in pairs(Tensor) do if f == x then d = docs[f] or {usage = 't:' .. name .. '(...)', doc = 'a tensor method (docs/tensors.md)'} end end
