@@ -175,7 +175,8 @@ function M.error_text(e, level)
     local mt = getmetatable(e)
     msg = (mt and mt.__tostring) and tostring(e) or '(error object is a ' .. type(e) .. ' value)'
   end
-  if msg:find('interrupted', 1, true) then return 'interrupted' end
+  -- Ctrl-C (src/repl.c's hook raises 'interrupted'): one word, after the ^C the terminal echoed
+  if msg == 'interrupted' or msg:match('^[^\n]*:%d+: interrupted$') then return '\ninterrupted' end
   local gp = rawget(_G, 'gp')
   local full = type(gp) == 'table' and rawget(gp, 'debug')
   local tb = debug.traceback('', (level or 1) + 1)
