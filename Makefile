@@ -198,7 +198,7 @@ bench:
 	$(Q)$(BUILD)/gpush scripts/bench/suite.lua $(BENCH_ARGS)
 
 # polychromic RL fine-tuning with its defaults: on the GPU when one is usable,
-# else a small CPU configuration (a few minutes)
+# else a small CPU configuration comparing base, rl and poly (about a minute)
 run: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush
 	$(Q)$(BUILD)/gpush scripts/polychromic.lua

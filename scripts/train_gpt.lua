@@ -39,7 +39,7 @@ local o = gp.args.parse(arg, {
   {'dropout', 0, 'dropout probability'},
   {'mlp', 'gelu', 'gelu or swiglu'},
   {'norm', 'layer', 'layer or rms'},
-  {'vocab', 'present', 'present (the bytes of the text) or bytes (all 256)'},
+  {'vocab', 'printable', 'printable (the printable ASCII, tab and newline, plus any other byte of the text: any prompt typed on a keyboard can be sampled from), present (the bytes of the text only) or bytes (all 256)'},
   {'val-fraction', 0.1, 'the last part of the text held out for validation'},
   {'bf16', false, 'bf16 parameters for the forward and backward, f32 master weights in AdamW'},
   {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},

@@ -32,7 +32,21 @@ static const char *usage =
     "                      several machines: run the same command on each (I = 0..M-1)\n"
     "  --version           print the gpush, LuaJIT and CUDA versions and the GPU seen\n"
     "  --help              this text\n"
-    "With no script, a terminal gets the interactive prompt; otherwise the script is read from stdin.\n";
+    "With no script, a terminal gets the interactive prompt; otherwise the script is read from stdin.\n"
+    "require finds modules in the script's own directory first, then in the gpush library.\n"
+    "\n"
+    "Environment:\n"
+    "  GPUSH_HOME          where the library is: $GPUSH_HOME/lua (default: lua/ beside the binary's directory)\n"
+    "  GPUSH_HISTORY       the prompt's history file (default ~/.gpush_history)\n"
+    "  GPUSH_CACHE         compiled kernels and fetched models (default ~/.cache/gpush)\n"
+    "  GPUSH_CUDA_DEVICE   the GPU this process uses (default $LOCAL_RANK, else 0)\n"
+    "  GPUSH_DIST_TIMEOUT  gp.dist: seconds for the rendezvous and each tcp collective (default 300)\n"
+    "  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT\n"
+    "                      gp.dist's process group (--nproc sets them; GPUSH_LAUNCHED marks its children)\n"
+    "  GP_NCCL_LIB         the NCCL library to load (docs/training.md)\n"
+    "  GP_ATTN_IMPL, GP_ATTN_DETERMINISTIC\n"
+    "                      the attention kernels to use (docs/attention.md)\n"
+    "\n";
 
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
@@ -69,17 +83,33 @@ static int dostring(lua_State *L, const char *code, const char *name) {
 
 int luaopen_gpush_json(lua_State *L);
 
-/* directory of lua/ : $GPUSH_HOME/lua, else <dir of the executable>/../lua */
-static void set_paths(lua_State *L) {
-  char exe[PATH_MAX] = {0}, root[PATH_MAX + 8];
+/* the root of the checkout or install: $GPUSH_HOME, else <dir of the executable>/.. */
+static void root_dir(char *root, size_t size) {
+  char exe[PATH_MAX] = {0};
   const char *home = getenv("GPUSH_HOME");
   if (home) {
-    snprintf(root, sizeof root, "%s", home);
+    snprintf(root, size, "%s", home);
   } else {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) exe[n] = 0;
-    snprintf(root, sizeof root, "%s/..", dirname(exe));
+    snprintf(root, size, "%s/..", dirname(exe));
   }
+}
+
+static void print_usage(FILE *f) {
+  char root[PATH_MAX + 8];
+  root_dir(root, sizeof root);
+  fputs(usage, f);
+  fprintf(f,
+          "Learn more: the examples in %s/examples (gpush examples/01_tensors.lua, ...), the docs in %s/docs\n"
+          "(docs/README.md: the map), and help() at the prompt.\n",
+          root, root);
+}
+
+/* directory of lua/ : $GPUSH_HOME/lua, else <dir of the executable>/../lua */
+static void set_paths(lua_State *L) {
+  char root[PATH_MAX + 8];
+  root_dir(root, sizeof root);
   lua_getglobal(L, "package");
   lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;", root, root);
   lua_getfield(L, -2, "path");
@@ -101,6 +131,19 @@ static void set_paths(lua_State *L) {
   lua_pushcfunction(L, gp_luaopen_repl);
   lua_setfield(L, -2, "gpush.tools.repl_c");
   lua_pop(L, 2);
+}
+
+/* require looks next to the script first: <dir>/?.lua;<dir>/?/init.lua */
+static void script_dir_first(lua_State *L, const char *script) {
+  char buf[PATH_MAX];
+  snprintf(buf, sizeof buf, "%s", script);
+  const char *dir = dirname(buf);
+  lua_getglobal(L, "package");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;", dir, dir);
+  lua_getfield(L, -2, "path");
+  lua_concat(L, 2);
+  lua_setfield(L, -2, "path");
+  lua_pop(L, 1);
 }
 
 static void make_arg(lua_State *L, char **argv, int argc, int script) {
@@ -180,15 +223,16 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "-e") || !strcmp(a, "--device")) i++;
     else if (!strcmp(a, "-") || a[0] != '-') break;
   }
-  /* a rank under the launcher: its lines reach the launcher as they are printed */
-  if (getenv("GPUSH_LAUNCHED")) setvbuf(stdout, NULL, _IOLBF, 0);
+  /* stdout to a pipe or a file (a rank under the launcher, `make run | tee log`)
+   * is line-buffered, as on a terminal: each line is seen as it is printed */
+  if (getenv("GPUSH_LAUNCHED") || !isatty(1)) setvbuf(stdout, NULL, _IOLBF, 0);
   int interactive = 0, script = 0, ran_e = 0;
   const char *exprs[64];
   int nexpr = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(usage, stdout);
+      print_usage(stdout);
       return 0;
     } else if (!strcmp(a, "--version") || !strcmp(a, "-v")) {
       char info[512];
@@ -215,12 +259,14 @@ int main(int argc, char **argv) {
       script = i;
       break;
     } else {
-      fprintf(stderr, "gpush: unknown option %s\n%s", a, usage);
+      fprintf(stderr, "gpush: unknown option %s\n", a);
+      print_usage(stderr);
       return 2;
     }
   }
-  if (device && strcmp(device, "cpu") && strcmp(device, "cuda")) {
-    fprintf(stderr, "gpush: --device must be cpu or cuda, not '%s'\n", device);
+  if (device && strcmp(device, "cpu") && strcmp(device, "cuda") &&
+      !(!strncmp(device, "cuda:", 5) && device[5] && strspn(device + 5, "0123456789") == strlen(device + 5))) {
+    fprintf(stderr, "gpush: --device must be cpu, cuda or cuda:N, not '%s'\n", device);
     return 2;
   }
 
@@ -235,9 +281,8 @@ int main(int argc, char **argv) {
 
   /* gp preloaded as a global; the default device as asked */
   char boot[256];
-  snprintf(boot, sizeof boot,
-           "gp = require 'gpush'; help = gp.help; %s",
-           device ? (strcmp(device, "cpu") ? "gp.set_device('cuda')" : "gp.set_device('cpu')") : "");
+  snprintf(boot, sizeof boot, "gp = require 'gpush'; help = gp.help; %s%s%s", device ? "gp.set_device('" : "",
+           device ? device : "", device ? "')" : "");
   if (dostring(L, boot, "=(gpush)") != 0) {
     lua_close(L);
     return 1;
@@ -247,6 +292,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nexpr && rc == 0; i++, ran_e = 1) rc = dostring(L, exprs[i], "=(command line)");
   if (rc == 0 && script) {
     const char *path = strcmp(argv[script], "-") ? argv[script] : NULL;
+    if (path) script_dir_first(L, path);
     if (luaL_loadfile(L, path) != 0) {
       fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
       rc = 1;

@@ -42,4 +42,8 @@ local nn, titans = gp.nn, gp.titans
 nn.GPT = gp.models.GPT
 nn.NeuralMemory, nn.MACBlock, nn.SWABlock, nn.TitansLM = titans.NeuralMemory, titans.MACBlock, titans.SWABlock, titans.TitansLM
 
+-- a mistyped name (gp.zeross) is an error that suggests the real one; gp.debug
+-- (full tracebacks at the prompt) reads as nil until set
+require('gpush.core.suggest').strict(gp, 'gp', {debug = true})
+
 return gp

@@ -22,13 +22,13 @@ function gp.cuda_available() return C.gp_cuda_available() == 1 end
 doc(gp.cuda_available, 'gp.cuda_available()', 'true when a CUDA GPU is usable')
 
 function gp.set_device(name)
-  if name ~= 'cpu' and name ~= 'cuda' then raise(string.format("set_device: unknown device '%s' (cpu or cuda)", tostring(name))) end
+  name = tensor.device_name(name, 'set_device')
   if name == 'cuda' and C.gp_cuda_available() ~= 1 then
     raise('set_device: cuda asked for but ' .. rt.last_error())
   end
   state.device = name
 end
-doc(gp.set_device, "gp.set_device('cpu'|'cuda')", 'set the default device for new tensors')
+doc(gp.set_device, "gp.set_device('cpu'|'cuda')", "set the default device for new tensors ('cuda:N' names this process's GPU)")
 
 function gp.manual_seed(s)
   if type(s) ~= 'number' or s < 0 or s ~= math.floor(s) then raise('manual_seed: the seed must be a non-negative integer') end
