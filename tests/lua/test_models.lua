@@ -115,3 +115,22 @@ T.test('models: a BERT encoder equals transformers\' hidden states (padding mask
     T.ok(T.relnorm(emb:narrow(1, 3, 1), e.embed:narrow(1, 1, 1)) < 1e-6, device .. ' the same text, the same row')
   end
 end)
+
+T.test('models: a llama GGUF (llama.cpp\'s q/k row permutation, F16, F32 and Q8_0 tensors) equals the same weights from safetensors', function()
+  local path = root .. '/llama_gqa.gguf' -- written by make_gguf.py from the llama_gqa fixture
+  local g, tok, cfg = gp.models.load(path, {dtype = 'f32', device = 'cpu'})
+  T.eq(cfg.num_key_value_heads, 2)
+  T.eq(tok.vocab_size, 128)
+  local hf = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
+  -- the two Q8_0 tensors: the HF model takes their dequantized values, then both hold the same numbers
+  local f = gp.gguf.open(path)
+  local sd = hf:state_dict()
+  gp.no_grad(function()
+    sd['model.layers.0.mlp.up_proj.weight']:copy_(f:read('blk.0.ffn_up.weight', {dtype = 'f32', device = 'cpu'}))
+    sd['model.layers.1.self_attn.v_proj.weight']:copy_(f:read('blk.1.attn_v.weight', {dtype = 'f32', device = 'cpu'}))
+  end)
+  f:close()
+  local e = expected('llama_gqa')
+  T.ok(T.relnorm(g(e.ids), hf(e.ids)) < 1e-6, 'the GGUF and the safetensors model')
+  T.ok(T.relnorm(g(e.ids), e.logits) < 2e-2, 'within Q8_0 rounding of transformers')
+end)

@@ -28,7 +28,14 @@ local function read_json(path)
   f:close()
   local ok, v = pcall(gp.json.decode, s)
   if not ok or type(v) ~= 'table' then raise('models.load: ' .. path .. ' is not a JSON object: ' .. tostring(v)) end
-  return v
+  -- a null field is an absent one (as transformers reads it)
+  local function strip(t)
+    for k, x in pairs(t) do
+      if x == gp.json.null then t[k] = nil elseif type(x) == 'table' then strip(x) end
+    end
+    return t
+  end
+  return strip(v)
 end
 M.read_json = read_json
 
