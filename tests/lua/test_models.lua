@@ -50,16 +50,19 @@ T.test('models: state_dict() gives back the checkpoint\'s names, shapes and valu
   end
 end)
 
-T.test('models: a saved state_dict loads back (the fine-tuned model transformers can read)', function()
-  local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
-  local dir = os.tmpname()
-  os.remove(dir)
-  os.execute('mkdir -p ' .. dir .. ' && cp ' .. root .. '/llama_gqa/config.json ' .. dir .. '/')
-  gp.save(dir .. '/model.safetensors', m:state_dict(), {format = 'pt'})
-  local m2 = gp.models.load(dir, {dtype = 'f32', device = 'cpu'})
-  local e = expected('llama_gqa')
-  T.ok(T.relnorm(m2(e.ids), e.logits) < 1e-4)
-  os.execute('rm -rf ' .. dir)
+T.test('models: gp.models.save writes a directory that loads back (the fine-tuned model transformers can read)', function()
+  for _, name in ipairs {'llama_gqa', 'gpt2'} do
+    local m = gp.models.load(root .. '/' .. name, {dtype = 'f32', device = 'cpu'})
+    local dir = os.tmpname()
+    os.remove(dir)
+    gp.models.save(m, dir)
+    local m2 = gp.models.load(dir, {device = 'cpu'})
+    T.eq(m2.lm_head.weight.dtype, 'f32', name .. ': saved in the dtype of its weights')
+    local e = expected(name)
+    T.ok(T.relnorm(m2(e.ids), e.logits) < 1e-4, name)
+    os.execute('rm -rf ' .. dir)
+  end
+  T.raises(function() gp.models.save(gp.nn.Linear(2, 2), '/tmp/x') end, 'models.save', 'Hugging Face config')
 end)
 
 -- a copy of a fixture with config.json changed by edit(config)

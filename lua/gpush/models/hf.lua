@@ -95,6 +95,7 @@ function M.load_dir(dir, opts)
   if not ok2 then raise(string.format('models.load: %s: %s', table.concat(files, ', '), tostring(err):gsub('^.-:%d+: ', ''))) end
   local gpath = dir .. '/generation_config.json'
   model.generation_config = exists(gpath) and read_json(gpath) or {}
+  model.hf_config = c
   local tok = exists(dir .. '/tokenizer.json') and text.tokenizer.load(dir) or nil
   if exists(dir .. '/modules.json') then return M.sentence(dir, model:eval(), tok), tok, c end
   return model:eval(), tok, c
