@@ -137,3 +137,17 @@ T.test('models: a llama GGUF (llama.cpp\'s q/k row permutation, F16, F32 and Q8_
   T.ok(T.relnorm(g(e.ids), hf(e.ids)) < 1e-6, 'the GGUF and the safetensors model')
   T.ok(T.relnorm(g(e.ids), e.logits) < 2e-2, 'within Q8_0 rounding of transformers')
 end)
+
+T.test('scripts/perplexity.lua scores every token once (windows overlapping by half)', function()
+  local txt = os.tmpname()
+  local f = assert(io.open(txt, 'w'))
+  f:write(('the quick brown fox jumps over the lazy dog. '):rep(6))
+  f:close()
+  local out, rc = T.sh(string.format('%s/build/gpush %s/scripts/perplexity.lua --model %s/llama_gqa.gguf --file %s --tokens 100 --window 32',
+    GPUSH_ROOT or '.', GPUSH_ROOT or '.', root, txt))
+  os.remove(txt)
+  T.eq(rc, 0, out)
+  local n = tonumber(out:match('over (%d+) tokens'))
+  local total = tonumber(out:match('on the last (%d+) tokens'))
+  T.eq(n, total - 1, out)
+end)
