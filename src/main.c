@@ -58,8 +58,11 @@ static int docall(lua_State *L, int nargs) {
   return rc;
 }
 
+/* Code from outside (files, stdin, -e, the prompt) is loaded as text only
+ * ("t"): LuaJIT does not verify bytecode, so a damaged or hostile chunk of it
+ * could crash the process instead of giving an error. */
 static int dostring(lua_State *L, const char *code, const char *name) {
-  if (luaL_loadbuffer(L, code, strlen(code), name) != 0) {
+  if (luaL_loadbufferx(L, code, strlen(code), name, "t") != 0) {
     fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
     lua_pop(L, 1);
     return 1;
@@ -69,16 +72,23 @@ static int dostring(lua_State *L, const char *code, const char *name) {
 
 int luaopen_gpush_json(lua_State *L);
 
-/* directory of lua/ : $GPUSH_HOME/lua, else <dir of the executable>/../lua */
+/* directory of lua/ : $GPUSH_HOME/lua, else <dir of the executable>/../lua;
+ * the globals GPUSH_ROOT (that directory) and GPUSH_EXE (this binary: tests
+ * run it again, so a sanitizer build tests itself) */
 static void set_paths(lua_State *L) {
-  char exe[PATH_MAX] = {0}, root[PATH_MAX + 8];
+  char exe[PATH_MAX] = {0}, dir[PATH_MAX], root[PATH_MAX + 8];
   const char *home = getenv("GPUSH_HOME");
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) exe[n] = 0;
+  if (exe[0]) {
+    lua_pushstring(L, exe);
+    lua_setglobal(L, "GPUSH_EXE");
+  }
   if (home) {
     snprintf(root, sizeof root, "%s", home);
   } else {
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n > 0) exe[n] = 0;
-    snprintf(root, sizeof root, "%s/..", dirname(exe));
+    memcpy(dir, exe, sizeof dir);
+    snprintf(root, sizeof root, "%s/..", dirname(dir));
   }
   lua_getglobal(L, "package");
   lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;", root, root);
@@ -247,7 +257,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nexpr && rc == 0; i++, ran_e = 1) rc = dostring(L, exprs[i], "=(command line)");
   if (rc == 0 && script) {
     const char *path = strcmp(argv[script], "-") ? argv[script] : NULL;
-    if (luaL_loadfile(L, path) != 0) {
+    if (luaL_loadfilex(L, path, "t") != 0) {
       fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
       rc = 1;
     } else {
@@ -257,7 +267,7 @@ int main(int argc, char **argv) {
     }
   } else if (rc == 0 && !ran_e && !interactive) {
     if (isatty(0)) interactive = 1;
-    else if (luaL_loadfile(L, NULL) != 0) {
+    else if (luaL_loadfilex(L, NULL, "t") != 0) {
       fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
       rc = 1;
     } else {

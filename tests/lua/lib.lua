@@ -3,6 +3,11 @@
 local gp = require 'gpush'
 local M = {cases = {}}
 
+-- the gpush binary running the tests (a sanitizer build runs itself in the
+-- tests that start gpush again), else build/gpush of the checkout
+M.root = rawget(_G, 'GPUSH_ROOT') or '.'
+M.exe = rawget(_G, 'GPUSH_EXE') or (M.root .. '/build/gpush')
+
 function M.test(name, fn) M.cases[#M.cases + 1] = {name = name, fn = fn, file = M.current_file} end
 function M.skip(reason) error({skip = reason}, 0) end
 function M.cuda() if not gp.cuda_available() then M.skip('no CUDA GPU') end end

@@ -385,7 +385,7 @@ end)
 -- the script
 
 T.test('scripts/moe.lua --tiny: dense and MoE train, val losses, load histogram, inference mode', function()
-  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local exe = T.exe
   local script = (GPUSH_ROOT or '.') .. '/scripts/moe.lua'
   local out, rc = T.sh(exe .. ' --device cpu ' .. script .. ' --tiny')
   T.eq(rc, 0, out)

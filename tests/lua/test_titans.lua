@@ -289,7 +289,7 @@ T.test('titans: MAC is causal (changing a later token leaves earlier logits unch
 end))
 
 T.test('titans.lua: recall task smoke run (tiny, cpu)', function()
-  local out, rc = T.sh('build/gpush --device cpu scripts/titans.lua --task recall --tiny')
+  local out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny')
   if rc ~= 0 then error('titans.lua failed:\n' .. out) end
   T.ok(out:find('recall accuracy: mac', 1, true) and out:find('swa', 1, true), out)
 end)

@@ -7,7 +7,7 @@ local T = require 'lib'
 local Tensor = gp.Tensor
 
 local root = GPUSH_ROOT or '.'
-local exe = root .. '/build/gpush'
+local exe = T.exe
 
 local sh = T.sh
 

@@ -52,11 +52,12 @@ end
 ---------------------------------------------------------------------------
 -- compiling: as an expression first, then as statements; 'more' when incomplete
 
+-- (text only: LuaJIT does not verify bytecode, which could crash the process)
 local function compile(src)
-  local f = loadstring('return ' .. src, '=stdin')
+  local f = load('return ' .. src, '=stdin', 't')
   if f then return f end
   local err
-  f, err = loadstring(src, '=stdin')
+  f, err = load(src, '=stdin', 't')
   if f then return f end
   if err:find('<eof>', 1, true) then return nil, 'more' end
   return nil, err
