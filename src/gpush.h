@@ -84,6 +84,13 @@ typedef struct gp_memstats {
 
 /* ---- errors, versions, devices ---- */
 const char *gp_last_error(void);
+/* Ctrl-C: gp_interrupt() (async-signal-safe; the prompt's SIGINT handler
+ * calls it) asks the running CPU kernel to stop: long kernels poll between
+ * blocks of work and fail with "NAME: interrupted", which clears the request.
+ * gp_interrupt_clear() drops a request no kernel has seen. */
+void gp_interrupt(void);
+int gp_interrupt_pending(void);
+void gp_interrupt_clear(void);
 const char *gp_version(void);
 int gp_cuda_available(void);      /* 1 when a CUDA device is usable */
 int gp_cuda_compiled(void);       /* 1 when built with the CUDA backend */

@@ -2,6 +2,7 @@
 #ifndef GP_INTERNAL_H
 #define GP_INTERNAL_H
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
@@ -36,6 +37,16 @@ const char *gp_device_name(int device);
   do {                            \
     int gp_rc_ = (x);             \
     if (gp_rc_ != GP_OK) return gp_rc_; \
+  } while (0)
+
+/* ---- Ctrl-C: long CPU kernels poll between blocks of work (gp_interrupt) ---- */
+extern volatile sig_atomic_t gp_interrupt_flag;
+/* clears the request and sets "op: interrupted"; returns GP_ERR */
+int gp_interrupted(const char *op);
+/* return "op: interrupted" from the calling function when Ctrl-C was pressed */
+#define GP_POLL_INTERRUPT(op)                              \
+  do {                                                     \
+    if (gp_interrupt_flag) return gp_interrupted(op);      \
   } while (0)
 
 /* ---- memory ---- */

@@ -1,4 +1,4 @@
--- The outside audit's findings (issue 26, rows A to L), one case each: every
+-- The outside audit's findings (issue 26, rows A to N), one case each: every
 -- reproducer ends in a clear Lua error or the right result. Those that once
 -- crashed run in a process of their own (a crash there is a failed case, not
 -- a dead test run).
@@ -355,4 +355,59 @@ end]], d .. '/ck.st', d .. '/done'))
   -- none behind, but for the few microseconds between naming it and the rename
   T.ok(leftovers <= 1, string.format('%d temporary files left by %d kills', leftovers, kills))
   os.execute('rm -rf ' .. d)
+end)
+
+---------------------------------------------------------------------------
+-- N: Ctrl-C reaches CPU kernels
+
+T.test('N: Ctrl-C stops a long CPU matmul within 100 ms with an interrupted error (own process, SIGINT)', function()
+  local d = tmpdir()
+  -- as the prompt does (repl_c.run_begin installs its SIGINT handler); the
+  -- product would take tens of seconds; SIGINT comes after 1 s
+  write(d .. '/mm.lua', string.format([[
+require('gpush.tools.repl_c').run_begin()
+local a = gp.randn{1536, 1536}
+io.open(%q, 'w'):close()
+local ok, err = pcall(function() return a:matmul(a):matmul(a):matmul(a):matmul(a) end)
+local f = io.popen('date +%%s.%%N')
+local t = f:read('*l'); f:close()
+print(ok, err, 'stopped at ' .. t)]], d .. '/started'))
+  local out = T.sh(string.format([[
+%s %s/mm.lua & pid=$!
+while [ ! -e %s/started ]; do sleep 0.01; done
+sleep 1
+echo "sent at $(date +%%s.%%N)"
+kill -INT $pid
+wait $pid; echo "status $?"]], T.exe, d, d))
+  T.ok(out:find('matmul: interrupted', 1, true), out)
+  T.ok(out:find('status 0', 1, true), out)
+  local sent, stopped = tonumber(out:match('sent at ([%d%.]+)')), tonumber(out:match('stopped at ([%d%.]+)'))
+  T.ok(sent and stopped, out)
+  local ms = (stopped - sent) * 1000
+  print(string.format('      (stopped %.0f ms after SIGINT, including starting date)', ms))
+  -- 100 ms is the aim; a loaded test machine gets slack
+  T.ok(ms < 1000, string.format('stopped %.0f ms after the signal', ms))
+  os.execute('rm -rf ' .. d)
+end)
+
+T.test('N: an interrupt request stops elementwise, reduction and row kernels too, and is consumed once', function()
+  local C = gp.C
+  local x = gp.randn {300000}
+  local function stopped(fn, name)
+    C.gp_interrupt()
+    local ok, err = pcall(fn)
+    T.ok(not ok and tostring(err):find(name .. ': interrupted', 1, true), name .. ': ' .. tostring(err))
+    T.eq(C.gp_interrupt_pending(), 0, 'the request is consumed')
+  end
+  stopped(function() return x:exp() end, 'exp')
+  stopped(function() return x + x end, 'add')
+  stopped(function() return x:view {3000, 100}:sum(2) end, 'sum')
+  stopped(function() return x:view {3000, 100}:softmax(2) end, 'softmax')
+  stopped(function() return x:view {3000, 100}:transpose(1, 2):contiguous() end, 'copy')
+  stopped(function() return gp.randn {64, 64}:matmul(gp.randn {64, 64}) end, 'matmul')
+  -- without a request, the same calls run
+  T.eq(x:exp():numel(), 300000)
+  C.gp_interrupt()
+  C.gp_interrupt_clear()
+  T.eq((x + 1):numel(), 300000, 'a cleared request stops nothing')
 end)
