@@ -139,6 +139,9 @@ int gp_to_doubles(double *out, const gp_tensor *src, int64_t n);
 void gp_manual_seed(uint64_t seed);
 uint64_t gp_seed(void);
 uint64_t gp_rng_offset(void);
+/* the whole state (seed and counter offset), as gp_seed and gp_rng_offset read it:
+ * a resumed run draws the numbers the interrupted one would have drawn next */
+void gp_set_rng_state(uint64_t seed, uint64_t offset);
 
 /* ---- timing: events on the stream (CUDA events on the GPU, a host clock on the CPU) ---- */
 typedef struct gp_event gp_event;

@@ -637,6 +637,10 @@ void gp_manual_seed(uint64_t seed) {
   g_seed = seed;
   g_offset = 0;
 }
+void gp_set_rng_state(uint64_t seed, uint64_t offset) {
+  g_seed = seed;
+  g_offset = offset;
+}
 uint64_t gp_seed(void) { return g_seed; }
 uint64_t gp_rng_offset(void) { return g_offset; }
 uint64_t gp_rng_reserve(uint64_t n) {

@@ -132,6 +132,7 @@ T.test('J: fractional and out-of-range positions, lengths and sizes are errors, 
   T.raises(function() gp.zeros {2.5} end, 'not an integer')
   T.raises(function() gp.zeros {2 ^ 70} end, 'not an integer')
   T.raises(function() t:view {2, 3.5} end, 'not an integer')
+  T.raises(function() gp.manual_seed(2 ^ 64) end, 'manual_seed')
   T.eq(table.concat(t:narrow(1, 2, 3):totable(), ','), '1,2,3')
   T.eq(table.concat(t:narrow(1, -2, 2):totable(), ','), '4,5')
 end)

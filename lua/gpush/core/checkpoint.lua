@@ -65,7 +65,8 @@ function M.save(path, tensors, meta)
   return path
 end
 
--- returns {name = tensor}, metadata; opts.device moves the tensors there
+-- returns {name = tensor}, metadata; opts.device moves the tensors there;
+-- opts.meta_only: the metadata only ({} for the tensors, none read)
 function M.load(path, opts)
   if type(path) ~= 'string' then raise('load: the path must be a string') end
   opts = opts or {}
@@ -75,7 +76,7 @@ function M.load(path, opts)
   local name, dtype, ndim = ffi.new('const char *[1]'), ffi.new('int[1]'), ffi.new('int[1]')
   local shape = ffi.new('int64_t[?]', tensor.MAX_DIMS)
   local out = {}
-  for i = 0, C.gp_st_count(st) - 1 do
+  for i = 0, opts.meta_only and -1 or C.gp_st_count(st) - 1 do
     rt.call(C.gp_st_info, st, i, name, dtype, ndim, shape)
     local s = {}
     for d = 0, ndim[0] - 1 do s[d + 1] = tonumber(shape[d]) end
