@@ -109,6 +109,9 @@ int gp_loop_init(gp_loop *L, const char *op, int nops, const gp_tensor *const *o
 /* all operands dense in the same order (every stride run is the contiguous one) */
 int gp_loop_is_flat(const gp_loop *L);
 
+/* an error (naming op) unless a tensor may have this shape: at most
+ * GP_MAX_DIMS sizes >= 0 whose non-zero product stays below 2^59 */
+int gp_check_shape(const char *op, int ndim, const int64_t *shape);
 /* 1 when two indices of t reach one element (a write through t is ambiguous) */
 int gp_overlaps_itself(const gp_tensor *t);
 

@@ -269,7 +269,8 @@ int main(int argc, char **argv) {
   /* os.exit closes the state first (LuaJIT's os.exit(code, true)): finalizers
    * run and free what Lua objects hold (tensors, files), so nothing is left
    * behind, and a leak checker sees none */
-  luaL_dostring(L, "local exit = os.exit; os.exit = function(code, close) return exit(code, close ~= false) end");
+  if (luaL_dostring(L, "local exit = os.exit; os.exit = function(code, close) return exit(code, close ~= false) end"))
+    lua_pop(L, 1);
   set_paths(L);
   make_arg(L, argv, argc, script ? script : argc - 1);
 

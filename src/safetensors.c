@@ -86,10 +86,14 @@ static int parse_entry(st_entry *e, const cJSON *item, uint64_t data_size, const
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9e15 || v->valuedouble != (double)(int64_t)v->valuedouble)
       return gp_error("load: %s: tensor '%s' has a bad size at dim %d", path, nm, d + 1);
     e->shape[d] = (int64_t)v->valuedouble;
-    if (e->shape[d] && numel > UINT64_MAX / 16 / (uint64_t)e->shape[d])
-      return gp_error("load: %s: tensor '%s' is too large", path, nm);
-    numel *= (uint64_t)e->shape[d];
   }
+  /* the shape a tensor may have (the one rule, src/tensor.c): gp.load makes one of it */
+  if (gp_check_shape("load", e->ndim, e->shape) != GP_OK) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", gp_last_error()); /* not the buffer gp_error writes */
+    return gp_error("load: %s: tensor '%s' has a shape no tensor can have (%s)", path, nm, why);
+  }
+  for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
   if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
     return gp_error("load: %s: tensor '%s' has bad data_offsets", path, nm);
   double b = cJSON_GetArrayItem(off, 0)->valuedouble, en = cJSON_GetArrayItem(off, 1)->valuedouble;

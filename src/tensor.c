@@ -33,6 +33,10 @@ int gp_is_contiguous(const gp_tensor *t) {
   return 1;
 }
 
+/* the rule every shape follows (tensors, views, and the files' readers) */
+static int check_shape(const char *op, int ndim, const int64_t *shape, int allow_neg1);
+int gp_check_shape(const char *op, int ndim, const int64_t *shape) { return check_shape(op, ndim, shape, 0); }
+
 static int check_shape(const char *op, int ndim, const int64_t *shape, int allow_neg1) {
   if (ndim < 0 || ndim > GP_MAX_DIMS)
     return gp_error("%s: %d dims asked for; at most %d are supported", op, ndim, GP_MAX_DIMS);

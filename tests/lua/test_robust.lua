@@ -413,3 +413,31 @@ T.test('N: an interrupt request stops elementwise, reduction and row kernels too
   C.gp_interrupt_clear()
   T.eq((x + 1):numel(), 300000, 'a cleared request stops nothing')
 end)
+
+---------------------------------------------------------------------------
+-- what the fuzzers found (tests/fuzz/regress/KIND-*: each input that made a
+-- harness fail), replayed through the Lua entry points
+
+T.test('fuzz findings: every input of tests/fuzz/regress fails cleanly or loads (own process)', function()
+  local dir = T.root .. '/tests/fuzz/regress'
+  local n = 0
+  for name in io.popen('ls ' .. dir .. ' 2>/dev/null'):lines() do
+    local kind = name:match('^(%w+)%-')
+    local path = dir .. '/' .. name
+    local code = ({
+      safetensors = 'local ok, e = pcall(gp.load, %q); print(ok, e)',
+      gguf = 'local ok, e = pcall(gp.gguf.open, %q); print(ok, e)',
+      json = 'local f = io.open(%q, "rb"); local s = f:read("*a"); f:close(); print(pcall(gp.json.decode, s))',
+      tokenizer = 'package.path = GPUSH_ROOT .. "/tests/fuzz/?.lua;" .. package.path; local f = io.open(%q, "rb"); ' ..
+                  'local s = f:read("*a"); f:close(); require("fuzz").tokenizer(s); print("done")',
+      jinja = 'package.path = GPUSH_ROOT .. "/tests/fuzz/?.lua;" .. package.path; local f = io.open(%q, "rb"); ' ..
+              'local s = f:read("*a"); f:close(); require("fuzz").jinja(s); print("done")',
+    })[kind]
+    T.ok(code, 'unknown kind of finding: ' .. name)
+    local out, rc = child(code:format(path))
+    T.ok(rc == 0, string.format('%s: exit status %s: %s', name, tostring(rc), out))
+    T.ok(not out:find('FINDING', 1, true), name .. ': ' .. out)
+    n = n + 1
+  end
+  T.ok(n > 0, 'no findings to replay')
+end)
