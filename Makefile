@@ -61,7 +61,7 @@ OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
 endif
 TEST_SRC := $(wildcard tests/c/*.c)
 
-.PHONY: all deps test check lint docs models run bench fuzz fuzz-ci asan clean
+.PHONY: all deps test check lint docs models run bench fuzz fuzz-ci asan sanitize clean
 all: $(BUILD)/gpush $(BUILD)/test_c
 
 $(BUILD)/obj/%.o: %.c
@@ -212,6 +212,12 @@ asan:
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp:print_suppressions=0 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  $(MAKE) --no-print-directory NOCUDA=1 SAN=1 BUILD=$(ASAN_BUILD) check
+
+# make sanitize (a GPU machine, an existing build): the test suites under
+# compute-sanitizer's memcheck, racecheck, initcheck and synccheck, each
+# tool's summary printed (tests/sanitize/compute.sh)
+sanitize:
+	$(Q)tests/sanitize/compute.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)
