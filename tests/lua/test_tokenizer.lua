@@ -351,3 +351,25 @@ T.test('malformed UTF-8 decodes as U+FFFD a byte; a null Prepend is no prepend (
   spec.normalizer.prepend = 3
   T.raises(function() gp.tokenizer.from_json(spec) end, 'prepend is a number, not a string')
 end)
+
+T.test('tok:stop_ids(): eos and the end-of-turn tokens; gp.generate stops at them by default', function()
+  local tok = gp.tokenizer.load(root .. '/smollm2')
+  local stops = tok:stop_ids()
+  T.ok(#stops >= 1, 'no stop ids')
+  local im_end = tok:token_to_id('<|im_end|>')
+  local has = false
+  for _, id in ipairs(stops) do has = has or id == im_end end
+  T.ok(has, '<|im_end|> is a stop id: ' .. table.concat(stops, ' '))
+  -- a model that always answers <|im_end|>: the reply ends before it unless stop = {} says otherwise
+  local V = tok.vocab_size
+  local model = gp.nn.GPT {vocab_size = V, block_size = 16, n_embd = 8, n_layer = 1, n_head = 1}
+  gp.no_grad(function()
+    model.lm_head.weight:zero_()
+    model.lm_head.weight:narrow(1, im_end + 1, 1):fill_(1)
+    model.ln_f.bias:fill_(1)
+  end)
+  local r = gp.generate(model, {{1, 2}}, {max_new = 4, greedy = true, tokenizer = tok})
+  T.eq(#r.lists[1], 0)
+  r = gp.generate(model, {{1, 2}}, {max_new = 4, greedy = true, tokenizer = tok, stop = {}})
+  T.eq(#r.lists[1], 4)
+end)
