@@ -218,6 +218,33 @@ local function run_ce(c)
   return ms, of_copy(c.bytes, ms) -- logits read, dlogits written
 end
 
+-- the distillation loss (issue 21): SmolLM2's vocabulary, 8 x 1024 rows, T = 2,
+-- no hard targets (alpha 1), as the PyTorch expression
+-- F.kl_div(F.log_softmax(s/T), F.log_softmax(t/T), log_target=True, reduction='batchmean') * T^2
+local function distill_cases()
+  local N, V = S(8 * 1024, 16), S(49152, 1000)
+  local bytes = 3 * N * V * 2 -- student and teacher read once, dstudent written once (bf16)
+  local p = {dtype = 'bf16', n = N, v = V, temperature = 2, sets = sets_for(bytes)}
+  for k, v in pairs(KERNEL_IT) do p[k] = v end
+  return {{row = 'distill fwd+bwd', shape = 'bf16 ' .. N .. 'x' .. V .. ' T=2', p = p, bytes = bytes}}
+end
+
+-- autograd's path: gp.distill_loss records the fused fwd+bwd kernel, backward scales dstudent
+local function run_distill(c)
+  local p = c.p
+  local sets = {}
+  for i = 1, p.sets do
+    sets[i] = {s = gp.randn({p.n, p.v}):to(p.dtype):requires_grad(), t = gp.randn({p.n, p.v}):to(p.dtype)}
+  end
+  local dopts = {temperature = p.temperature}
+  local ms = time_sets(sets, function(s)
+    s.s.grad = nil
+    gp.distill_loss(s.s, s.t, dopts):backward()
+  end, p)
+  local note = of_copy(c.bytes, ms)
+  return ms, string.format('%.3g GB/s', c.bytes / (ms * 1e-3) / 1e9) .. (note and ', ' .. note or '')
+end
+
 -- GPT-2 small (124M parameters) and the default train_gpt.lua config (with the
 -- vocabulary of 51 that data/corpus.txt's bytes gave; train_gpt's default is now
 -- --vocab printable, 97: V51 keeps the rows comparable with BENCHMARKS.md)
@@ -491,6 +518,7 @@ local WORKLOADS = {
   {name = 'elementwise', cases = ew_cases, run = run_ew},
   {name = 'matmul', cases = mm_cases, run = run_mm},
   {name = 'cross_entropy', cases = ce_cases, run = run_ce},
+  {name = 'distill', needs = {'gp.distill_loss'}, cases = distill_cases, run = run_distill},
   {name = 'adamw', needs = {'gp.optim.AdamW'}, cases = adamw_cases, run = run_adamw},
   {name = 'train', needs = {'gp.nn.GPT'}, cases = train_cases, run = run_train},
   {name = 'attention', needs = {'gp.attention'}, run = run_att,

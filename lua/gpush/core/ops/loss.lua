@@ -3,6 +3,7 @@ local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
 local autograd = require 'gpush.core.autograd'
+local common = require 'gpush.core.ops.common'
 local raise = rt.raise
 local is_tensor, empty, shape_str = tensor.is_tensor, tensor.empty, tensor.shape_str
 local doc = gp.doc
@@ -34,53 +35,14 @@ function gp.cross_entropy(logits, targets, opts)
   else
     gp.k.cross_entropy(loss, lg, tg, ignore)
   end
-  local out
-  if red == 'none' then
-    out = loss:view(targets.shape)
-  else
-    local r = empty({1}, 'f32', logits.device, 'cross_entropy')
-    local cnt = empty({1}, 'f32', logits.device, 'cross_entropy')
-    gp.k.loss_reduce(r, cnt, loss, tg, ignore, red == 'mean' and 1 or 0)
-    out = r:view {}
-    if dl and red == 'mean' then
-      -- autograd's path (grad = 'raw') takes dl unscaled and the count: its
-      -- backward scales by upstream / count in the one pass it makes anyway
-      if opts.grad == 'raw' then return out, dl:view(logits.shape), cnt end
-      gp.k.div(dl, dl, cnt:to(dl.dtype))
-    end
-  end
-  if dl then return out, dl:view(logits.shape) end
-  return out
+  return common.reduce_rows('cross_entropy', loss, dl, tg, ignore, red, opts.grad, targets.shape, logits.shape)
 end
 doc(gp.cross_entropy, "gp.cross_entropy(logits, targets, {ignore_index=-100, reduction='mean', grad=false})",
   "softmax cross-entropy of logits (..., V) against 0-based targets (...): a 0-dim f32 device tensor ('mean' over rows whose target is not ignore_index, or 'sum'), or per-row losses ('none'); with grad=true also d(loss)/d(logits)")
 
 ---------------------------------------------------------------------------
 -- cross_entropy: the fused kernel gives dlogits with the loss (saved by the
--- forward); backward only scales it by the incoming gradient
-
--- saved: dlogits, and for 'mean' without grad=true the count of rows the
--- mean is over (dlogits then unscaled): one pass of dl * (upstream / count)
--- over the (N, V) logits instead of a divide in forward and a multiply here
-autograd.def_function('cross_entropy', function(g, a, o, saved)
-  local opts = type(a[3]) == 'table' and a[3] or {}
-  local dl, cnt = saved[1], saved[2]
-  local gl = g[1]
-  if (opts.reduction or 'mean') == 'none' then gl = gl:unsqueeze(-1) end
-  if cnt then gl = tensor.to_dtype(gl, 'f32') / cnt:view {} end
-  return dl * tensor.to_dtype(gl, dl.dtype), nil, nil
-end, {
-  nout = 1,
-  forward = function(f, logits, targets, opts)
-    if type(opts) ~= 'table' and opts ~= nil then return nil, f(logits, targets, opts) end -- f raises
-    opts = opts or {}
-    local o2 = {}
-    for k, v in pairs(opts) do o2[k] = v end
-    o2.grad = opts.grad and true or 'raw' -- grad = true: the caller gets the scaled dl too
-    local loss, dl, cnt = f(logits, targets, o2)
-    if opts.grad then return {dl}, loss, dl end
-    return {dl, cnt}, loss
-  end,
-})
+-- forward); backward only scales it by the incoming gradient (ops/common.lua)
+autograd.def_function('cross_entropy', common.fused_loss_rule, common.fused_loss_opts)
 
 return gp
