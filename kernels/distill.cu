@@ -173,6 +173,9 @@ __global__ void __launch_bounds__(1024)
     acc_add(a[1], yt, yt - xs);
     if (sep) acc_add(a[2], sv, 0.f);
   });
+  /* the target's logit, read before the block's reduction (its barrier orders
+   * the read before the backward pass's writes: dstudent may be student itself) */
+  const float xt = threadIdx.x == 0 && ce ? ld(x[tg]) : 0.f;
   block_acc(a);
   const float ls = a[0].m + logf(a[0].z), lt = a[1].m + logf(a[1].z);
   const float lc = sep ? a[2].m + logf(a[2].z) : ls;
@@ -191,7 +194,7 @@ __global__ void __launch_bounds__(1024)
     d = r.x;
     kk = r.y;
   }
-  if (threadIdx.x == 0) loss[row] = alpha * temp * temp * d + (ce ? (1.f - alpha) * (lc - ld(x[tg])) : 0.f);
+  if (threadIdx.x == 0) loss[row] = alpha * temp * temp * d + (ce ? (1.f - alpha) * (lc - xt) : 0.f);
   if (!g) return;
   const float ca = alpha * temp * scale, cc = (1.f - alpha) * scale;
   pair_map(g, x, y, v, vec, [=](int64_t j, float sv, float tv) {
@@ -215,7 +218,9 @@ extern "C" int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *
   int es = gp_elsize(s->dtype);
   uintptr_t al = (uintptr_t)gp_ptr(s) | (uintptr_t)gp_ptr(t) | (ds ? (uintptr_t)gp_ptr(ds) : 0);
   bool vec = (v * es) % 16 == 0 && al % 16 == 0;
-  int bs = v >= 16384 ? 1024 : v >= 2048 ? 512 : v >= 256 ? 256 : 64;
+  /* 512 threads for wide rows (38 registers: three blocks an SM, so one block's
+   * reductions overlap the others' streaming; 1024 would leave one) */
+  int bs = v >= 2048 ? 512 : v >= 256 ? 256 : 64;
   gp_bad_ref bad;
   GP_TRY(gp_cuda_bad_ref(&bad, op, "target", v, "the classes (a target that is not ignore_index)"));
   GP_FLOAT_SWITCH(s->dtype, T,
