@@ -18,7 +18,7 @@
 extern "C" {
 #endif
 int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *s, const gp_tensor *t, const gp_tensor *targets,
-                    double temperature, double alpha, int kind, int64_t ignore, double scale);
+                    const gp_tensor *count, double temperature, double alpha, int kind, int64_t ignore, double scale);
 #ifdef __cplusplus
 }
 #endif
@@ -45,8 +45,8 @@ static double log_mix(double a, double b) {
 }
 
 static int distill(const char *op, gp_tensor *loss, gp_tensor *ds, const gp_tensor *s, const gp_tensor *t,
-                   const gp_tensor *targets, double temperature, double alpha, double kind, double ignore_index,
-                   double scale) {
+                   const gp_tensor *targets, const gp_tensor *count, double temperature, double alpha, double kind,
+                   double ignore_index, double scale) {
   if (!(temperature > 0) || !isfinite(temperature))
     return gp_error("%s: temperature must be a positive number, got %g (student %s)", op, temperature, GP_SHAPE(s));
   if (!(alpha >= 0 && alpha <= 1))
@@ -57,7 +57,8 @@ static int distill(const char *op, gp_tensor *loss, gp_tensor *ds, const gp_tens
     return gp_error("%s: ignore_index must be an integer, got %g", op, ignore_index);
   int64_t ign = (int64_t)ignore_index, n = s->shape[0], v = s->shape[1];
   int k = (int)kind;
-  GP_CUDA_DISPATCH(loss, gp_cuda_distill(loss, ds, s, t, targets, temperature, alpha, k, ign, scale));
+  GP_CUDA_DISPATCH(loss, gp_cuda_distill(loss, ds, s, t, targets, count, temperature, alpha, k, ign, scale));
+  if (count) scale /= ((const float *)gp_ptr(count))[0];
   GP_TRY(gp_loss_check_targets(op, targets, s, ign));
   const void *pt = gp_ptr(targets);
   const void *px = gp_ptr(s), *py = gp_ptr(t);
@@ -105,13 +106,13 @@ static int distill(const char *op, gp_tensor *loss, gp_tensor *ds, const gp_tens
 int gp_k_distill_loss(gp_tensor *loss, const gp_tensor *student, const gp_tensor *teacher, const gp_tensor *targets,
                       double temperature, double alpha, double kind, double ignore_index) {
   GP_CHECK(distill_loss, loss, student, teacher, targets);
-  return distill("distill_loss", loss, 0, student, teacher, targets, temperature, alpha, kind, ignore_index, 1.0);
+  return distill("distill_loss", loss, 0, student, teacher, targets, 0, temperature, alpha, kind, ignore_index, 1.0);
 }
 
 int gp_k_distill_fwd_bwd(gp_tensor *loss, gp_tensor *dstudent, const gp_tensor *student, const gp_tensor *teacher,
-                         const gp_tensor *targets, double temperature, double alpha, double kind, double ignore_index,
-                         double scale) {
-  GP_CHECK(distill_fwd_bwd, loss, dstudent, student, teacher, targets);
-  return distill("distill_fwd_bwd", loss, dstudent, student, teacher, targets, temperature, alpha, kind,
+                         const gp_tensor *targets, const gp_tensor *count, double temperature, double alpha,
+                         double kind, double ignore_index, double scale) {
+  GP_CHECK(distill_fwd_bwd, loss, dstudent, student, teacher, targets, count);
+  return distill("distill_fwd_bwd", loss, dstudent, student, teacher, targets, count, temperature, alpha, kind,
                  ignore_index, scale);
 }

@@ -143,8 +143,8 @@ __device__ __forceinline__ float xlogy(float p, float u, float w) { return p > 0
 
 template <typename T, typename I>
 __global__ void __launch_bounds__(1024)
-    k_distill(float *loss, T *ds, const T *s, const T *t, const I *targets, int64_t v, int64_t ign, float temp,
-              float alpha, int kind, float scale, bool vec, gp_bad_ref bad) {
+    k_distill(float *loss, T *ds, const T *s, const T *t, const I *targets, const float *count, int64_t v,
+              int64_t ign, float temp, float alpha, int kind, float scale, bool vec, gp_bad_ref bad) {
   int64_t row = blockIdx.x;
   const T *x = s + row * v, *y = t + row * v;
   T *g = ds ? ds + row * v : nullptr;
@@ -196,6 +196,7 @@ __global__ void __launch_bounds__(1024)
   }
   if (threadIdx.x == 0) loss[row] = alpha * temp * temp * d + (ce ? (1.f - alpha) * (lc - xt) : 0.f);
   if (!g) return;
+  if (count) scale /= *count;
   const float ca = alpha * temp * scale, cc = (1.f - alpha) * scale;
   pair_map(g, x, y, v, vec, [=](int64_t j, float sv, float tv) {
     float aa = sv * inv_t - ls, p = expf(aa), gd;
@@ -209,8 +210,8 @@ __global__ void __launch_bounds__(1024)
 }
 
 extern "C" int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *s, const gp_tensor *t,
-                               const gp_tensor *targets, double temperature, double alpha, int kind, int64_t ignore,
-                               double scale) {
+                               const gp_tensor *targets, const gp_tensor *count, double temperature, double alpha,
+                               int kind, int64_t ignore, double scale) {
   int64_t n = s->shape[0], v = s->shape[1];
   if (n == 0) return GP_OK;
   const char *op = ds ? "distill_fwd_bwd" : "distill_loss";
@@ -221,6 +222,7 @@ extern "C" int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *
   /* 512 threads for wide rows (38 registers: three blocks an SM, so one block's
    * reductions overlap the others' streaming; 1024 would leave one) */
   int bs = v >= 2048 ? 512 : v >= 256 ? 256 : 64;
+  const float *cnt = count ? (const float *)gp_ptr(count) : nullptr;
   gp_bad_ref bad;
   GP_TRY(gp_cuda_bad_ref(&bad, op, "target", v, "the classes (a target that is not ignore_index)"));
   GP_FLOAT_SWITCH(s->dtype, T,
@@ -228,13 +230,13 @@ extern "C" int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *
                     GP_NOTE_LAUNCH((k_distill<T, int32_t>), bs, 0);
                     k_distill<T, int32_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
                         (float *)gp_ptr(loss), ds ? (T *)gp_ptr(ds) : nullptr, (const T *)gp_ptr(s),
-                        (const T *)gp_ptr(t), (const int32_t *)gp_ptr(targets), v, ignore, (float)temperature,
+                        (const T *)gp_ptr(t), (const int32_t *)gp_ptr(targets), cnt, v, ignore, (float)temperature,
                         (float)alpha, kind, (float)scale, vec, bad);
                   } else {
                     GP_NOTE_LAUNCH((k_distill<T, int64_t>), bs, 0);
                     k_distill<T, int64_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
                         (float *)gp_ptr(loss), ds ? (T *)gp_ptr(ds) : nullptr, (const T *)gp_ptr(s),
-                        (const T *)gp_ptr(t), (const int64_t *)gp_ptr(targets), v, ignore, (float)temperature,
+                        (const T *)gp_ptr(t), (const int64_t *)gp_ptr(targets), cnt, v, ignore, (float)temperature,
                         (float)alpha, kind, (float)scale, vec, bad);
                   });
   return gp_cuda_check_launch(op);

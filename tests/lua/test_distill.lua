@@ -62,6 +62,20 @@ T.test('distill_loss equals log_softmax/exp/sum/mean in f64: kinds, T, alpha, ig
       end
     end
   end
+  -- loss:backward() with no argument (the seed: the kernel's dstudent, already / count, is the
+  -- gradient as it is), on a leaf and through a non-leaf (a product before the loss)
+  for _, kind in ipairs(KINDS) do
+    local o = {temperature = 2, alpha = 0.5, kind = kind, targets = tg}
+    local w0 = gp.randn({V, V}, CPU64)
+    local s1, s2 = s0:clone():requires_grad(), s0:clone():requires_grad()
+    gp.distill_loss(s1:matmul(w0), t0, o):backward()
+    compose(s2:matmul(w0), t0, tg, o):backward()
+    T.ok(T.relnorm(s1.grad, s2.grad) < 1e-6, kind .. ': seed path through a product')
+    local s3, s4 = s0:clone():requires_grad(), s0:clone():requires_grad()
+    gp.distill_loss(s3, t0, o):backward()
+    compose(s4, t0, tg, o):backward()
+    T.ok(T.relnorm(s3.grad, s4.grad) < 1e-6, kind .. ': seed path on a leaf')
+  end
   -- no targets: distillation only (alpha 1), every row counts; leading dims
   local s3, t3 = gp.randn({2, 3, V}, CPU64), gp.randn({2, 3, V}, CPU64)
   local want = compose(s3:reshape {6, V}, t3:reshape {6, V}, gp.zeros({6}, I64), {temperature = 2, alpha = 1})

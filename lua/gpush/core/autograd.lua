@@ -239,6 +239,10 @@ function A.backward(root, grad, opts)
       raise(string.format('backward: a gradient is needed for a non-scalar output of shape %s', tensor.shape_str(root.shape)))
     end
     grad = gp.ones_like(root)
+    -- the seed: a rule may return a gradient it saved as it is when its
+    -- incoming gradient is this one (a fused loss whose kernel already wrote
+    -- the final gradient: distill_loss)
+    rawset(grad, '_seed', true)
   end
   -- nodes reachable from the root, inputs before users
   local order, seen = {}, {}

@@ -87,8 +87,8 @@ function M.reduce_rows(op, loss, dx, tg, ignore, red, grad, row_shape, x_shape)
   return out
 end
 
--- the gradient rule of the fused losses f(x, y, opts) (cross_entropy,
--- distill_loss), whose kernel gives d(loss)/dx with the loss. saved: dx, and
+-- the gradient rule of a fused loss f(x, y, opts) (cross_entropy),
+-- whose kernel gives d(loss)/dx with the loss. saved: dx, and
 -- for 'mean' without grad=true the count of rows the mean is over (dx then
 -- unscaled): one pass of dx * (upstream / count) over the (N, V) logits
 -- instead of a divide in forward and a multiply here. y gets no gradient.
