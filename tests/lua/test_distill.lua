@@ -75,6 +75,12 @@ T.test('distill_loss equals log_softmax/exp/sum/mean in f64: kinds, T, alpha, ig
     gp.distill_loss(s3, t0, o):backward()
     compose(s4, t0, tg, o):backward()
     T.ok(T.relnorm(s3.grad, s4.grad) < 1e-6, kind .. ': seed path on a leaf')
+    -- a retained graph: the second backward adds the same gradient again (the first .grad was a copy)
+    local s5 = s0:clone():requires_grad()
+    local l5 = gp.distill_loss(s5, t0, o)
+    l5:backward(nil, {retain_graph = true})
+    l5:backward()
+    T.ok(T.relnorm(s5.grad, s4.grad * 2) < 1e-6, kind .. ': retained graph, two backwards')
   end
   -- no targets: distillation only (alpha 1), every row counts; leading dims
   local s3, t3 = gp.randn({2, 3, V}, CPU64), gp.randn({2, 3, V}, CPU64)

@@ -103,12 +103,14 @@ doc(gp.distill_loss,
 ---------------------------------------------------------------------------
 -- distill_loss: the fused kernel gives dstudent (final: already / count for
 -- 'mean') with the loss, saved by the forward; backward returns it as it is
--- for the seed of loss:backward() (a gradient of ones) and scales it by any
--- other incoming gradient; the teacher gets none
+-- for the seed of loss:backward() (a gradient of ones; fresh: a leaf takes it
+-- without a copy) and scales it by any other incoming gradient; the teacher
+-- gets none
 autograd.def_function('distill_loss', function(g, a, _, saved)
   local ds, gl = saved[1], g[1]
-  if rawget(gl, '_seed') then return ds, nil, nil end
   local opts = type(a[3]) == 'table' and a[3] or {}
+  -- (with grad=true the caller holds ds too: not fresh)
+  if rawget(gl, '_seed') then return opts.grad and ds or {fresh = ds}, nil, nil end
   if (opts.reduction or 'mean') == 'none' then gl = gl:unsqueeze(-1) end
   return ds * tensor.to_dtype(gl, ds.dtype), nil, nil
 end, {
