@@ -245,6 +245,32 @@ local function run_distill(c)
   return ms, string.format('%.3g GB/s', c.bytes / (ms * 1e-3) / 1e9) .. (note and ', ' .. note or '')
 end
 
+-- the fused linear cross-entropy (issue 24): Llama 3's vocabulary, 4096 tokens
+-- of width 2048, bf16; h and w both take gradients, against the head product +
+-- F.cross_entropy (eager: the (N, V) logits and their gradient held whole)
+local function lce_cases()
+  local N, D, V = S(4096, 64), S(2048, 32), S(128256, 1000)
+  local p = {dtype = 'bf16', n = N, d = D, v = V, sets = 1}
+  for k, v in pairs(TRAIN_IT) do p[k] = v end
+  return {{row = 'fused linear CE fwd+bwd', shape = string.format('bf16 %dx%d V=%d', N, D, V), p = p}}
+end
+
+local function run_lce(c)
+  local p = c.p
+  local h = gp.randn({p.n, p.d}):to(p.dtype):requires_grad()
+  local w = (gp.randn({p.v, p.d}) * 0.02):to(p.dtype):requires_grad()
+  local t = gp.randint(0, p.v, {p.n})
+  local ms = time_sets({1}, function()
+    h.grad, w.grad = nil, nil
+    gp.linear_cross_entropy(h, w, t):backward()
+  end, p)
+  local tf = 6 * p.n * p.d * p.v / (ms * 1e-3) / 1e12 -- the three products
+  local chunk = math.max(1, math.min(p.n, math.floor(2 ^ 28 / (p.v * 2))))
+  return ms, string.format('%.3g TFLOP/s%s; logits scratch %.3g MB (whole: %.3g MB)', tf,
+    gemm_tflops and string.format(', %.2f of GEMM peak', tf / gemm_tflops) or '', chunk * p.v * 2 / 2 ^ 20,
+    p.n * p.v * 2 / 2 ^ 20)
+end
+
 -- GPT-2 small (124M parameters) and the default train_gpt.lua config (with the
 -- vocabulary of 51 that data/corpus.txt's bytes gave; train_gpt's default is now
 -- --vocab printable, 97: V51 keeps the rows comparable with BENCHMARKS.md)
@@ -519,6 +545,7 @@ local WORKLOADS = {
   {name = 'matmul', cases = mm_cases, run = run_mm},
   {name = 'cross_entropy', cases = ce_cases, run = run_ce},
   {name = 'distill', needs = {'gp.distill_loss'}, cases = distill_cases, run = run_distill},
+  {name = 'linear_cross_entropy', needs = {'gp.linear_cross_entropy'}, cases = lce_cases, run = run_lce},
   {name = 'adamw', needs = {'gp.optim.AdamW'}, cases = adamw_cases, run = run_adamw},
   {name = 'train', needs = {'gp.nn.GPT'}, cases = train_cases, run = run_train},
   {name = 'attention', needs = {'gp.attention'}, run = run_att,
