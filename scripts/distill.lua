@@ -200,10 +200,12 @@ local function train(arm, seed, first)
   return {arm = arm, seed = seed, heldout = final, secs = secs, curve = curve}
 end
 
-local nparams = count(build(o.seed))
-print(string.format('student: %s; %d parameters, random init (std 0.02), tied embeddings; %d steps of %d x %d tokens; ' ..
-  'distill: %s, T %g, alpha %g; device %s%s', gp.models.Llama(student_cfg, {device = 'cpu', init = false}):extra_repr(),
-  nparams, o.steps, B, T, o.kind, o.temperature, o.alpha, dev, half and ', bf16' or ''))
+do
+  local probe = build(o.seed)
+  print(string.format('student: %s; %d parameters, random init (std 0.02), tied embeddings; %d steps of %d x %d tokens; ' ..
+    'distill: %s, T %g, alpha %g; device %s%s', probe:extra_repr(), count(probe), o.steps, B, T, o.kind, o.temperature,
+    o.alpha, dev, half and ', bf16' or ''))
+end
 
 local results = {}
 for s = 0, o.seeds - 1 do
