@@ -11,6 +11,10 @@
  *   everything else (f32, head dim 32, unaligned views): the plain kernels.
  *   decode: the split-K kernels.
  *
+ * k and v may have fewer heads than q (grouped-query attention, P.G query
+ * heads to a KV head): every implementation reads KV head h / G for query
+ * head h, and each backward's dk/dv kernel sums over the G query heads.
+ *
  * Settings (environment, read once a process):
  *   GP_ATTN_DETERMINISTIC=1  the Hopper backward keeps dq in a kernel of its
  *                            own (no atomics: bitwise repeatable; slower)
@@ -35,6 +39,8 @@ int fill_params(AttnP &P, const char *op, const gp_tensor *q, const gp_tensor *k
   if (q->shape[0] * q->shape[1] > 65535)
     return gp_error("%s: B * H must be at most 65535 on the GPU; q is %s", op, gp_shape_str(q, bq, 96));
   P.H = (int)q->shape[1];
+  P.Hkv = (int)k->shape[1]; /* divides H (the spec's H/G) */
+  P.G = P.Hkv > 0 ? P.H / P.Hkv : 1;
   P.T = (int)q->shape[2];
   P.S = (int)k->shape[2];
   P.scale = (float)scale;
@@ -167,6 +173,8 @@ extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_
   P.out = gp_ptr(out);
   P.lens64 = lens->dtype == GP_I64;
   P.H = (int)H;
+  P.Hkv = (int)kcache->shape[1]; /* divides H */
+  P.G = P.Hkv > 0 ? P.H / P.Hkv : 1;
   P.C = (int)C;
   P.scale = (float)scale;
   P.win = (int)(window > INT32_MAX / 2 ? INT32_MAX / 2 : window);

@@ -1,6 +1,7 @@
 /* attention_decode.cu: decode attention (one query per sequence over its
  * cache) on the GPU: split-K (flash-decoding): blocks over slices of the
- * cache per (b, h), each a partial (max, sum, acc), then a combine kernel. */
+ * cache per (b, h), each a partial (max, sum, acc), then a combine kernel.
+ * Query head h reads KV head h / G of the cache (grouped-query attention). */
 #include "attention.cuh"
 
 namespace gp_attn {
@@ -57,8 +58,9 @@ template <typename T, int D, bool VEC> __global__ void __launch_bounds__(128) k_
     acc[t] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const T *kc = (const T *)P.kc + (int64_t)bh * P.C * D + sub * EPL;
-  const T *vc = (const T *)P.vc + (int64_t)bh * P.C * D + sub * EPL;
+  const int64_t bkv = P.G == 1 ? bh : (int64_t)b * P.Hkv + (bh % P.H) / P.G; /* the KV head of query head bh */
+  const T *kc = (const T *)P.kc + bkv * P.C * D + sub * EPL;
+  const T *vc = (const T *)P.vc + bkv * P.C * D + sub * EPL;
   /* keys [lo, hi): the block walks NPART U of them at a time (a uniform
    * trip count: every lane takes part in the shuffles) */
   auto run = [&](int lo, int hi) {

@@ -208,7 +208,8 @@ template <typename K> int launch_fwd_tiles(K *kern, const AttnP &P, int64_t BH, 
 }
 
 /* a tensor-core backward: delta (f32 scratch), then the dk/dv kernel over
- * n_kt key tiles and the dq kernel over n_mt query tiles of every head;
+ * n_kt key tiles of every KV head (BH / P.G of them: the kernel's last
+ * argument) and the dq kernel over n_mt query tiles of every query head;
  * FUSED: the dk/dv kernel adds dQ into an f32 accumulator (P.dqa, tiles of
  * 64 rows) and dq is the kernel that converts it (dq(P, n64), one CTA of 128
  * threads a tile of 64 rows; nth2, smem2, n_mt and a2 unused) */
@@ -216,7 +217,7 @@ template <typename T, int D, bool FUSED, typename K1, typename K2>
 int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64_t n_kt, bool &a1, K2 *dq, int nth2,
                        int smem2, int64_t n_mt, bool &a2) {
   constexpr bool SPLIT = !FUSED; /* a dq kernel */
-  const int64_t rows = BH * P.T;
+  const int64_t rows = BH * P.T, NKV = BH / P.G;
   if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 7) / 8 > INT32_MAX)
     return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T, P.S);
   gp_tensor *dl = 0, *acc = 0;
@@ -239,7 +240,7 @@ int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64
     if (rc == GP_OK) rc = smem_attr(dq, smem2, a2, "attn_bwd");
   if (rc == GP_OK) {
     GP_NOTE_LAUNCH(dkdv, nth1, smem1);
-    dkdv<<<(unsigned)(BH * n_kt), nth1, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
+    dkdv<<<(unsigned)(NKV * n_kt), nth1, smem1, gp_cuda_stream()>>>(P, delta, (int)NKV);
     if constexpr (SPLIT) {
       GP_NOTE_LAUNCH(dq, nth2, smem2);
       dq<<<(unsigned)(BH * n_mt), nth2, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);

@@ -1,7 +1,10 @@
 -- Attention (kernels/attention.*): gp.attention (flash attention, with
 -- autograd), gp.attention_qkv (the same straight from a fused (B, T, 3C) qkv
 -- buffer: no permute copies), gp.attention_decode (one new token over a KV
--- cache) and gp.KVCache (preallocated per-layer key/value buffers).
+-- cache) and gp.KVCache (preallocated per-layer key/value buffers). Keys and
+-- values may have fewer heads than the queries (grouped-query attention: Hkv
+-- dividing H, query head h reading KV head h / (H / Hkv)); the kernels take
+-- them as they are, never repeated in memory.
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
@@ -91,18 +94,27 @@ local function attn_opts(op, D, Tq, S, opts, shapes)
   return scale, window, n_global, causal and 1 or 0
 end
 
--- checks q (B, H, T, D), k and v (B, H, S, D); returns them in q's dtype, in
--- a layout the kernels read (views as they are), and the options
+-- Hkv (k's heads) must divide H (q's): grouped-query attention, H / Hkv query
+-- heads to a KV head (1: multi-query); what names the shapes in the error
+local function check_groups(op, H, Hkv, what)
+  if Hkv < 1 and H > 0 or Hkv > 0 and H % Hkv ~= 0 then
+    raise(string.format('%s: the %d KV heads must divide the %d query heads (grouped-query attention: query head h ' ..
+      'reads KV head h / (H / Hkv)); %s', op, Hkv, H, what()))
+  end
+end
+
+-- checks q (B, H, T, D), k and v (B, Hkv, S, D) with Hkv dividing H; returns
+-- them in q's dtype, in a layout the kernels read (views as they are), and the options
 local function prepare(op, q, k, v, opts)
   need(q, op, 'q'); need(k, op, 'k'); need(v, op, 'v')
   same_dev(op, q, 'q', k, 'k'); same_dev(op, q, 'q', v, 'v')
   if not FLOAT[q.dtype] then raise(string.format('%s: q must be a float tensor, got %s', op, q.dtype)) end
   local qs, ks, vs = q.shape, k.shape, v.shape
-  if #qs ~= 4 or #ks ~= 4 or #vs ~= 4 or ks[1] ~= qs[1] or ks[2] ~= qs[2] or ks[4] ~= qs[4] or
-    shape_str(vs) ~= shape_str(ks) then
-    raise(string.format('%s: q must be (B, H, T, D) and k, v (B, H, S, D); got q %s, k %s, v %s', op, shape_str(qs),
-      shape_str(ks), shape_str(vs)))
+  local function shapes() return string.format('got q %s, k %s, v %s', shape_str(qs), shape_str(ks), shape_str(vs)) end
+  if #qs ~= 4 or #ks ~= 4 or #vs ~= 4 or ks[1] ~= qs[1] or ks[4] ~= qs[4] or shape_str(vs) ~= shape_str(ks) then
+    raise(string.format('%s: q must be (B, H, T, D) and k, v (B, Hkv, S, D) with Hkv dividing H; %s', op, shapes()))
   end
+  check_groups(op, qs[2], ks[2], shapes)
   if not gp.attention_supported('fwd', q.dtype, qs[4]) then
     raise(string.format('%s: head dim %d is not supported (supported: %s); q is %s', op, qs[4], head_dims('fwd'), shape_str(qs)))
   end
@@ -121,9 +133,12 @@ function gp.attention(q, k, v, opts)
   return out, lse
 end
 gp.doc(gp.attention, 'gp.attention(q, k, v, {causal=true, scale=1/sqrt(D), window=0, n_global=0})',
-  'flash attention: softmax(q k^T * scale + mask) v for q (B, H, T, D), k, v (B, H, S, D), D a head dim gp.attention_supported(\'fwd\', ...) takes; ' ..
+  'flash attention: softmax(q k^T * scale + mask) v for q (B, H, T, D), k, v (B, Hkv, S, D), D a head dim gp.attention_supported(\'fwd\', ...) takes; ' ..
+  'Hkv < H is grouped-query attention (Hkv divides H; query head h reads KV head h / (H / Hkv); Hkv 1: multi-query), ' ..
+  'k and v never repeated in memory; ' ..
   'queries are the last T of S positions (query i sees keys j <= i + S - T when causal); window > 0 keeps keys ' ..
-  'with p - j < window, plus the first n_global keys; returns out and lse (B, H, T) (f32 logsumexp); differentiable')
+  'with p - j < window, plus the first n_global keys; returns out and lse (B, H, T) (f32 logsumexp); differentiable ' ..
+  '(dk, dv have Hkv heads: summed over each KV head\'s query heads)')
 
 autograd.def_function('attention', function(g, a, o)
   if not g[1] then return end
@@ -135,58 +150,72 @@ autograd.def_function('attention', function(g, a, o)
   return dq, dk, dv
 end, {nout = 1})
 
--- qkv (B, T, 3 n_head D) as a fused qkv Linear writes it: the tensor the
--- kernels read (qkv itself when it fits, else a contiguous copy) and B, T, H, D
-local function qkv_input(op, qkv, n_head)
+-- qkv (B, T, (H + 2 Hkv) D) as a fused qkv Linear writes it (q | k | v with
+-- H, Hkv, Hkv heads; Hkv = opts.n_kv_head, default H): the tensor the kernels
+-- read (qkv itself when it fits, else a contiguous copy) and B, T, H, Hkv, D
+local function qkv_input(op, qkv, n_head, opts)
   need(qkv, op, 'qkv')
   if type(n_head) ~= 'number' or n_head ~= math.floor(n_head) or n_head < 1 then
     raise(string.format('%s: n_head must be an integer >= 1, got %s', op, tostring(n_head)))
   end
-  local s = qkv.shape
-  if #s ~= 3 or s[3] % (3 * n_head) ~= 0 then
-    raise(string.format('%s: qkv must be (B, T, 3 * n_head * D) with n_head %d; got %s', op, n_head, shape_str(s)))
+  local n_kv = opts and opts.n_kv_head or n_head
+  if type(n_kv) ~= 'number' or n_kv ~= math.floor(n_kv) or n_kv < 1 then
+    raise(string.format('%s: n_kv_head must be an integer >= 1, got %s', op, tostring(n_kv)))
   end
-  local D = s[3] / (3 * n_head)
+  local s = qkv.shape
+  local parts = n_head + 2 * n_kv
+  local kv_str = n_kv == n_head and '' or string.format(' and n_kv_head %d', n_kv)
+  if #s ~= 3 or s[3] % parts ~= 0 then
+    raise(string.format('%s: qkv must be (B, T, (n_head + 2 * n_kv_head) * D) with n_head %d%s; got %s', op, n_head,
+      kv_str, shape_str(s)))
+  end
+  check_groups(op, n_head, n_kv, function() return string.format('qkv is %s with n_head %d%s', shape_str(s), n_head, kv_str) end)
+  local D = s[3] / parts
   if not gp.attention_supported('fwd', qkv.dtype, D) then
-    raise(string.format('%s: head dim %d is not supported (supported: %s); qkv is %s with n_head %d', op, D,
-      head_dims('fwd'), shape_str(s), n_head))
+    raise(string.format('%s: head dim %d is not supported (supported: %s); qkv is %s with n_head %d%s', op, D,
+      head_dims('fwd'), shape_str(s), n_head, kv_str))
   end
   if not FLOAT[qkv.dtype] then raise(string.format('%s: qkv must be a float tensor, got %s', op, qkv.dtype)) end
-  return usable(qkv), s[1], s[2], n_head, D
+  return usable(qkv), s[1], s[2], n_head, n_kv, D
 end
--- the (B, H, T, D) view of part i (of n) of x (B, T, n H D): head h at columns (i-1) H D + h D ..
-local function heads(x, i, B, T, H, D)
-  return x:narrow(3, (i - 1) * H * D + 1, H * D):view {B, T, H, D}:transpose(2, 3)
+-- the (B, h, T, D) views of q, k and v in x (B, T, (H + 2 Hkv) D): q's head h at columns h D ..,
+-- k's at (H + h) D .., v's at (H + Hkv + h) D ..
+local function heads3(x, B, T, H, Hkv, D)
+  local function part(first, n) return x:narrow(3, first * D + 1, n * D):view {B, T, n, D}:transpose(2, 3) end
+  return part(0, H), part(H, Hkv), part(H + Hkv, Hkv)
 end
 
 function gp.attention_qkv(qkv, n_head, opts)
   local op = 'attention_qkv'
-  local x, B, T, H, D = qkv_input(op, qkv, n_head)
+  local x, B, T, H, Hkv, D = qkv_input(op, qkv, n_head, opts)
   local scale, window, ng, causal = attn_opts(op, D, T, T, opts)
   local y = empty({B, T, H, D}, x.dtype, x.device, op)
   local lse = empty({B, H, T}, 'f32', x.device, op)
-  K.attn_fwd(y:transpose(2, 3), lse, heads(x, 1, B, T, H, D), heads(x, 2, B, T, H, D), heads(x, 3, B, T, H, D),
-    scale, window, ng, causal)
+  local q, k, v = heads3(x, B, T, H, Hkv, D)
+  K.attn_fwd(y:transpose(2, 3), lse, q, k, v, scale, window, ng, causal)
   return y:view {B, T, H * D}, lse
 end
-gp.doc(gp.attention_qkv, 'gp.attention_qkv(qkv, n_head, {causal=true, scale=1/sqrt(D), window=0, n_global=0})',
+gp.doc(gp.attention_qkv, 'gp.attention_qkv(qkv, n_head, {causal=true, scale=1/sqrt(D), window=0, n_global=0, n_kv_head=n_head})',
   'gp.attention straight from a fused qkv buffer: qkv (B, T, 3C) holds q | k | v along the last dim (head h of ' ..
-  'each at columns h*D .. h*D+D-1, C = n_head * D, D as for gp.attention), as a Linear(C, 3C) writes it; returns y ' ..
+  'each at columns h*D .. h*D+D-1, C = n_head * D, D as for gp.attention), as a Linear(C, 3C) writes it; with ' ..
+  'n_kv_head = Hkv < n_head (grouped-query attention, Hkv dividing n_head) the buffer is (B, T, (n_head + 2 Hkv) D): ' ..
+  'q | k | v with n_head, Hkv, Hkv heads; returns y ' ..
   '(B, T, C) (heads side by side, ready for the output projection) and lse (B, H, T); the kernels read the ' ..
   'strided heads in place (no permute copies); differentiable: one node whose backward writes dq, dk, dv ' ..
-  'into one (B, T, 3C) gradient')
+  'into one gradient of qkv\'s shape')
 
 autograd.def_function('attention_qkv', function(g, a, o)
   if not g[1] then return end
   local op = 'attention_qkv'
-  local x, B, T, H, D = qkv_input(op, a[1], a[2])
+  local x, B, T, H, Hkv, D = qkv_input(op, a[1], a[2], a[3])
   local scale, window, ng, causal = attn_opts(op, D, T, T, a[3])
   local gy = tensor.to_dtype(g[1], x.dtype)
   if not fits(gy) then gy = gy:contiguous() end
-  local dqkv = empty({B, T, 3 * H * D}, x.dtype, x.device, op)
-  local function hv(t, i) return heads(t, i, B, T, H, D) end
-  K.attn_bwd(hv(dqkv, 1), hv(dqkv, 2), hv(dqkv, 3), hv(x, 1), hv(x, 2), hv(x, 3), hv(o[1], 1), o[2], hv(gy, 1),
-    scale, window, ng, causal)
+  local dqkv = empty({B, T, (H + 2 * Hkv) * D}, x.dtype, x.device, op)
+  local dq, dk, dv = heads3(dqkv, B, T, H, Hkv, D)
+  local q, k, v = heads3(x, B, T, H, Hkv, D)
+  local function hv(t) return t:view {B, T, H, D}:transpose(2, 3) end
+  K.attn_bwd(dq, dk, dv, q, k, v, hv(o[1]), o[2], hv(gy), scale, window, ng, causal)
   return dqkv
 end, {nout = 1})
 
@@ -216,11 +245,14 @@ function gp.attention_decode(q, kcache, vcache, lens, opts)
   local q3 = q4 and q:reshape {qs[1], qs[2], qs[4]} or q
   local s3 = q3.shape
   local vs = vcache.shape
-  if #s3 ~= 3 or #ks ~= 4 or ks[1] ~= s3[1] or ks[2] ~= s3[2] or ks[4] ~= s3[3] or #vs ~= 4 or vs[1] ~= ks[1] or
-    vs[2] ~= ks[2] or vs[3] ~= ks[3] or vs[4] ~= ks[4] then
-    raise(string.format('%s: q must be (B, H, D) and kcache, vcache (B, H, C, D); got q %s, kcache %s, vcache %s', op,
-      shape_str(qs), shape_str(ks), shape_str(vcache.shape)))
+  local function shapes()
+    return string.format('got q %s, kcache %s, vcache %s', shape_str(qs), shape_str(ks), shape_str(vs))
   end
+  if #s3 ~= 3 or #ks ~= 4 or ks[1] ~= s3[1] or ks[4] ~= s3[3] or #vs ~= 4 or vs[1] ~= ks[1] or
+    vs[2] ~= ks[2] or vs[3] ~= ks[3] or vs[4] ~= ks[4] then
+    raise(string.format('%s: q must be (B, H, D) and kcache, vcache (B, Hkv, C, D) with Hkv dividing H; %s', op, shapes()))
+  end
+  check_groups(op, s3[2], ks[2], shapes)
   if not FLOAT[q.dtype] then raise(string.format('%s: q must be a float tensor, got %s', op, q.dtype)) end
   if not gp.attention_supported('decode', q.dtype, s3[3]) then
     raise(string.format('%s: head dim %d is not supported (supported: %s); q is %s', op, s3[3], head_dims('decode'), shape_str(qs)))
@@ -247,11 +279,14 @@ function gp.attention_decode(q, kcache, vcache, lens, opts)
 end
 gp.doc(gp.attention_decode, 'gp.attention_decode(q, kcache, vcache, lens, {scale=, window=0, n_global=0})',
   'one new query per sequence (q (B, H, D) or (B, H, 1, D)) over the first lens[b] entries of kcache, vcache ' ..
-  '(B, H, C, D), at position lens[b] - 1 (window and n_global as in gp.attention); lens: i32/i64 [B] or a number; ' ..
+  '(B, Hkv, C, D), at position lens[b] - 1 (window and n_global as in gp.attention); Hkv dividing H: grouped-query ' ..
+  'attention (query head h reads KV head h / (H / Hkv)); lens: i32/i64 [B] or a number; ' ..
   'split along the cache on the GPU (flash-decoding)')
 
 ---------------------------------------------------------------------------
--- KV cache: per layer (B, H, capacity, D) keys and values, filled in place
+-- KV cache: per layer (B, H, capacity, D) keys and values, filled in place;
+-- H is the model's KV heads (grouped-query attention stores each once), and
+-- attend / attend_at take queries with any multiple of H heads
 
 local KVCache = {}
 KVCache.__index = KVCache
@@ -288,7 +323,8 @@ function gp.KVCache(o)
   return self
 end
 gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, dtype=f32, device=}',
-  'preallocated keys and values per layer (B, H, capacity, D): cache:append(layer, k, v) writes (B, H, Tnew, D) ' ..
+  'preallocated keys and values per layer (B, H, capacity, D), H the KV heads (grouped-query attention: fewer than ' ..
+  'the query heads, which attend and attend_at take as they are): cache:append(layer, k, v) writes (B, H, Tnew, D) ' ..
   'in place (no device allocation), cache:len(), cache:reset(), cache:keys(layer), cache:values(layer) (views of ' ..
   'the filled part), cache:lens(layer) (i32 [B] on the device), cache:attend(layer, q, opts) (decode attention); ' ..
   'never grows: going past capacity is an error')
@@ -384,13 +420,13 @@ local D = gp.doc
 D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at the next positions of layer, in place; an error past capacity')
 D(KVCache.len, 'cache:len(layer=1)', 'positions filled in layer')
 D(KVCache.append_at, 'cache:append_at(layer, k, v, pos)', 'write k, v (B, H, Tnew, D) at the position held by the device tensor pos (i64 [1]); for CUDA graphs: nothing read on the host, len not advanced')
-D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, H, D) over the first lens[b] positions of layer (lens a device tensor)')
+D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, Hq, D) over the first lens[b] positions of layer (lens a device tensor; Hq a multiple of the cache\'s heads)')
 D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (after append_at)')
 D(KVCache.reset, 'cache:reset()', 'empty every layer (the buffers are kept)')
 D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys')
 D(KVCache.values, 'cache:values(layer=1)', 'view (B, H, len, D) of the filled values')
 D(KVCache.lens, 'cache:lens(layer=1)', 'i32 [B] device tensor holding len (for gp.attention_decode)')
-D(KVCache.attend, 'cache:attend(layer, q, opts)', 'gp.attention_decode of q (B, H, D) over the filled part of layer')
+D(KVCache.attend, 'cache:attend(layer, q, opts)', 'gp.attention_decode of q (B, Hq, D) over the filled part of layer (Hq a multiple of the cache\'s heads: grouped-query attention)')
 KVCache.__tostring = function(self)
   return string.format('KVCache(batch=%d, heads=%d, capacity=%d, head_dim=%d, layers=%d, %s, %s, len=%d)',
     self.batch, self.heads, self.capacity, self.head_dim, self.layers, self.dtype, self.device, self.fill[1])
