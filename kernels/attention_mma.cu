@@ -294,37 +294,13 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   int ihi = P.T;
   if (P.win > 0 && j0 >= P.ng) ihi = (int)min((int64_t)P.T, (int64_t)jmax + P.win - off);
   const int n_qt = ihi > ilo ? (ihi - ilo + BQ - 1) / BQ : 0;
-  /* tile t of the G * n_qt (GQA; else the n_qt of head bkv): query head bh0
-   * + t / n_qt, rows from qi0(t) */
-  const int bh0 = GQA ? group_q0(bkv, P) : bkv, n_all = GQA ? n_qt * P.G : n_qt;
-  auto qhead = [&](int t) { return GQA ? bh0 + t / n_qt : bh0; };
-  auto qi0 = [&](int t) { return ilo + (GQA ? t % n_qt : t) * BQ; };
-
-  /* the operands of head bh0 (G = 1: every tile's) */
-  const T *q0 = (const T *)P.q + head_at(P.sq, bh0, P.H), *g0 = (const T *)P.dout + head_at(P.sg, bh0, P.H);
-  const float *lse0 = P.lse_in + (int64_t)bh0 * P.T, *dlt0 = delta + (int64_t)bh0 * P.T;
-
+  const QTiles<GQA> qt(P, bkv, ilo, n_qt, BQ);
   auto load_q = [&](int stage, int t) {
-    const int i0 = qi0(t);
-    const T *q = q0, *g = g0;
-    const float *lse = lse0, *dlt = dlt0;
-    if constexpr (GQA) {
-      const int bh = qhead(t);
-      q = (const T *)P.q + head_at(P.sq, bh, P.H), g = (const T *)P.dout + head_at(P.sg, bh, P.H);
-      lse = P.lse_in + (int64_t)bh * P.T, dlt = delta + (int64_t)bh * P.T;
-    }
-    load_tile<T, D, BQ>(Qs + stage * BQ * D, q, P.sq.r, i0, P.T);
-    load_tile<T, D, BQ>(Gs + stage * BQ * D, g, P.sg.r, i0, P.T);
-    for (int e = threadIdx.x; e < BQ; e += 128) {
-      const int i = i0 + e;
-      const bool ok = i < P.T;
-      cp_async4(smem_u32(Ls + stage * BQ + e), lse + (ok ? i : 0), ok ? 4 : 0);
-      cp_async4(smem_u32(Dl + stage * BQ + e), dlt + (ok ? i : 0), ok ? 4 : 0);
-    }
+    load_q_tile<T, D, BQ, 128>(P, delta, qt, t, Qs + stage * BQ * D, Gs + stage * BQ * D, Ls + stage * BQ, Dl + stage * BQ);
   };
   load_tile<T, D, BN>(Ks, k, P.sk.r, j0, P.S);
   load_tile<T, D, BN>(Vs, v, P.sv.r, j0, P.S);
-  if (n_all > 0) load_q(0, 0);
+  if (qt.n > 0) load_q(0, 0);
   cp_async_commit();
 
   float dk[DT][4], dv[DT][4];
@@ -342,8 +318,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   /* one query tile; MK: 0 no mask, 1 mask */
   auto tile = [&](auto mk_tag, int t) {
     constexpr int MK = decltype(mk_tag)::value;
-    const int st = t & 1, i0 = qi0(t);
-    if (t + 1 < n_all) load_q(st ^ 1, t + 1);
+    const int st = t & 1, i0 = qt.row0(t);
+    if (t + 1 < qt.n) load_q(st ^ 1, t + 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -403,7 +379,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
     }
     __syncthreads(); /* the next iteration loads into this stage */
   };
-  for (int t = 0; t < n_all; t++) run_tile<true>(tile, t, q_masked(qi0(t)));
+  for (int t = 0; t < qt.n; t++) run_tile<true>(tile, t, q_masked(qt.row0(t)));
   cp_async_wait<0>();
 
   store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bkv, Hkv), P.sdk.r, j0 + wrow, P.S, dk, P.scale,

@@ -188,6 +188,34 @@ __global__ void __launch_bounds__(128) k_attn_bwd_delta(AttnP P, float *__restri
 }
 
 /* shared memory beyond 48 KB needs the attribute, once per kernel */
+/* the query tiles a dk/dv CTA of KV head bkv walks: n_qt tiles of bq rows
+ * from ilo for each of its G query heads in turn (GQA; else the n_qt tiles
+ * of query head bkv). Tile t of n: query head head(t), rows from row0(t). */
+template <bool GQA> struct QTiles {
+  int bh0, ilo, n_qt, n, bq;
+  __device__ QTiles(const AttnP &P, int bkv, int ilo_, int n_qt_, int bq_)
+      : bh0(GQA ? group_q0(bkv, P) : bkv), ilo(ilo_), n_qt(n_qt_), n(GQA ? n_qt_ * P.G : n_qt_), bq(bq_) {}
+  __device__ int head(int t) const { return GQA ? bh0 + t / n_qt : bh0; }
+  __device__ int row0(int t) const { return ilo + (GQA ? t % n_qt : t) * bq; }
+};
+
+/* a dk/dv kernel's stage of query tile t (cp.async, NTH threads): its ROWS
+ * rows of q and dout into Qs and Gs, of lse and delta into Ls and Dl */
+template <typename T, int D, int ROWS, int NTH, bool GQA>
+__device__ __forceinline__ void load_q_tile(const AttnP &P, const float *delta, const QTiles<GQA> &qt, int t, T *Qs,
+                                            T *Gs, float *Ls, float *Dl) {
+  const int bh = qt.head(t), i0 = qt.row0(t);
+  load_tile<T, D, ROWS, NTH>(Qs, (const T *)P.q + head_at(P.sq, bh, P.H), P.sq.r, i0, P.T);
+  load_tile<T, D, ROWS, NTH>(Gs, (const T *)P.dout + head_at(P.sg, bh, P.H), P.sg.r, i0, P.T);
+  const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
+  for (int e = threadIdx.x; e < ROWS; e += NTH) {
+    const int i = i0 + e;
+    const bool ok = i < P.T;
+    cp_async4(smem_u32(Ls + e), lse + (ok ? i : 0), ok ? 4 : 0);
+    cp_async4(smem_u32(Dl + e), dlt + (ok ? i : 0), ok ? 4 : 0);
+  }
+}
+
 template <typename K> int smem_attr(K *kern, int smem, bool &done, const char *op) {
   if (done) return GP_OK;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)

@@ -345,14 +345,19 @@ for i = 1, 3 do
 end
 print('DET ' .. table.concat(r, ' '))
 ]]
-local function det_run(env, hkv)
+-- runs the Lua code in a fresh gpush under the environment settings env; its output
+local function run_snippet(env, code)
   local f = os.tmpname()
   local h = assert(io.open(f, 'w'))
-  h:write((DET_SNIPPET:gsub('HKV', tostring(hkv or 3))))
+  h:write(code)
   h:close()
   local out, rc = T.sh(string.format('%s %s %s', env, T.exe, f))
   os.remove(f)
   T.eq(rc, 0, out)
+  return out
+end
+local function det_run(env, hkv)
+  local out = run_snippet(env, (DET_SNIPPET:gsub('HKV', tostring(hkv or 3))))
   local dq, dqr, dk, dv = out:match('DET (%d+):(%S+) (%d+):%S+ (%d+):%S+')
   T.ok(dq, out)
   return tonumber(dq), tonumber(dqr), tonumber(dk), tonumber(dv)
@@ -831,6 +836,90 @@ T.test('grouped-query attention: nn.attention passes k, v to flash attention and
   T.ok(rawequal(repeat_kv(x2, 4), x2))
   T.raises(function() nn.attention(q, rn {2, 4, 5, 64}, rn {2, 4, 5, 64}) end, 'attention', '(2,6,5,64)', '(2,4,5,64)')
   T.raises(function() repeat_kv(rn {1, 4, 2, 16}, 6) end, 'repeat_kv', 'divide')
+end)
+
+-- grouped-query attention on the GPU, run in a fresh process per
+-- implementation (GP_ATTN_IMPL is read once a process): the kernels' forward
+-- and backward and decode over a cache of Hkv heads, bf16 and f16, D 64 and
+-- 128, causal (with a window) and not; ODD puts every operand one element off
+-- 16-byte alignment (the plain kernels; decode's element loads). Prints
+-- 'REL value tol name' per comparison against the f32 CPU reference.
+local GQA_GPU_SNIPPET = [[
+gp.manual_seed(61)
+local CPU = {device = 'cpu'}
+local td = require('gpush.core.tensor').to_doubles
+local function rel(a, b)
+  local x, n = td(a:float():cpu():contiguous())
+  local y = td(b:float():cpu():contiguous())
+  local num, den = 0, 0
+  for e = 0, n - 1 do num = num + (x[e] - y[e]) ^ 2; den = den + y[e] ^ 2 end
+  return math.sqrt(num / math.max(den, 1e-30))
+end
+-- t (an f32 CPU tensor) on the GPU in dt, one element off alignment under ODD
+local function dev(t, dt)
+  if not ODD then return t:to(dt):cuda() end
+  local n = t:numel()
+  local y = gp.empty({n + 1}, {dtype = dt, device = 'cuda'}):narrow(1, 2, n):view(t.shape)
+  y:copy_(t:to(dt):cuda())
+  return y
+end
+local TOL = {bf16 = 1e-2, f16 = 3e-3}
+for _, c in ipairs {
+  {B = 1, H = 4, Hkv = 1, T = 65, S = 65, D = 64, causal = 1},
+  {B = 2, H = 6, Hkv = 2, T = 130, S = 130, D = 128, causal = 1, window = 40, ng = 3},
+  {B = 2, H = 9, Hkv = 3, T = 100, S = 150, D = 64, causal = 1},
+  {B = 1, H = 4, Hkv = 2, T = 70, S = 40, D = 64, causal = 0},
+  {B = 1, H = 8, Hkv = 2, T = 129, S = 200, D = 128, causal = 0},
+} do
+  for _, dt in ipairs {'bf16', 'f16'} do
+    local function r(h, n) return gp.randn({c.B, h, n, c.D}, CPU):to(dt):float() end
+    local q, k, v, g = r(c.H, c.T), r(c.Hkv, c.S), r(c.Hkv, c.S), r(c.H, c.T)
+    local sc, w, ng = 1 / math.sqrt(c.D), c.window or 0, c.ng or 0
+    local out, lse = gp.empty(q.shape, CPU), gp.empty({c.B, c.H, c.T}, CPU)
+    gp.k.attn_fwd(out, lse, q, k, v, sc, w, ng, c.causal)
+    local dq, dk, dv = gp.empty(q.shape, CPU), gp.empty(k.shape, CPU), gp.empty(v.shape, CPU)
+    gp.k.attn_bwd(dq, dk, dv, q, k, v, out:to(dt):float(), lse, g, sc, w, ng, c.causal)
+    local function z(t) return dev(gp.zeros(t.shape, CPU), dt) end
+    local Q, K, V, G = dev(q, dt), dev(k, dt), dev(v, dt), dev(g, dt)
+    local O, L = z(q), gp.empty({c.B, c.H, c.T}, {device = 'cuda'})
+    gp.k.attn_fwd(O, L, Q, K, V, sc, w, ng, c.causal)
+    local DQ, DK, DV = z(q), z(k), z(v)
+    gp.k.attn_bwd(DQ, DK, DV, Q, K, V, O, L, G, sc, w, ng, c.causal)
+    local name = string.format('%s H %d Hkv %d T %d S %d D %d causal %d', dt, c.H, c.Hkv, c.T, c.S, c.D, c.causal)
+    print('REL', rel(O, out), TOL[dt], name .. ' out')
+    print('REL', rel(L, lse), 1e-4, name .. ' lse')
+    print('REL', rel(DQ, dq), TOL[dt], name .. ' dq')
+    print('REL', rel(DK, dk), TOL[dt], name .. ' dk')
+    print('REL', rel(DV, dv), TOL[dt], name .. ' dv')
+    -- decode: the last query of each row over a cache of Hkv heads (per-row lengths)
+    local C = c.S + 3
+    local kc, vc = gp.zeros({c.B, c.Hkv, C, c.D}, CPU), gp.zeros({c.B, c.Hkv, C, c.D}, CPU)
+    kc:narrow(3, 1, c.S):copy_(k)
+    vc:narrow(3, 1, c.S):copy_(v)
+    local lv = {}
+    for b = 1, c.B do lv[b] = c.S - (b - 1) * 7 end
+    local lens = gp.tensor(lv, {dtype = 'i32', device = 'cpu'})
+    local q1 = q:narrow(3, c.T, 1):reshape {c.B, c.H, c.D}
+    local ref = gp.attention_decode(q1, kc, vc, lens, {window = w, n_global = ng})
+    local got = gp.attention_decode(dev(q1, dt), dev(kc, dt), dev(vc, dt), lens:cuda(), {window = w, n_global = ng})
+    print('REL', rel(got, ref), TOL[dt], name .. ' decode')
+  end
+end
+print('DONE')
+]]
+T.test('grouped-query attention on the GPU: wgmma (Hopper default), mma, plain (unaligned) and decode against the CPU', function()
+  T.cuda()
+  for _, run in ipairs {{'', ''}, {'GP_ATTN_IMPL=mma', ''}, {'', 'ODD = true\n'}} do
+    local out = run_snippet(run[1], run[2] .. GQA_GPU_SNIPPET)
+    T.ok(out:find('DONE', 1, true), out)
+    local n = 0
+    for val, tol, name in out:gmatch('REL%s+(%S+)%s+(%S+)%s+([^\n]+)') do
+      n = n + 1
+      T.ok(tonumber(val) and tonumber(val) < tonumber(tol), string.format('%s%s %s: %s (tolerance %s)', run[1],
+        run[2] ~= '' and ' unaligned' or '', name, val, tol))
+    end
+    T.eq(n, 5 * 2 * 6, 'comparisons made: ' .. out)
+  end
 end)
 
 T.test('grouped-query attention errors name the op and the shapes', function()

@@ -260,20 +260,10 @@ function Llama:supports_device_positions(cache)
     gp.attention_supported('decode', cache.dtype or self.lm_head.weight.dtype, self.config.head_dim)
 end
 function Llama:_forward_at(idx, cache, pos)
-  local B, T = idx:size(1), idx:size(2)
-  if T ~= 1 or pos:numel() ~= 1 or pos.dtype ~= 'i64' or pos.device ~= idx.device then
-    raise(string.format('Llama:forward_cached: with a device position, idx must be (B, 1) and pos an i64 [1] tensor on %s; ' ..
-      'got idx %s, pos %s %s on %s', idx.device, shape_str(idx.shape), pos.dtype, shape_str(pos.shape), pos.device))
-  end
   if not self:supports_device_positions(cache) then
     raise('Llama:forward_cached: device positions need a gp.KVCache and a head dim that decode attention takes (gp.attention_supported)')
   end
-  local lens = rawget(cache, '_step_lens')
-  if not lens or lens:size(1) ~= B or lens.device ~= idx.device then
-    lens = gp.empty({B}, {dtype = 'i64', device = idx.device})
-    rawset(cache, '_step_lens', lens)
-  end
-  gp.k.add_s(lens, pos:view {1}, 1) -- every row attends over positions 0..pos
+  local lens = cache:step_lens('Llama:forward_cached', idx, pos)
   return self:_run(idx, nil, cache, {pos = pos:view {1}, lens = lens})
 end
 

@@ -383,6 +383,24 @@ function KVCache:attend_at(layer, q, lens, opts)
   layer = self:_layer('attend_at', layer)
   return gp.attention_decode(q, self.k[layer], self.v[layer], lens, opts)
 end
+-- the lengths of a device-position decode step (one token per row at the
+-- position held by pos, for CUDA graphs): checks idx (B, 1) and pos (i64 [1]
+-- on idx's device) in the name of op and returns an i64 [B] tensor holding
+-- pos + 1, kept on the cache and refilled on the device each call
+function KVCache:step_lens(op, idx, pos)
+  local B, T = idx:size(1), idx:size(2)
+  if T ~= 1 or pos:numel() ~= 1 or pos.dtype ~= 'i64' or pos.device ~= idx.device then
+    raise(string.format('%s: with a device position, idx must be (B, 1) and pos an i64 [1] tensor on %s; ' ..
+      'got idx %s, pos %s %s on %s', op, idx.device, shape_str(idx.shape), pos.dtype, shape_str(pos.shape), pos.device))
+  end
+  local lens = rawget(self, '_step_lens')
+  if not lens or lens:size(1) ~= B or lens.device ~= idx.device then
+    lens = empty({B}, 'i64', idx.device, op)
+    rawset(self, '_step_lens', lens)
+  end
+  K.add_s(lens, pos:view {1}, 1) -- every row attends over positions 0..pos
+  return lens
+end
 -- set the host count of every layer (after appends at device positions)
 function KVCache:set_len(n)
   if type(n) ~= 'number' or n ~= math.floor(n) or n < 0 or n > self.capacity then
@@ -421,6 +439,7 @@ D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at th
 D(KVCache.len, 'cache:len(layer=1)', 'positions filled in layer')
 D(KVCache.append_at, 'cache:append_at(layer, k, v, pos)', 'write k, v (B, H, Tnew, D) at the position held by the device tensor pos (i64 [1]); for CUDA graphs: nothing read on the host, len not advanced')
 D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, Hq, D) over the first lens[b] positions of layer (lens a device tensor; Hq a multiple of the cache\'s heads)')
+D(KVCache.step_lens, 'cache:step_lens(op, idx, pos)', 'i64 [B] device lengths pos + 1 for a device-position decode step of idx (B, 1) at pos (i64 [1]); an error naming op otherwise')
 D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (after append_at)')
 D(KVCache.reset, 'cache:reset()', 'empty every layer (the buffers are kept)')
 D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys')
