@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "gp_hd.h"
+#include "kvquant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -19,6 +20,9 @@ int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tenso
                      int64_t window, int64_t n_global, int causal);
 int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
                         const gp_tensor *lens, double scale, int64_t window, int64_t n_global);
+int gp_cuda_attn_decode_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes, const gp_tensor *vcodes,
+                          const gp_tensor *kscales, const gp_tensor *vscales, const gp_tensor *lens, double scale,
+                          int64_t window, int64_t n_global, int fmt);
 #ifdef __cplusplus
 }
 #endif
@@ -224,39 +228,74 @@ int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *
   return GP_OK;
 }
 
+/* element d of cache row `row` (of D): the cache's dtype, or (fmt 1, 2) a
+ * code times the row's scale */
+static inline double kv_elem(const gp_tensor *c, const float *sc, int fmt, int64_t row, int64_t D, int64_t d) {
+  if (!fmt) return gp_load(gp_ptr(c), c->dtype, row * D + d);
+  return (double)kvq_decode(((const uint8_t *)gp_ptr(c))[row * D + d], fmt) * sc[row];
+}
+
+/* decode attention's checks after the dispatch and its CPU reference, over a
+ * cache in q's dtype (fmt 0; ks, vs unused) or of codes and scales */
+static int decode_ref(const char *op, gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache,
+                      const gp_tensor *vcache, const gp_tensor *ks, const gp_tensor *vs, const gp_tensor *lens,
+                      double scale, int64_t win, int64_t ng, int fmt) {
+  int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], C = kcache->shape[2], G = attn_group(q, kcache),
+          Hkv = kcache->shape[1];
+  int dt = q->dtype;
+  const void *pq = gp_ptr(q), *pn = gp_ptr(lens);
+  const float *pks = fmt ? gp_ptr(ks) : 0, *pvs = fmt ? gp_ptr(vs) : 0;
+  for (int64_t b = 0; b < B; b++) {
+    int64_t n = gp_load_i64(pn, lens->dtype, b);
+    if (n < 0 || n > C)
+      return gp_error("%s: lens[%lld] = %lld is outside [0, %lld] (kcache %s)", op, (long long)b, (long long)n,
+                      (long long)C, GP_SHAPE(kcache));
+  }
+  double acc[ATTN_MAX_D], qd[ATTN_MAX_D];
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      int64_t n = gp_load_i64(pn, lens->dtype, b), p = n - 1, qi = (b * H + h) * D, base = (b * Hkv + h / G) * C;
+      double m = -INFINITY, l = 0;
+      for (int64_t d = 0; d < D; d++) {
+        acc[d] = 0;
+        qd[d] = gp_load(pq, dt, qi + d);
+      }
+      for (int pass = 0; pass < 2; pass++) /* the max, then the sums */
+        for (int64_t j = 0; j < n; j++)
+          if (attn_visible(p, j, win, ng, 1)) {
+            double s = 0;
+            for (int64_t d = 0; d < D; d++) s += qd[d] * kv_elem(kcache, pks, fmt, base + j, D, d);
+            s *= scale;
+            if (pass == 0) {
+              if (s > m) m = s;
+              continue;
+            }
+            double e = exp(s - m);
+            l += e;
+            for (int64_t d = 0; d < D; d++) acc[d] += e * kv_elem(vcache, pvs, fmt, base + j, D, d);
+          }
+      for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(out), out->dtype, qi + d, l > 0 ? acc[d] / l : 0.0);
+    }
+  return GP_OK;
+}
+
 int gp_k_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
                      const gp_tensor *lens, double scale, double window, double n_global) {
   GP_CHECK(attn_decode, out, q, kcache, vcache, lens);
   int64_t D = q->shape[2], win, ng;
   GP_TRY(attn_args("attn_decode", "decode", q, D, &scale, window, n_global, &win, &ng));
   GP_CUDA_DISPATCH(out, gp_cuda_attn_decode(out, q, kcache, vcache, lens, scale, win, ng));
-  int64_t B = q->shape[0], H = q->shape[1], C = kcache->shape[2], G = attn_group(q, kcache), Hkv = kcache->shape[1];
-  int dt = q->dtype;
-  const void *pq = gp_ptr(q), *pk = gp_ptr(kcache), *pv = gp_ptr(vcache), *pn = gp_ptr(lens);
-  for (int64_t b = 0; b < B; b++) {
-    int64_t n = gp_load_i64(pn, lens->dtype, b);
-    if (n < 0 || n > C)
-      return gp_error("attn_decode: lens[%lld] = %lld is outside [0, %lld] (kcache %s)", (long long)b, (long long)n,
-                      (long long)C, GP_SHAPE(kcache));
-  }
-  double acc[ATTN_MAX_D];
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++) {
-      int64_t n = gp_load_i64(pn, lens->dtype, b), p = n - 1, qi = (b * H + h) * D, base = (b * Hkv + h / G) * C;
-      double m = -INFINITY, l = 0;
-      for (int64_t d = 0; d < D; d++) acc[d] = 0;
-      for (int64_t j = 0; j < n; j++)
-        if (attn_visible(p, j, win, ng, 1)) {
-          double s = dot_d(pq, qi, pk, (base + j) * D, dt, D) * scale;
-          if (s > m) m = s;
-        }
-      for (int64_t j = 0; j < n; j++)
-        if (attn_visible(p, j, win, ng, 1)) {
-          double e = exp(dot_d(pq, qi, pk, (base + j) * D, dt, D) * scale - m);
-          l += e;
-          for (int64_t d = 0; d < D; d++) acc[d] += e * gp_load(pv, dt, (base + j) * D + d);
-        }
-      for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(out), out->dtype, qi + d, l > 0 ? acc[d] / l : 0.0);
-    }
-  return GP_OK;
+  return decode_ref("attn_decode", out, q, kcache, vcache, 0, 0, lens, scale, win, ng, 0);
+}
+
+int gp_k_attn_decode_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes, const gp_tensor *vcodes,
+                       const gp_tensor *kscales, const gp_tensor *vscales, const gp_tensor *lens, double scale,
+                       double window, double n_global, double fmt) {
+  GP_CHECK(attn_decode_q, out, q, kcodes, vcodes, kscales, vscales, lens);
+  int64_t D = q->shape[2], win, ng;
+  GP_TRY(attn_args("attn_decode_q", "decode", q, D, &scale, window, n_global, &win, &ng));
+  if (fmt != GP_KV_INT8 && fmt != GP_KV_FP8)
+    return gp_error("attn_decode_q: fmt must be 1 (int8) or 2 (fp8 e4m3), got %g", fmt);
+  GP_CUDA_DISPATCH(out, gp_cuda_attn_decode_q(out, q, kcodes, vcodes, kscales, vscales, lens, scale, win, ng, (int)fmt));
+  return decode_ref("attn_decode_q", out, q, kcodes, vcodes, kscales, vscales, lens, scale, win, ng, (int)fmt);
 }

@@ -156,19 +156,24 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
   return gp_cuda_check_launch("attn_bwd");
 }
 
-extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
-                                   const gp_tensor *lens, double scale, int64_t window, int64_t n_global) {
+/* decode attention over kcache, vcache in q's dtype (fmt 0) or over codes
+ * with scales ks, vs (fmt 1 int8, 2 fp8) */
+static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache,
+                      const gp_tensor *vcache, const gp_tensor *ks, const gp_tensor *vs, const gp_tensor *lens,
+                      double scale, int64_t window, int64_t n_global, int fmt) {
   int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], C = kcache->shape[2], BH = B * H;
   if (BH == 0) return GP_OK;
   if (C >= INT32_MAX / 2 || BH > 65535) {
     char bk[96];
-    return gp_error("attn_decode: kcache %s is too large for the GPU kernel (C < 2^30, B * H <= 65535)",
+    return gp_error("%s: kcache %s is too large for the GPU kernel (C < 2^30, B * H <= 65535)", op,
                     gp_shape_str(kcache, bk, 96));
   }
   DecP P = {};
   P.q = gp_ptr(q);
   P.kc = gp_ptr(kcache);
   P.vc = gp_ptr(vcache);
+  P.ks = fmt ? (const float *)gp_ptr(ks) : nullptr;
+  P.vs = fmt ? (const float *)gp_ptr(vs) : nullptr;
   P.lens = gp_ptr(lens);
   P.out = gp_ptr(out);
   P.lens64 = lens->dtype == GP_I64;
@@ -194,8 +199,19 @@ extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_
   GP_TRY(gp_tensor_scratch(&part, GP_F32, GP_CUDA, 1, &pn));
   P.part = (float *)gp_ptr(part);
   const bool vec = (((uintptr_t)P.q | (uintptr_t)P.kc | (uintptr_t)P.vc) & 15) == 0;
-  int rc = decode(P, BH, q->dtype, (int)D, vec);
+  int rc = decode(P, BH, q->dtype, (int)D, vec, fmt);
   gp_tensor_free(part); /* stream-ordered: the allocator reuses it after the kernels */
   GP_TRY(rc);
-  return gp_cuda_check_launch("attn_decode");
+  return gp_cuda_check_launch(op);
+}
+
+extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
+                                   const gp_tensor *lens, double scale, int64_t window, int64_t n_global) {
+  return run_decode("attn_decode", out, q, kcache, vcache, nullptr, nullptr, lens, scale, window, n_global, 0);
+}
+
+extern "C" int gp_cuda_attn_decode_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes,
+                                     const gp_tensor *vcodes, const gp_tensor *kscales, const gp_tensor *vscales,
+                                     const gp_tensor *lens, double scale, int64_t window, int64_t n_global, int fmt) {
+  return run_decode("attn_decode_q", out, q, kcodes, vcodes, kscales, vscales, lens, scale, window, n_global, fmt);
 }

@@ -43,6 +43,7 @@ struct AttnP {
 
 struct DecP {
   const void *q, *kc, *vc, *lens;
+  const float *ks, *vs; /* compressed caches: the scales (B, Hkv, C) of kc's and vc's codes */
   void *out;
   float *part;                             /* [BH, nsplit, D + 2]: acc (unnormalized), max (log2 units), sum */
   int lens64, H, Hkv, G, C, chunk, nsplit; /* kc, vc: (B, Hkv, C, D), Hkv = H / G */
@@ -106,8 +107,9 @@ int bwd_plain(const AttnP &P, int64_t BH, int dtype, int D);
 int zero_rows(const gp_tensor *t);
 
 /* attention_decode.cu: f32/bf16/f16, D 64 or 128; vec: q, kc and vc start
- * 16-byte aligned */
-int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec);
+ * 16-byte aligned; fmt 0: kc, vc in q's dtype, 1 / 2: int8 / fp8 e4m3
+ * codes with the scales P.ks, P.vs (kvquant.h) */
+int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec, int fmt);
 
 } // namespace gp_attn
 

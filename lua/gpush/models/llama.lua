@@ -110,10 +110,14 @@ function Attention:forward(x, pos, inv_freq, cache, layer, at)
     cache:append_at(layer, k, v, at.pos)
     y = cache:attend_at(layer, q:reshape {B, H, hd}, at.lens, self:decode_opts()):view {B, H, 1, hd}
   elseif cache then
+    local first = cache:len(layer) == 0
     cache:append(layer, k, v)
     if T == 1 and cache.attend and gp.attention_supported('decode', cache.dtype or q.dtype, hd) then
-      -- one token over the grouped cache (split along the cache on the GPU)
+      -- one token over the grouped cache (split along the cache on the GPU; a compressed cache's codes read directly)
       y = cache:attend(layer, q:reshape {B, H, hd}, self:decode_opts()):view {B, H, 1, hd}
+    elseif first and cache.kv_dtype then
+      -- a prefill into an empty compressed cache attends over the chunk's own k, v (not their codes)
+      y = self:attend(q, k, v)
     else
       y = self:attend(q, cache:keys(layer), cache:values(layer))
     end
@@ -222,11 +226,12 @@ function Llama:forward(idx, targets)
 end
 
 -- a KV cache for this model: Hkv heads per layer (grouped-query attention stores each KV head once)
-function Llama:new_cache(batch, capacity, dtype, device)
+-- (kv_dtype 'int8' or 'fp8': compressed keys and values, gp.KVCache)
+function Llama:new_cache(batch, capacity, dtype, device, kv_dtype)
   local c = self.config
   return gp.KVCache {batch = batch, heads = c.num_key_value_heads, capacity = capacity, head_dim = c.head_dim,
                      layers = c.num_hidden_layers, dtype = dtype or self.lm_head.weight.dtype,
-                     device = device or self.lm_head.weight.device}
+                     device = device or self.lm_head.weight.device, kv_dtype = kv_dtype}
 end
 
 -- incremental forward for generation: idx_new (B, Tnew) at positions pos .. (default cache:len());
@@ -283,7 +288,7 @@ gp.doc(Llama.forward_cached, 'llama:forward_cached(idx_new, cache, pos=cache:len
 gp.doc(Llama.supports_device_positions, 'llama:supports_device_positions(cache)',
   'true when forward_cached can take a device position with this cache (a gp.KVCache, a head dim decode attention ' ..
   'takes): gp.generate then replays its decode step as a CUDA graph')
-gp.doc(Llama.new_cache, 'llama:new_cache(batch, capacity, dtype, device)', 'a gp.KVCache with the model\'s KV heads per layer')
+gp.doc(Llama.new_cache, 'llama:new_cache(batch, capacity, dtype, device, kv_dtype=nil)', 'a gp.KVCache with the model\'s KV heads per layer (kv_dtype \'int8\' or \'fp8\': compressed)')
 
 Llama.config_of = config_of
 return Llama

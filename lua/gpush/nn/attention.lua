@@ -152,13 +152,27 @@ function CausalSelfAttention:forward_cached(x, cache, layer, pos)
     return self.proj(y:reshape {B, H, 1, hd}:transpose(2, 3):reshape {B, T, C})
   end
   cache:append(layer, head(2), head(3))
-  local keys, vals = cache:keys(layer), cache:values(layer)
-  local S = keys:size(3)
-  if S ~= pos + T then
-    raise(string.format('forward_cached: layer %d of the cache holds %d positions after appending %d at position %d (expected %d)',
-      layer, S, T, pos, pos + T))
+  local function check_len(S)
+    if S ~= pos + T then
+      raise(string.format('forward_cached: layer %d of the cache holds %d positions after appending %d at position %d (expected %d)',
+        layer, S, T, pos, pos + T))
+    end
   end
   local y
+  if cache.kv_dtype then -- a compressed gp.KVCache: decode reads its codes; a prefill at 0 attends over its own k, v
+    check_len(cache:len(layer))
+    if T == 1 then
+      y = cache:attend(layer, q:reshape {B, H, hd}, {scale = 1 / math.sqrt(hd)}):reshape {B, H, 1, hd}
+    else
+      local keys, vals = head(2), head(3)
+      if pos > 0 then keys, vals = cache:keys(layer), cache:values(layer) end
+      y = nn.attention(q, keys, vals, {causal = true})
+    end
+    return self.proj(y:transpose(2, 3):reshape {B, T, C})
+  end
+  local keys, vals = cache:keys(layer), cache:values(layer)
+  local S = keys:size(3)
+  check_len(S)
   if T == 1 and gp.attention_decode and gp.attention_supported('decode', q.dtype, hd) and keys.dtype == q.dtype then
     local lens = gp.full({B}, S, {dtype = 'i64', device = x.device})
     y = gp.attention_decode(q:reshape {B, H, hd}, keys, vals, lens, {scale = 1 / math.sqrt(hd)}):reshape {B, H, 1, hd}

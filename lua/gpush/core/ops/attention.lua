@@ -233,8 +233,9 @@ local function lens_tensor(b, n, device)
   return t
 end
 
-function gp.attention_decode(q, kcache, vcache, lens, opts)
-  local op = 'attention_decode'
+-- decode attention of q over kcache, vcache (quant nil) or over a compressed
+-- cache: kcache, vcache u8 codes and quant = {fmt = 1 | 2, ks =, vs =} their scales
+local function decode(op, q, kcache, vcache, lens, opts, quant)
   need(q, op, 'q'); need(kcache, op, 'kcache'); need(vcache, op, 'vcache')
   same_dev(op, q, 'q', kcache, 'kcache'); same_dev(op, q, 'q', vcache, 'vcache')
   local qs, ks = q.shape, kcache.shape
@@ -268,14 +269,21 @@ function gp.attention_decode(q, kcache, vcache, lens, opts)
   if lens.dtype ~= 'i32' and lens.dtype ~= 'i64' then lens = lens:to('i64') end
   opts = opts or {}
   -- the query takes the cache's dtype (never the other way: no copy of the cache per step)
-  local cdt = FLOAT[kcache.dtype] and kcache.dtype or q.dtype
+  local cdt = not quant and FLOAT[kcache.dtype] and kcache.dtype or q.dtype
   local qc = tensor.to_dtype(q3, cdt):contiguous()
   local out = empty(s3, cdt, q.device, op)
-  K.attn_decode(out, qc, as_contiguous(kcache, qc), as_contiguous(vcache, qc), lens:contiguous(),
-    opts.scale or 1 / math.sqrt(s3[3]), nonneg_int(op, 'window', opts.window),
-    nonneg_int(op, 'n_global', opts.n_global))
+  local scale, window, ng = opts.scale or 1 / math.sqrt(s3[3]), nonneg_int(op, 'window', opts.window),
+    nonneg_int(op, 'n_global', opts.n_global)
+  if quant then
+    K.attn_decode_q(out, qc, kcache, vcache, quant.ks, quant.vs, lens:contiguous(), scale, window, ng, quant.fmt)
+  else
+    K.attn_decode(out, qc, as_contiguous(kcache, qc), as_contiguous(vcache, qc), lens:contiguous(), scale, window, ng)
+  end
   if cdt ~= q.dtype then out = tensor.to_dtype(out, q.dtype) end
   return q4 and out:view(qs) or out
+end
+function gp.attention_decode(q, kcache, vcache, lens, opts)
+  return decode('attention_decode', q, kcache, vcache, lens, opts)
 end
 gp.doc(gp.attention_decode, 'gp.attention_decode(q, kcache, vcache, lens, {scale=, window=0, n_global=0})',
   'one new query per sequence (q (B, H, D) or (B, H, 1, D)) over the first lens[b] entries of kcache, vcache ' ..
@@ -290,6 +298,8 @@ gp.doc(gp.attention_decode, 'gp.attention_decode(q, kcache, vcache, lens, {scale
 
 local KVCache = {}
 KVCache.__index = KVCache
+-- compressed caches: kv_dtype -> the kvcache kernels' fmt (kernels/kvquant.h)
+local KV_FMT = {int8 = 1, fp8 = 2}
 gp.KVCacheClass = KVCache
 
 local function pos_int(op, name, v, default)
@@ -311,23 +321,41 @@ function gp.KVCache(o)
   self.layers = pos_int(op, 'layers', o.layers, 1)
   self.dtype = o.dtype or 'f32'
   self.device = o.device or gp.device()
+  local kvd = o.kv_dtype
+  if kvd == self.dtype then kvd = nil end
+  if kvd ~= nil and not KV_FMT[kvd] then
+    raise(string.format("KVCache: kv_dtype must be 'int8' or 'fp8' (compressed keys and values), or nil / the dtype " ..
+      "(%s), got %s", self.dtype, type(kvd) == 'string' and "'" .. kvd .. "'" or tostring(kvd)))
+  end
+  self.kv_dtype, self.fmt = kvd, KV_FMT[kvd]
   self.k, self.v, self._lens, self.fill = {}, {}, {}, {}
   local shape = {self.batch, self.heads, self.capacity, self.head_dim}
-  local to = {dtype = self.dtype, device = self.device}
+  local to = {dtype = self.fmt and 'u8' or self.dtype, device = self.device}
+  if self.fmt then
+    -- codes (u8) and an f32 scale per position and head; _pos: append's position on the device
+    self.ks, self.vs = {}, {}
+    self._pos = gp.zeros({1}, {dtype = 'i64', device = self.device})
+  end
   for l = 1, self.layers do
     self.k[l] = gp.zeros(shape, to)
     self.v[l] = gp.zeros(shape, to)
+    if self.fmt then
+      self.ks[l] = gp.zeros({self.batch, self.heads, self.capacity}, {device = self.device})
+      self.vs[l] = gp.zeros({self.batch, self.heads, self.capacity}, {device = self.device})
+    end
     self._lens[l] = gp.zeros({self.batch}, {dtype = 'i32', device = self.device})
     self.fill[l] = 0
   end
   return self
 end
-gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, dtype=f32, device=}',
+gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, dtype=f32, device=, kv_dtype=nil}',
   'preallocated keys and values per layer (B, H, capacity, D), H the KV heads (grouped-query attention: fewer than ' ..
   'the query heads, which attend and attend_at take as they are): cache:append(layer, k, v) writes (B, H, Tnew, D) ' ..
   'in place (no device allocation), cache:len(), cache:reset(), cache:keys(layer), cache:values(layer) (views of ' ..
   'the filled part), cache:lens(layer) (i32 [B] on the device), cache:attend(layer, q, opts) (decode attention); ' ..
-  'never grows: going past capacity is an error')
+  'never grows: going past capacity is an error. kv_dtype = \'int8\' or \'fp8\' (e4m3) stores keys and values as ' ..
+  'one-byte codes with an f32 scale per position and head (quantized on append, read by decode attention directly; ' ..
+  'keys/values return dequantized copies in dtype); cache:nbytes() is the device memory it holds')
 
 function KVCache:_layer(op, layer)
   if type(layer) ~= 'number' or layer ~= math.floor(layer) or layer < 1 or layer > self.layers then
@@ -360,8 +388,13 @@ function KVCache:append(layer, k, v)
       '(the cache never grows)', layer, pos, self.capacity, n))
   end
   if n == 0 then return self end
-  K.copy(self.k[layer]:narrow(3, pos + 1, n), k)
-  K.copy(self.v[layer]:narrow(3, pos + 1, n), v)
+  if self.fmt then
+    K.fill(self._pos, pos)
+    self:_quant(layer, k, v, self._pos)
+  else
+    K.copy(self.k[layer]:narrow(3, pos + 1, n), k)
+    K.copy(self.v[layer]:narrow(3, pos + 1, n), v)
+  end
   self.fill[layer] = pos + n
   K.fill(self._lens[layer], pos + n)
   return self
@@ -374,13 +407,24 @@ end
 function KVCache:append_at(layer, k, v, pos)
   self:_layer('append_at', layer)
   need(pos, 'KVCache:append_at', 'pos')
+  if self.fmt then return self:_quant(layer, k, v, pos) end
   K.write_at(self.k[layer], k, pos)
   K.write_at(self.v[layer], v, pos)
+  return self
+end
+-- compressed: k, v quantized into layer's codes and scales at the device position pos
+function KVCache:_quant(layer, k, v, pos)
+  K.kv_quant_append(self.k[layer], self.ks[layer], usable(k), pos, self.fmt)
+  K.kv_quant_append(self.v[layer], self.vs[layer], usable(v), pos, self.fmt)
   return self
 end
 -- decode attention of q (B, H, D) over the first lens[b] positions of layer
 function KVCache:attend_at(layer, q, lens, opts)
   layer = self:_layer('attend_at', layer)
+  if self.fmt then
+    return decode('KVCache:attend_at', q, self.k[layer], self.v[layer], lens, opts,
+      {fmt = self.fmt, ks = self.ks[layer], vs = self.vs[layer]})
+  end
   return gp.attention_decode(q, self.k[layer], self.v[layer], lens, opts)
 end
 -- the lengths of a device-position decode step (one token per row at the
@@ -421,18 +465,36 @@ function KVCache:reset()
   end
   return self
 end
+-- the filled part of codes t with scales sc, dequantized into a new (B, H, len, D) tensor of the cache's dtype
+function KVCache:_dequant(layer, t, sc)
+  local out = empty({self.batch, self.heads, self.fill[layer], self.head_dim}, self.dtype, self.device, 'KVCache')
+  K.kv_dequant(out, t, sc, self.fmt)
+  return out
+end
 function KVCache:keys(layer)
   layer = self:_layer('keys', layer or 1)
+  if self.fmt then return self:_dequant(layer, self.k[layer], self.ks[layer]) end
   return self.k[layer]:narrow(3, 1, self.fill[layer])
 end
 function KVCache:values(layer)
   layer = self:_layer('values', layer or 1)
+  if self.fmt then return self:_dequant(layer, self.v[layer], self.vs[layer]) end
   return self.v[layer]:narrow(3, 1, self.fill[layer])
 end
 function KVCache:lens(layer) return self._lens[self:_layer('lens', layer or 1)] end
 function KVCache:attend(layer, q, opts)
   layer = self:_layer('attend', layer)
-  return gp.attention_decode(q, self.k[layer], self.v[layer], self._lens[layer], opts)
+  return self:attend_at(layer, q, self._lens[layer], opts)
+end
+-- device bytes held: codes (or values), scales and lengths
+function KVCache:nbytes()
+  local n = 0
+  for l = 1, self.layers do
+    for _, t in ipairs {self.k[l], self.v[l], self._lens[l], self.ks and self.ks[l], self.vs and self.vs[l]} do
+      if t then n = n + t:numel() * t:element_size() end
+    end
+  end
+  return n
 end
 local D = gp.doc
 D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at the next positions of layer, in place; an error past capacity')
@@ -442,13 +504,15 @@ D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_deco
 D(KVCache.step_lens, 'cache:step_lens(op, idx, pos)', 'i64 [B] device lengths pos + 1 for a device-position decode step of idx (B, 1) at pos (i64 [1]); an error naming op otherwise')
 D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (after append_at)')
 D(KVCache.reset, 'cache:reset()', 'empty every layer (the buffers are kept)')
-D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys')
-D(KVCache.values, 'cache:values(layer=1)', 'view (B, H, len, D) of the filled values')
+D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys (kv_dtype int8/fp8: a dequantized copy in dtype)')
+D(KVCache.values, 'cache:values(layer=1)', 'view (B, H, len, D) of the filled values (kv_dtype int8/fp8: a dequantized copy in dtype)')
+D(KVCache.nbytes, 'cache:nbytes()', 'device bytes the cache holds (keys, values, their scales when compressed, lengths)')
 D(KVCache.lens, 'cache:lens(layer=1)', 'i32 [B] device tensor holding len (for gp.attention_decode)')
 D(KVCache.attend, 'cache:attend(layer, q, opts)', 'gp.attention_decode of q (B, Hq, D) over the filled part of layer (Hq a multiple of the cache\'s heads: grouped-query attention)')
 KVCache.__tostring = function(self)
-  return string.format('KVCache(batch=%d, heads=%d, capacity=%d, head_dim=%d, layers=%d, %s, %s, len=%d)',
-    self.batch, self.heads, self.capacity, self.head_dim, self.layers, self.dtype, self.device, self.fill[1])
+  return string.format('KVCache(batch=%d, heads=%d, capacity=%d, head_dim=%d, layers=%d, %s%s, %s, len=%d)',
+    self.batch, self.heads, self.capacity, self.head_dim, self.layers, self.dtype,
+    self.kv_dtype and ' (stored ' .. self.kv_dtype .. ')' or '', self.device, self.fill[1])
 end
 
 return gp
