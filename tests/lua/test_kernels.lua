@@ -241,6 +241,12 @@ KFILL.dequant = function(k, args)
   end
 end
 
+-- attn_decode_q: codes are random bytes below 100; scales of about 0.03 keep the scores near
+-- those of unit-scale keys (a softmax that is not one-hot: every key's value counts)
+KFILL.attn_decode_q = function(_, args)
+  for i = 5, 6 do args[i]:copy_(args[i]:abs() * 0.02) end
+end
+
 local function rand_fill(dst, positive)
   local t = gp.empty(dst.shape, {dtype = dst.dtype, device = dst.device})
   local dt = t.dtype

@@ -183,6 +183,24 @@ T.test('greedy generation with an int8 / fp8 cache equals the f32 cache on most 
   end
 end)
 
+T.test('nn.GPT generates through a compressed cache: device positions and host positions give the same tokens', function()
+  gp.manual_seed(17)
+  -- head dim 64 (decode attention over the codes), 2 heads
+  local m = gp.nn.GPT {vocab_size = 40, block_size = 32, n_embd = 128, n_layer = 2, n_head = 2, device = 'cpu'}
+  local prompts = {{1, 2, 3}, {7, 8}, {4, 5, 6, 7, 9}, {11}}
+  local base = gp.generate(m, prompts, {greedy = true, max_new = 8})
+  for _, kvd in ipairs {'int8', 'fp8'} do
+    local a = gp.generate(m, prompts, {greedy = true, max_new = 8, kv_dtype = kvd})
+    local b = gp.generate(m, prompts, {greedy = true, max_new = 8, kv_dtype = kvd, device_pos = false})
+    local same = 0
+    for i = 1, #prompts do
+      T.eq(table.concat(a.lists[i], ','), table.concat(b.lists[i], ','), kvd .. ' row ' .. i .. ': device vs host positions')
+      if table.concat(a.lists[i], ',') == table.concat(base.lists[i], ',') then same = same + 1 end
+    end
+    T.ok(same >= 3, string.format('%s: %d of %d rows equal the f32 cache\'s', kvd, same, #prompts))
+  end
+end)
+
 T.test('compressed caches on the GPU: the kernels write the CPU\'s bytes; decode and generation match the CPU', function()
   T.cuda()
   gp.manual_seed(21)
