@@ -1,11 +1,14 @@
 /* attention.c: checks, dispatch and the CPU references of flash attention
  * (plain attention accumulated in double; q, k, v, out, dout, dq, dk, dv at any
- * strides on B, H and T) and of decode attention. */
+ * strides on B, H and T) and of decode attention. k and v have H / G heads
+ * (the spec checks that their count divides H): query head h reads KV head
+ * h / G, and the backward sums dk, dv over the G query heads of a KV head. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "gp_hd.h"
+#include "kvquant.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -17,6 +20,9 @@ int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tenso
                      int64_t window, int64_t n_global, int causal);
 int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
                         const gp_tensor *lens, double scale, int64_t window, int64_t n_global);
+int gp_cuda_attn_decode_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes, const gp_tensor *vcodes,
+                          const gp_tensor *kscales, const gp_tensor *vscales, const gp_tensor *lens, double scale,
+                          int64_t window, int64_t n_global, int fmt);
 #ifdef __cplusplus
 }
 #endif
@@ -94,6 +100,11 @@ static int attn_seq(const char *op, const gp_tensor *q, const gp_tensor *k, int6
   return GP_OK;
 }
 
+/* G: the query heads that share one KV head (H / Hkv; 1 when there are no heads) */
+static inline int64_t attn_group(const gp_tensor *q, const gp_tensor *k) {
+  return k->shape[1] > 0 ? q->shape[1] / k->shape[1] : 1;
+}
+
 /* key j visible to the query at position p */
 static inline int attn_visible(int64_t p, int64_t j, int64_t win, int64_t ng, int causal) {
   if (causal && j > p) return 0;
@@ -121,7 +132,7 @@ int gp_k_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_t
   int cz = causal != 0;
   GP_TRY(attn_seq("attn_fwd", q, k, win, cz));
   GP_CUDA_DISPATCH(out, gp_cuda_attn_fwd(out, lse, q, k, v, scale, win, ng, cz));
-  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], S = k->shape[2];
+  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], S = k->shape[2], G = attn_group(q, k);
   int dt = q->dtype;
   const void *pq = gp_ptr(q), *pk = gp_ptr(k), *pv = gp_ptr(v);
   void *po = gp_ptr(out);
@@ -131,17 +142,17 @@ int gp_k_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_t
     for (int64_t h = 0; h < H; h++)
       for (int64_t i = 0; i < T; i++) {
         GP_POLL_INTERRUPT("attn_fwd");
-        int64_t p = i + S - T, qi = row_at(q, b, h, i), bh = b * H + h;
+        int64_t p = i + S - T, qi = row_at(q, b, h, i), bh = b * H + h, hk = h / G;
         double m = -INFINITY, l = 0;
         for (int64_t d = 0; d < D; d++) acc[d] = 0;
         for (int64_t j = 0; j < S; j++)
           if (attn_visible(p, j, win, ng, cz)) {
-            double s = dot_d(pq, qi, pk, row_at(k, b, h, j), dt, D) * scale;
+            double s = dot_d(pq, qi, pk, row_at(k, b, hk, j), dt, D) * scale;
             if (s > m) m = s;
           }
         for (int64_t j = 0; j < S; j++)
           if (attn_visible(p, j, win, ng, cz)) {
-            int64_t kj = row_at(k, b, h, j), vj = row_at(v, b, h, j);
+            int64_t kj = row_at(k, b, hk, j), vj = row_at(v, b, hk, j);
             double e = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - m);
             l += e;
             for (int64_t d = 0; d < D; d++) acc[d] += e * gp_load(pv, dt, vj + d);
@@ -162,16 +173,16 @@ int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *
   int cz = causal != 0;
   GP_TRY(attn_seq("attn_bwd", q, k, win, cz));
   GP_CUDA_DISPATCH(dq, gp_cuda_attn_bwd(dq, dk, dv, q, k, v, out, lse, dout, scale, win, ng, cz));
-  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], S = k->shape[2];
+  int64_t B = q->shape[0], H = q->shape[1], T = q->shape[2], S = k->shape[2], G = attn_group(q, k);
   int dt = q->dtype;
   const void *pq = gp_ptr(q), *pk = gp_ptr(k), *pv = gp_ptr(v), *po = gp_ptr(out), *pg = gp_ptr(dout);
   const float *pl = gp_ptr(lse);
-  double a[ATTN_MAX_D];
+  double a[ATTN_MAX_D], c[ATTN_MAX_D];
   /* P = exp(s - lse), dP = dout . v, dS = P (dP - sum(dout * out)) */
-  for (int64_t b = 0; b < B; b++)
+  for (int64_t b = 0; b < B; b++) {
+    /* dq: row by row, over the query head's KV head */
     for (int64_t h = 0; h < H; h++) {
-      int64_t bh = b * H + h;
-      /* dq: row by row */
+      int64_t bh = b * H + h, hk = h / G;
       for (int64_t i = 0; i < T; i++) {
         GP_POLL_INTERRUPT("attn_bwd");
         int64_t p = i + S - T, qi = row_at(q, b, h, i), gi = row_at(dout, b, h, i);
@@ -179,36 +190,91 @@ int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *
         for (int64_t d = 0; d < D; d++) a[d] = 0;
         for (int64_t j = 0; j < S; j++)
           if (attn_visible(p, j, win, ng, cz)) {
-            int64_t kj = row_at(k, b, h, j);
+            int64_t kj = row_at(k, b, hk, j);
             double P = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - L);
-            double dS = P * (dot_d(pg, gi, pv, row_at(v, b, h, j), dt, D) - Di);
+            double dS = P * (dot_d(pg, gi, pv, row_at(v, b, hk, j), dt, D) - Di);
             for (int64_t d = 0; d < D; d++) a[d] += dS * gp_load(pk, dt, kj + d);
           }
         int64_t di = row_at(dq, b, h, i);
         for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(dq), dq->dtype, di + d, a[d] * scale);
       }
-      /* dk and dv: key by key */
+    }
+    /* dk and dv: key by key, summed over the G query heads of the KV head */
+    for (int64_t hk = 0; hk < H / G; hk++)
       for (int64_t j = 0; j < S; j++) {
         GP_POLL_INTERRUPT("attn_bwd");
-        int64_t kj = row_at(k, b, h, j), vj = row_at(v, b, h, j);
-        double c[ATTN_MAX_D];
+        int64_t kj = row_at(k, b, hk, j), vj = row_at(v, b, hk, j);
         for (int64_t d = 0; d < D; d++) a[d] = c[d] = 0;
-        for (int64_t i = 0; i < T; i++) {
-          int64_t p = i + S - T, qi = row_at(q, b, h, i), gi = row_at(dout, b, h, i);
-          if (!attn_visible(p, j, win, ng, cz)) continue;
-          double P = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - (double)pl[bh * T + i]);
-          double dS = P * (dot_d(pg, gi, pv, vj, dt, D) - dot_d(pg, gi, po, row_at(out, b, h, i), dt, D));
-          for (int64_t d = 0; d < D; d++) {
-            a[d] += dS * gp_load(pq, dt, qi + d);
-            c[d] += P * gp_load(pg, dt, gi + d);
+        for (int64_t h = hk * G; h < (hk + 1) * G; h++) {
+          int64_t bh = b * H + h;
+          for (int64_t i = 0; i < T; i++) {
+            int64_t p = i + S - T, qi = row_at(q, b, h, i), gi = row_at(dout, b, h, i);
+            if (!attn_visible(p, j, win, ng, cz)) continue;
+            double P = exp(dot_d(pq, qi, pk, kj, dt, D) * scale - (double)pl[bh * T + i]);
+            double dS = P * (dot_d(pg, gi, pv, vj, dt, D) - dot_d(pg, gi, po, row_at(out, b, h, i), dt, D));
+            for (int64_t d = 0; d < D; d++) {
+              a[d] += dS * gp_load(pq, dt, qi + d);
+              c[d] += P * gp_load(pg, dt, gi + d);
+            }
           }
         }
-        int64_t dki = row_at(dk, b, h, j), dvi = row_at(dv, b, h, j);
+        int64_t dki = row_at(dk, b, hk, j), dvi = row_at(dv, b, hk, j);
         for (int64_t d = 0; d < D; d++) {
           gp_store(gp_ptr(dk), dk->dtype, dki + d, a[d] * scale);
           gp_store(gp_ptr(dv), dv->dtype, dvi + d, c[d]);
         }
       }
+  }
+  return GP_OK;
+}
+
+/* element d of cache row `row` (of D): the cache's dtype, or (fmt 1, 2) a
+ * code times the row's scale */
+static inline double kv_elem(const gp_tensor *c, const float *sc, int fmt, int64_t row, int64_t D, int64_t d) {
+  if (!fmt) return gp_load(gp_ptr(c), c->dtype, row * D + d);
+  return (double)kvq_decode(((const uint8_t *)gp_ptr(c))[row * D + d], fmt) * sc[row];
+}
+
+/* decode attention's checks after the dispatch and its CPU reference, over a
+ * cache in q's dtype (fmt 0; ks, vs unused) or of codes and scales */
+static int decode_ref(const char *op, gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache,
+                      const gp_tensor *vcache, const gp_tensor *ks, const gp_tensor *vs, const gp_tensor *lens,
+                      double scale, int64_t win, int64_t ng, int fmt) {
+  int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], C = kcache->shape[2], G = attn_group(q, kcache),
+          Hkv = kcache->shape[1];
+  int dt = q->dtype;
+  const void *pq = gp_ptr(q), *pn = gp_ptr(lens);
+  const float *pks = fmt ? gp_ptr(ks) : 0, *pvs = fmt ? gp_ptr(vs) : 0;
+  for (int64_t b = 0; b < B; b++) {
+    int64_t n = gp_load_i64(pn, lens->dtype, b);
+    if (n < 0 || n > C)
+      return gp_error("%s: lens[%lld] = %lld is outside [0, %lld] (kcache %s)", op, (long long)b, (long long)n,
+                      (long long)C, GP_SHAPE(kcache));
+  }
+  double acc[ATTN_MAX_D], qd[ATTN_MAX_D];
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H; h++) {
+      int64_t n = gp_load_i64(pn, lens->dtype, b), p = n - 1, qi = (b * H + h) * D, base = (b * Hkv + h / G) * C;
+      double m = -INFINITY, l = 0;
+      for (int64_t d = 0; d < D; d++) {
+        acc[d] = 0;
+        qd[d] = gp_load(pq, dt, qi + d);
+      }
+      for (int pass = 0; pass < 2; pass++) /* the max, then the sums */
+        for (int64_t j = 0; j < n; j++)
+          if (attn_visible(p, j, win, ng, 1)) {
+            double s = 0;
+            for (int64_t d = 0; d < D; d++) s += qd[d] * kv_elem(kcache, pks, fmt, base + j, D, d);
+            s *= scale;
+            if (pass == 0) {
+              if (s > m) m = s;
+              continue;
+            }
+            double e = exp(s - m);
+            l += e;
+            for (int64_t d = 0; d < D; d++) acc[d] += e * kv_elem(vcache, pvs, fmt, base + j, D, d);
+          }
+      for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(out), out->dtype, qi + d, l > 0 ? acc[d] / l : 0.0);
     }
   return GP_OK;
 }
@@ -219,33 +285,17 @@ int gp_k_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache
   int64_t D = q->shape[2], win, ng;
   GP_TRY(attn_args("attn_decode", "decode", q, D, &scale, window, n_global, &win, &ng));
   GP_CUDA_DISPATCH(out, gp_cuda_attn_decode(out, q, kcache, vcache, lens, scale, win, ng));
-  int64_t B = q->shape[0], H = q->shape[1], C = kcache->shape[2];
-  int dt = q->dtype;
-  const void *pq = gp_ptr(q), *pk = gp_ptr(kcache), *pv = gp_ptr(vcache), *pn = gp_ptr(lens);
-  for (int64_t b = 0; b < B; b++) {
-    int64_t n = gp_load_i64(pn, lens->dtype, b);
-    if (n < 0 || n > C)
-      return gp_error("attn_decode: lens[%lld] = %lld is outside [0, %lld] (kcache %s)", (long long)b, (long long)n,
-                      (long long)C, GP_SHAPE(kcache));
-  }
-  double acc[ATTN_MAX_D];
-  for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++) {
-      int64_t n = gp_load_i64(pn, lens->dtype, b), p = n - 1, qi = (b * H + h) * D, base = (b * H + h) * C;
-      double m = -INFINITY, l = 0;
-      for (int64_t d = 0; d < D; d++) acc[d] = 0;
-      for (int64_t j = 0; j < n; j++)
-        if (attn_visible(p, j, win, ng, 1)) {
-          double s = dot_d(pq, qi, pk, (base + j) * D, dt, D) * scale;
-          if (s > m) m = s;
-        }
-      for (int64_t j = 0; j < n; j++)
-        if (attn_visible(p, j, win, ng, 1)) {
-          double e = exp(dot_d(pq, qi, pk, (base + j) * D, dt, D) * scale - m);
-          l += e;
-          for (int64_t d = 0; d < D; d++) acc[d] += e * gp_load(pv, dt, (base + j) * D + d);
-        }
-      for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(out), out->dtype, qi + d, l > 0 ? acc[d] / l : 0.0);
-    }
-  return GP_OK;
+  return decode_ref("attn_decode", out, q, kcache, vcache, 0, 0, lens, scale, win, ng, 0);
+}
+
+int gp_k_attn_decode_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes, const gp_tensor *vcodes,
+                       const gp_tensor *kscales, const gp_tensor *vscales, const gp_tensor *lens, double scale,
+                       double window, double n_global, double fmt) {
+  GP_CHECK(attn_decode_q, out, q, kcodes, vcodes, kscales, vscales, lens);
+  int64_t D = q->shape[2], win, ng;
+  GP_TRY(attn_args("attn_decode_q", "decode", q, D, &scale, window, n_global, &win, &ng));
+  if (fmt != GP_KV_INT8 && fmt != GP_KV_FP8)
+    return gp_error("attn_decode_q: fmt must be 1 (int8) or 2 (fp8 e4m3), got %g", fmt);
+  GP_CUDA_DISPATCH(out, gp_cuda_attn_decode_q(out, q, kcodes, vcodes, kscales, vscales, lens, scale, win, ng, (int)fmt));
+  return decode_ref("attn_decode_q", out, q, kcodes, vcodes, kscales, vscales, lens, scale, win, ng, (int)fmt);
 }

@@ -11,6 +11,10 @@
  *   everything else (f32, head dim 32, unaligned views): the plain kernels.
  *   decode: the split-K kernels.
  *
+ * k and v may have fewer heads than q (grouped-query attention, P.G query
+ * heads to a KV head): every implementation reads KV head h / G for query
+ * head h, and each backward's dk/dv kernel sums over the G query heads.
+ *
  * Settings (environment, read once a process):
  *   GP_ATTN_DETERMINISTIC=1  the Hopper backward keeps dq in a kernel of its
  *                            own (no atomics: bitwise repeatable; slower)
@@ -35,6 +39,8 @@ int fill_params(AttnP &P, const char *op, const gp_tensor *q, const gp_tensor *k
   if (q->shape[0] * q->shape[1] > 65535)
     return gp_error("%s: B * H must be at most 65535 on the GPU; q is %s", op, gp_shape_str(q, bq, 96));
   P.H = (int)q->shape[1];
+  P.Hkv = (int)k->shape[1]; /* divides H (the spec's H/G) */
+  P.G = P.Hkv > 0 ? P.H / P.Hkv : 1;
   P.T = (int)q->shape[2];
   P.S = (int)k->shape[2];
   P.scale = (float)scale;
@@ -150,23 +156,30 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
   return gp_cuda_check_launch("attn_bwd");
 }
 
-extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
-                                   const gp_tensor *lens, double scale, int64_t window, int64_t n_global) {
+/* decode attention over kcache, vcache in q's dtype (fmt 0) or over codes
+ * with scales ks, vs (fmt 1 int8, 2 fp8) */
+static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache,
+                      const gp_tensor *vcache, const gp_tensor *ks, const gp_tensor *vs, const gp_tensor *lens,
+                      double scale, int64_t window, int64_t n_global, int fmt) {
   int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], C = kcache->shape[2], BH = B * H;
   if (BH == 0) return GP_OK;
   if (C >= INT32_MAX / 2 || BH > 65535) {
     char bk[96];
-    return gp_error("attn_decode: kcache %s is too large for the GPU kernel (C < 2^30, B * H <= 65535)",
+    return gp_error("%s: kcache %s is too large for the GPU kernel (C < 2^30, B * H <= 65535)", op,
                     gp_shape_str(kcache, bk, 96));
   }
   DecP P = {};
   P.q = gp_ptr(q);
   P.kc = gp_ptr(kcache);
   P.vc = gp_ptr(vcache);
+  P.ks = fmt ? (const float *)gp_ptr(ks) : nullptr;
+  P.vs = fmt ? (const float *)gp_ptr(vs) : nullptr;
   P.lens = gp_ptr(lens);
   P.out = gp_ptr(out);
   P.lens64 = lens->dtype == GP_I64;
   P.H = (int)H;
+  P.Hkv = (int)kcache->shape[1]; /* divides H */
+  P.G = P.Hkv > 0 ? P.H / P.Hkv : 1;
   P.C = (int)C;
   P.scale = (float)scale;
   P.win = (int)(window > INT32_MAX / 2 ? INT32_MAX / 2 : window);
@@ -186,8 +199,19 @@ extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_
   GP_TRY(gp_tensor_scratch(&part, GP_F32, GP_CUDA, 1, &pn));
   P.part = (float *)gp_ptr(part);
   const bool vec = (((uintptr_t)P.q | (uintptr_t)P.kc | (uintptr_t)P.vc) & 15) == 0;
-  int rc = decode(P, BH, q->dtype, (int)D, vec);
+  int rc = decode(P, BH, q->dtype, (int)D, vec, fmt);
   gp_tensor_free(part); /* stream-ordered: the allocator reuses it after the kernels */
   GP_TRY(rc);
-  return gp_cuda_check_launch("attn_decode");
+  return gp_cuda_check_launch(op);
+}
+
+extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
+                                   const gp_tensor *lens, double scale, int64_t window, int64_t n_global) {
+  return run_decode("attn_decode", out, q, kcache, vcache, nullptr, nullptr, lens, scale, window, n_global, 0);
+}
+
+extern "C" int gp_cuda_attn_decode_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes,
+                                     const gp_tensor *vcodes, const gp_tensor *kscales, const gp_tensor *vscales,
+                                     const gp_tensor *lens, double scale, int64_t window, int64_t n_global, int fmt) {
+  return run_decode("attn_decode_q", out, q, kcodes, vcodes, kscales, vscales, lens, scale, window, n_global, fmt);
 }

@@ -35,16 +35,18 @@ struct AttnP {
   float *dqa; /* the fused wgmma backward's f32 dQ accumulator (tiles of 64 rows, fragment order) */
   /* so: out (forward) or o (backward) */
   Str sq, sk, sv, so, sg, sdq, sdk, sdv;
-  int H, T, S;
+  /* H query heads, Hkv = H / G heads in k, v, dk, dv (query head h reads KV head h / G) */
+  int H, Hkv, G, T, S;
   float scale;
   int win, ng, causal;
 };
 
 struct DecP {
   const void *q, *kc, *vc, *lens;
+  const float *ks, *vs; /* compressed caches: the scales (B, Hkv, C) of kc's and vc's codes */
   void *out;
-  float *part; /* [BH, nsplit, D + 2]: acc (unnormalized), max (log2 units), sum */
-  int lens64, H, C, chunk, nsplit;
+  float *part;                             /* [BH, nsplit, D + 2]: acc (unnormalized), max (log2 units), sum */
+  int lens64, H, Hkv, G, C, chunk, nsplit; /* kc, vc: (B, Hkv, C, D), Hkv = H / G */
   float scale;
   int win, ng;
 };
@@ -53,6 +55,13 @@ struct DecP {
 __device__ __forceinline__ int64_t head_at(const Str &s, int bh, int H) {
   return (int64_t)(bh / H) * s.b + (int64_t)(bh % H) * s.h;
 }
+/* element offset in k or v (strides s) of the KV head that query head bh = b * H + h reads: (b, h / G) */
+__device__ __forceinline__ int64_t kv_at(const Str &s, int bh, const AttnP &P) {
+  const int b = bh / P.H, h = bh % P.H;
+  return (int64_t)b * s.b + (int64_t)(P.G == 1 ? h : h / P.G) * s.h;
+}
+/* the first query head (b * H + hk * G) of KV head bkv = b * Hkv + hk */
+__device__ __forceinline__ int group_q0(int bkv, const AttnP &P) { return (bkv / P.Hkv) * P.H + (bkv % P.Hkv) * P.G; }
 inline Str strides(const gp_tensor *t) { return Str{t->stride[0], t->stride[1], t->stride[2]}; }
 
 /* key j visible to the query at position p */
@@ -72,9 +81,12 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-/* Entry points: BH = B * H heads, dtype the operands' (GP_F32 ...), D the
- * head dim; each launches on the current stream and returns a status (the
- * caller checks the launch). */
+/* Entry points: BH = B * H query heads (B * Hkv = BH / P.G KV heads),
+ * dtype the operands' (GP_F32 ...), D the head dim; each launches on the
+ * current stream and returns a status (the caller checks the launch). The
+ * forward and dq kernels run per query head and read its KV head; the dk/dv
+ * kernels run per KV head and walk the query tiles of its G query heads in
+ * turn, accumulating in registers, and write each element once. */
 
 /* attention_wg.cu: bf16/f16, D 64 or 128, P.scale > 0 (the row max is taken
  * on the raw scores) */
@@ -95,8 +107,9 @@ int bwd_plain(const AttnP &P, int64_t BH, int dtype, int D);
 int zero_rows(const gp_tensor *t);
 
 /* attention_decode.cu: f32/bf16/f16, D 64 or 128; vec: q, kc and vc start
- * 16-byte aligned */
-int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec);
+ * 16-byte aligned; fmt 0: kc, vc in q's dtype, 1 / 2: int8 / fp8 e4m3
+ * codes with the scales P.ks, P.vs (kvquant.h) */
+int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec, int fmt);
 
 } // namespace gp_attn
 

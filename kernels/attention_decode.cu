@@ -1,7 +1,11 @@
 /* attention_decode.cu: decode attention (one query per sequence over its
  * cache) on the GPU: split-K (flash-decoding): blocks over slices of the
- * cache per (b, h), each a partial (max, sum, acc), then a combine kernel. */
+ * cache per (b, h), each a partial (max, sum, acc), then a combine kernel.
+ * Query head h reads KV head h / G of the cache (grouped-query attention). */
+#include <type_traits>
+
 #include "attention.cuh"
+#include "kvquant.cuh"
 
 namespace gp_attn {
 namespace {
@@ -11,23 +15,41 @@ __device__ __forceinline__ int dec_len(const DecP &P, int b) {
   return (int)(n < 0 ? 0 : n > P.C ? P.C : n); /* clamped: never outside the cache */
 }
 
-/* 16 bytes at p: one load (VEC: p 16-byte aligned) or element by element */
-template <typename T, bool VEC> __device__ __forceinline__ uint4 ld16(const T *p) {
+/* a vector of 16, 8 or 4 bytes */
+template <int BYTES> struct RawVec;
+template <> struct RawVec<16> {
+  using type = uint4;
+};
+template <> struct RawVec<8> {
+  using type = uint2;
+};
+template <> struct RawVec<4> {
+  using type = uint32_t;
+};
+
+/* the R at p (elements E): one load (VEC: p aligned to sizeof(R)) or element by element */
+template <typename R, typename E, bool VEC> __device__ __forceinline__ R ld_vec(const E *p) {
   if constexpr (VEC) {
-    return *(const uint4 *)p;
+    return *(const R *)p;
   } else {
-    uint4 v;
-    T *e = (T *)&v;
+    R v;
+    E *e = (E *)&v;
 #pragma unroll
-    for (int t = 0; t < 16 / (int)sizeof(T); t++) e[t] = p[t];
+    for (int t = 0; t < (int)(sizeof(R) / sizeof(E)); t++) e[t] = p[t];
     return v;
   }
 }
-/* one 16-byte vector of a row as floats */
-template <typename T, int N> __device__ __forceinline__ void vec_f32(float *f, const uint4 &v) {
-  const T *e = (const T *)&v;
+/* the N elements of a vector as floats: T's (FMT 0) or codes (FMT 1 int8, 2 fp8; before the scale) */
+template <typename T, int FMT, int N, typename R> __device__ __forceinline__ void vec_f32(float *f, const R &v) {
+  if constexpr (FMT == 0) {
+    const T *e = (const T *)&v;
 #pragma unroll
-  for (int t = 0; t < N; t++) f[t] = ld(e[t]);
+    for (int t = 0; t < N; t++) f[t] = ld(e[t]);
+  } else {
+    const uint8_t *e = (const uint8_t *)&v;
+#pragma unroll
+    for (int t = 0; t < N; t++) f[t] = kvq_decode_d<FMT>(e[t]);
+  }
 }
 
 /* one (b, h) and one slice of its cache a block: each key's row is read by
@@ -35,9 +57,15 @@ template <typename T, int N> __device__ __forceinline__ void vec_f32(float *f, c
  * bytes, at a time), U keys a lane group in flight, one online-softmax
  * rescale per U keys (base 2); the 4 KPW lane groups' partials meet in
  * shared memory and go to part (m in log2 units). VEC: q, kc and vc start
- * 16-byte aligned (else the vectors are read element by element). */
-template <typename T, int D, bool VEC> __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
+ * 16-byte aligned (else the vectors are read element by element). FMT 1, 2:
+ * the cache holds one-byte codes (int8, fp8 e4m3) and f32 scales per
+ * position (P.ks, P.vs): a lane reads its EPL codes of a row (8 or 4
+ * bytes), dequantized in registers (a score is the dot with the codes times
+ * the key's scale; a value row's weight takes its scale). */
+template <typename T, int D, bool VEC, int FMT> __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
   constexpr int EPL = 16 / (int)sizeof(T), LPK = D / EPL, KPW = 32 / LPK, NPART = 4 * KPW, U = 4;
+  using C = typename std::conditional<FMT == 0, T, uint8_t>::type; /* a cache element */
+  using R = typename RawVec<EPL * (int)sizeof(C)>::type;            /* a lane's part of a cache row */
   static_assert(LPK <= 32 && 32 % LPK == 0, "decode: a key's row is 16-byte vectors of one warp");
   __shared__ float sm_m[NPART], sm_l[NPART], sm_acc[NPART][D];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % LPK;
@@ -47,8 +75,8 @@ template <typename T, int D, bool VEC> __global__ void __launch_bounds__(128) k_
   const int jb = split * P.chunk, je = min(n, jb + P.chunk);
   float qr[EPL], acc[EPL];
   {
-    const uint4 qv = ld16<T, VEC>((const T *)P.q + (int64_t)bh * D + sub * EPL);
-    vec_f32<T, EPL>(qr, qv);
+    const uint4 qv = ld_vec<uint4, T, VEC>((const T *)P.q + (int64_t)bh * D + sub * EPL);
+    vec_f32<T, 0, EPL>(qr, qv);
   }
   const float sl2 = P.scale * LOG2E;
 #pragma unroll
@@ -57,30 +85,38 @@ template <typename T, int D, bool VEC> __global__ void __launch_bounds__(128) k_
     acc[t] = 0.f;
   }
   float m = -INFINITY, l = 0.f;
-  const T *kc = (const T *)P.kc + (int64_t)bh * P.C * D + sub * EPL;
-  const T *vc = (const T *)P.vc + (int64_t)bh * P.C * D + sub * EPL;
+  const int64_t bkv = P.G == 1 ? bh : (int64_t)b * P.Hkv + (bh % P.H) / P.G; /* the KV head of query head bh */
+  const C *kc = (const C *)P.kc + bkv * P.C * D + sub * EPL;
+  const C *vc = (const C *)P.vc + bkv * P.C * D + sub * EPL;
+  const float *ks = FMT ? P.ks + bkv * P.C : nullptr, *vs = FMT ? P.vs + bkv * P.C : nullptr;
   /* keys [lo, hi): the block walks NPART U of them at a time (a uniform
    * trip count: every lane takes part in the shuffles) */
   auto run = [&](int lo, int hi) {
     for (int base = lo; base < hi; base += NPART * U) {
-      uint4 kv[U], vv[U];
+      R kv[U], vv[U];
+      float ksc[U], vsc[U]; /* FMT: the keys' and values' scales */
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int j = base + u * NPART + gi;
         const bool ok = j < hi;
-        kv[u] = ok ? ld16<T, VEC>(kc + (int64_t)j * D) : make_uint4(0, 0, 0, 0);
-        vv[u] = ok ? ld16<T, VEC>(vc + (int64_t)j * D) : make_uint4(0, 0, 0, 0);
+        kv[u] = ok ? ld_vec<R, C, VEC>(kc + (int64_t)j * D) : R{};
+        vv[u] = ok ? ld_vec<R, C, VEC>(vc + (int64_t)j * D) : R{};
+        if constexpr (FMT != 0) {
+          ksc[u] = ok ? ks[j] : 0.f;
+          vsc[u] = ok ? vs[j] : 0.f;
+        }
       }
       float sc[U];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         float kf[EPL];
-        vec_f32<T, EPL>(kf, kv[u]);
+        vec_f32<T, FMT, EPL>(kf, kv[u]);
         float d = 0.f;
 #pragma unroll
         for (int t = 0; t < EPL; t++) d = fmaf(qr[t], kf[t], d);
 #pragma unroll
         for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(FULL, d, o);
+        if constexpr (FMT != 0) d *= ksc[u];
         sc[u] = base + u * NPART + gi < hi ? d : -INFINITY;
       }
       float mn = m;
@@ -95,10 +131,11 @@ template <typename T, int D, bool VEC> __global__ void __launch_bounds__(128) k_
       for (int u = 0; u < U; u++) {
         const float e = ex2(sc[u] - mn);
         float vf[EPL];
-        vec_f32<T, EPL>(vf, vv[u]);
+        vec_f32<T, FMT, EPL>(vf, vv[u]);
         l += e;
+        const float ev = FMT ? e * vsc[u] : e;
 #pragma unroll
-        for (int t = 0; t < EPL; t++) acc[t] = fmaf(e, vf[t], acc[t]);
+        for (int t = 0; t < EPL; t++) acc[t] = fmaf(ev, vf[t], acc[t]);
       }
       m = mn;
     }
@@ -153,26 +190,33 @@ template <typename T, int D> __global__ void __launch_bounds__(D) k_attn_decode_
   ((T *)P.out)[(int64_t)bh * D + d] = st<T>(L > 0.f ? a / L : 0.f);
 }
 
-template <typename T, int D> void launch_decode(const DecP &P, int64_t BH, bool vec) {
+template <typename T, int D, int FMT> void launch_decode(const DecP &P, int64_t BH, bool vec) {
   dim3 grid((unsigned)P.nsplit, (unsigned)BH);
   if (vec) {
-    GP_NOTE_LAUNCH((k_attn_decode_split<T, D, true>), 128, 0);
-    k_attn_decode_split<T, D, true><<<grid, 128, 0, gp_cuda_stream()>>>(P);
+    GP_NOTE_LAUNCH((k_attn_decode_split<T, D, true, FMT>), 128, 0);
+    k_attn_decode_split<T, D, true, FMT><<<grid, 128, 0, gp_cuda_stream()>>>(P);
   } else {
-    GP_NOTE_LAUNCH((k_attn_decode_split<T, D, false>), 128, 0);
-    k_attn_decode_split<T, D, false><<<grid, 128, 0, gp_cuda_stream()>>>(P);
+    GP_NOTE_LAUNCH((k_attn_decode_split<T, D, false, FMT>), 128, 0);
+    k_attn_decode_split<T, D, false, FMT><<<grid, 128, 0, gp_cuda_stream()>>>(P);
   }
   k_attn_decode_combine<T, D><<<(unsigned)BH, D, 0, gp_cuda_stream()>>>(P);
 }
 
+template <int FMT> void decode_fmt(const DecP &P, int64_t BH, int dtype, int D, bool vec) {
+  if (D == 64) {
+    GP_FLOAT_SWITCH(dtype, T, (launch_decode<T, 64, FMT>(P, BH, vec)));
+  } else {
+    GP_FLOAT_SWITCH(dtype, T, (launch_decode<T, 128, FMT>(P, BH, vec)));
+  }
+}
+
 } // namespace
 
-int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec) {
-  if (D == 64) {
-    GP_FLOAT_SWITCH(dtype, T, launch_decode<T, 64>(P, BH, vec));
-  } else {
-    GP_FLOAT_SWITCH(dtype, T, launch_decode<T, 128>(P, BH, vec));
-  }
+/* fmt 0: a cache in q's dtype; 1, 2: int8 or fp8 codes with P.ks, P.vs */
+int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec, int fmt) {
+  if (fmt == GP_KV_INT8) decode_fmt<GP_KV_INT8>(P, BH, dtype, D, vec);
+  else if (fmt == GP_KV_FP8) decode_fmt<GP_KV_FP8>(P, BH, dtype, D, vec);
+  else decode_fmt<0>(P, BH, dtype, D, vec);
   return GP_OK;
 }
 

@@ -19,7 +19,10 @@
  * scale); dq by query tiles (64 queries, 16 per warp, walking the visible key
  * tiles as the forward does: S = Q K^T, dP = dout V^T, dQ += dS K * scale).
  * No atomics: every output element is written once by one thread
- * (deterministic). The recomputed score tiles stay in registers: an mma
+ * (deterministic). Grouped-query attention: the forward and dq kernels read
+ * KV head h / G of query head h; a dk/dv CTA owns a key tile of one KV head
+ * and walks the query tiles of its G query heads one after the other,
+ * summing in the same registers. The recomputed score tiles stay in registers: an mma
  * accumulator fragment is the A fragment of the next product (P^T, dS^T and
  * dS). Query tiles (dk/dv) and key tiles (dq) are double-buffered with
  * cp.async. */
@@ -121,8 +124,8 @@ __global__ void __launch_bounds__(128, 1) k_attn_fwd_mma(AttnP P, int BH) {
   const int n_m = gridDim.x / BH;
   const int bh = blockIdx.x % BH, i0 = (n_m - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
   const T *q = (const T *)P.q + head_at(P.sq, bh, P.H);
-  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H);
-  const T *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+  const T *k = (const T *)P.k + kv_at(P.sk, bh, P);
+  const T *v = (const T *)P.v + kv_at(P.sv, bh, P);
 
   const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
@@ -265,10 +268,12 @@ __global__ void __launch_bounds__(128, 1) k_attn_fwd_mma(AttnP P, int BH) {
                           lane);
 }
 
-/* dk, dv: block b holds key tile b / BH (the first key tiles, which most
- * causal queries see, start first) of head b % BH */
-template <typename T, int D, int BQ>
-__global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float *__restrict__ delta, int BH) {
+/* dk, dv: block b holds key tile b / NKV (the first key tiles, which most
+ * causal queries see, start first) of KV head b % NKV (NKV = B * Hkv) and
+ * walks the query tiles of its G query heads in turn (one double-buffered
+ * sequence of G * n_qt tiles) */
+template <typename T, int D, int BQ, bool GQA>
+__global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float *__restrict__ delta, int NKV) {
   constexpr int BN = 64, KD = D / 16, NQ = BQ / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
   T *Ks = (T *)attn_smem;
@@ -278,10 +283,9 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   float *Ls = (float *)(Gs + 2 * BQ * D); /* 2 stages of BQ */
   float *Dl = Ls + 2 * BQ;                /* 2 stages of BQ */
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int bh = blockIdx.x % BH, j0 = (blockIdx.x / BH) * BN, off = P.S - P.T;
-  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
-  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
-  const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
+  const int bkv = blockIdx.x % NKV, j0 = (blockIdx.x / NKV) * BN, off = P.S - P.T;
+  const int Hkv = GQA ? P.Hkv : P.H;
+  const T *k = (const T *)P.k + head_at(P.sk, bkv, Hkv), *v = (const T *)P.v + head_at(P.sv, bkv, Hkv);
 
   /* the queries that may see a key of the tile: p >= j0 (causal), and
    * p - jmax < win unless the tile holds a global key */
@@ -290,20 +294,13 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   int ihi = P.T;
   if (P.win > 0 && j0 >= P.ng) ihi = (int)min((int64_t)P.T, (int64_t)jmax + P.win - off);
   const int n_qt = ihi > ilo ? (ihi - ilo + BQ - 1) / BQ : 0;
-
-  auto load_q = [&](int stage, int i0) {
-    load_tile<T, D, BQ>(Qs + stage * BQ * D, q, P.sq.r, i0, P.T);
-    load_tile<T, D, BQ>(Gs + stage * BQ * D, g, P.sg.r, i0, P.T);
-    for (int e = threadIdx.x; e < BQ; e += 128) {
-      const int i = i0 + e;
-      const bool ok = i < P.T;
-      cp_async4(smem_u32(Ls + stage * BQ + e), lse + (ok ? i : 0), ok ? 4 : 0);
-      cp_async4(smem_u32(Dl + stage * BQ + e), dlt + (ok ? i : 0), ok ? 4 : 0);
-    }
+  const QTiles<GQA> qt(P, bkv, ilo, n_qt, BQ);
+  auto load_q = [&](int stage, int t) {
+    load_q_tile<T, D, BQ, 128>(P, delta, qt, t, Qs + stage * BQ * D, Gs + stage * BQ * D, Ls + stage * BQ, Dl + stage * BQ);
   };
   load_tile<T, D, BN>(Ks, k, P.sk.r, j0, P.S);
   load_tile<T, D, BN>(Vs, v, P.sv.r, j0, P.S);
-  if (n_qt > 0) load_q(0, ilo);
+  if (qt.n > 0) load_q(0, 0);
   cp_async_commit();
 
   float dk[DT][4], dv[DT][4];
@@ -321,8 +318,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
   /* one query tile; MK: 0 no mask, 1 mask */
   auto tile = [&](auto mk_tag, int t) {
     constexpr int MK = decltype(mk_tag)::value;
-    const int st = t & 1, i0 = ilo + t * BQ;
-    if (t + 1 < n_qt) load_q(st ^ 1, i0 + BQ);
+    const int st = t & 1, i0 = qt.row0(t);
+    if (t + 1 < qt.n) load_q(st ^ 1, t + 1);
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
@@ -382,12 +379,12 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dkdv_mma(AttnP P, const float 
     }
     __syncthreads(); /* the next iteration loads into this stage */
   };
-  for (int t = 0; t < n_qt; t++) run_tile<true>(tile, t, q_masked(ilo + t * BQ));
+  for (int t = 0; t < qt.n; t++) run_tile<true>(tile, t, q_masked(qt.row0(t)));
   cp_async_wait<0>();
 
-  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bh, P.H), P.sdk.r, j0 + wrow, P.S, dk, P.scale,
+  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bkv, Hkv), P.sdk.r, j0 + wrow, P.S, dk, P.scale,
                         lane); /* q was not scaled */
-  store_acc_rows<T, DT>((T *)P.dv + head_at(P.sdv, bh, P.H), P.sdv.r, j0 + wrow, P.S, dv, 1.f, lane);
+  store_acc_rows<T, DT>((T *)P.dv + head_at(P.sdv, bkv, Hkv), P.sdv.r, j0 + wrow, P.S, dv, 1.f, lane);
 }
 
 /* dq: block b holds query tile (n_mt - 1 - b / BH) (the longest causal rows
@@ -404,7 +401,7 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_mma(AttnP P, const float *_
   const int n_mt = gridDim.x / BH;
   const int bh = blockIdx.x % BH, i0 = (n_mt - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
   const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
-  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+  const T *k = (const T *)P.k + kv_at(P.sk, bh, P), *v = (const T *)P.v + kv_at(P.sv, bh, P);
 
   const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
@@ -507,15 +504,21 @@ template <typename T, int D, bool RAWMAX> int launch_fwd(const AttnP &P, int64_t
   return launch_fwd_tiles(k_attn_fwd_mma<T, D, MT, RAWMAX>, P, BH, BM, 128, (BM + 4 * 64) * D * (int)sizeof(T), attr);
 }
 
-/* 4 warps a CTA, 64 keys (dk/dv) or 64 queries (dq) */
-template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
+/* 4 warps a CTA, 64 keys (dk/dv) or 64 queries (dq); GQA: G > 1 */
+template <typename T, int D, bool GQA> int launch_bwd(const AttnP &P, int64_t BH) {
   constexpr int BQ = D == 64 ? 64 : 32; /* query tile of the dk/dv kernel */
   constexpr int BN = 64;                /* key tile of the dq kernel */
   static bool a1 = false, a2 = false;   /* per instantiation */
-  return launch_bwd_kernels<T, D, false>(P, BH, k_attn_bwd_dkdv_mma<T, D, BQ>, 128,
+  return launch_bwd_kernels<T, D, false>(P, BH, k_attn_bwd_dkdv_mma<T, D, BQ, GQA>, 128,
                                          (2 * 64 + 4 * BQ) * D * (int)sizeof(T) + 4 * BQ * (int)sizeof(float),
                                          (P.S + 63) / 64, a1, k_attn_bwd_dq_mma<T, D, BN>, 128,
                                          (2 * 64 + 4 * BN) * D * (int)sizeof(T), (P.T + 63) / 64, a2);
+}
+
+template <bool GQA> int bwd_mma_g(const AttnP &P, int64_t BH, int dtype, int D) {
+  if (dtype == GP_BF16)
+    return D == 64 ? launch_bwd<__nv_bfloat16, 64, GQA>(P, BH) : launch_bwd<__nv_bfloat16, 128, GQA>(P, BH);
+  return D == 64 ? launch_bwd<__half, 64, GQA>(P, BH) : launch_bwd<__half, 128, GQA>(P, BH);
 }
 
 } // namespace
@@ -536,9 +539,9 @@ int fwd_mma(const AttnP &P, int64_t BH, int dtype, int D) {
   return rc;
 }
 
+/* G = 1 runs the dk/dv kernel without the loop over a group's query heads */
 int bwd_mma(const AttnP &P, int64_t BH, int dtype, int D) {
-  if (dtype == GP_BF16) return D == 64 ? launch_bwd<__nv_bfloat16, 64>(P, BH) : launch_bwd<__nv_bfloat16, 128>(P, BH);
-  return D == 64 ? launch_bwd<__half, 64>(P, BH) : launch_bwd<__half, 128>(P, BH);
+  return P.G > 1 ? bwd_mma_g<true>(P, BH, dtype, D) : bwd_mma_g<false>(P, BH, dtype, D);
 }
 
 } // namespace gp_attn

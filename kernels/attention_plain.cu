@@ -28,8 +28,8 @@ template <typename T, int D, int RW> __global__ void __launch_bounds__(128) k_at
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int bh = blockIdx.y, i0 = blockIdx.x * GM, off = P.S - P.T;
   const T *q = (const T *)P.q + head_at(P.sq, bh, P.H);
-  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H);
-  const T *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+  const T *k = (const T *)P.k + kv_at(P.sk, bh, P);
+  const T *v = (const T *)P.v + kv_at(P.sv, bh, P);
   for (int e = threadIdx.x; e < GM * D; e += 128) {
     int r = e / D, d = e % D;
     Qs[r][d] = i0 + r < P.T ? ld(q[(int64_t)(i0 + r) * P.sq.r + d]) * P.scale : 0.f;
@@ -114,7 +114,7 @@ template <typename T, int D, int RW> __global__ void __launch_bounds__(128) k_at
   const int bh = blockIdx.y, i0 = blockIdx.x * GM, off = P.S - P.T;
   const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
   const T *o = (const T *)P.o + head_at(P.so, bh, P.H);
-  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+  const T *k = (const T *)P.k + kv_at(P.sk, bh, P), *v = (const T *)P.v + kv_at(P.sv, bh, P);
   for (int e = threadIdx.x; e < GM * D; e += 128) {
     int r = e / D, d = e % D;
     bool in = i0 + r < P.T;
@@ -187,10 +187,11 @@ template <typename T, int D, int RW> __global__ void __launch_bounds__(128) k_at
   }
 }
 
-/* backward, dk and dv: a block owns 4 * RW keys (RW per warp) and walks the
- * query tiles that see them (32 queries, lane = query):
- * dv += P dout, dk += dS q * scale */
-template <typename T, int D, int RW> __global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
+/* backward, dk and dv: a block owns 4 * RW keys (RW per warp) of KV head
+ * blockIdx.y and walks the query tiles that see them (32 queries, lane =
+ * query) of each of its G query heads in turn: dv += P dout, dk += dS q *
+ * scale, summed in registers and written once */
+template <typename T, int D, int RW, bool GQA> __global__ void __launch_bounds__(128) k_attn_bwd_dkdv(AttnP P) {
   constexpr int GK = 4 * RW, GQ = 32, DT = D / 32;
   __shared__ float Ks[GK][D];
   __shared__ float Vs[GK][D];
@@ -198,10 +199,9 @@ template <typename T, int D, int RW> __global__ void __launch_bounds__(128) k_at
   __shared__ float Gs[GQ][D + 1];
   __shared__ float Ls[GQ], Ds[GQ];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int bh = blockIdx.y, j0 = blockIdx.x * GK, off = P.S - P.T;
-  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
-  const T *o = (const T *)P.o + head_at(P.so, bh, P.H);
-  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+  const int bkv = blockIdx.y, j0 = blockIdx.x * GK, off = P.S - P.T;
+  const int Hkv = GQA ? P.Hkv : P.H;
+  const T *k = (const T *)P.k + head_at(P.sk, bkv, Hkv), *v = (const T *)P.v + head_at(P.sv, bkv, Hkv);
   for (int e = threadIdx.x; e < GK * D; e += 128) {
     int r = e / D, d = e % D;
     bool in = j0 + r < P.S;
@@ -219,67 +219,72 @@ template <typename T, int D, int RW> __global__ void __launch_bounds__(128) k_at
   int ilo = P.causal ? max(0, j0 - off) : 0;
   int ihi = P.T;
   if (P.win > 0 && j0 >= P.ng) ihi = (int)min((int64_t)P.T, (int64_t)jmax + P.win - off);
-  for (int ib = ilo; ib < ihi; ib += GQ) {
-    __syncthreads();
-    for (int e = threadIdx.x; e < GQ * D; e += 128) {
-      int r = e / D, d = e % D, i = ib + r;
-      Qs[r][d] = i < P.T ? ld(q[(int64_t)i * P.sq.r + d]) * P.scale : 0.f;
-      Gs[r][d] = i < P.T ? ld(g[(int64_t)i * P.sg.r + d]) : 0.f;
-    }
-    for (int r = warp; r < GQ; r += 4) {
-      int i = ib + r;
-      float s = 0.f;
-      if (i < P.T)
-#pragma unroll
-        for (int t = 0; t < DT; t++)
-          s += ld(g[(int64_t)i * P.sg.r + lane + 32 * t]) * ld(o[(int64_t)i * P.so.r + lane + 32 * t]);
-      s = warp_sum(s);
-      if (lane == 0) {
-        Ds[r] = s;
-        Ls[r] = i < P.T ? P.lse_in[(int64_t)bh * P.T + i] : 0.f;
+  for (int hq = 0; hq < (GQA ? P.G : 1); hq++) {
+    const int bh = GQA ? group_q0(bkv, P) + hq : bkv; /* the query head */
+    const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
+    const T *o = (const T *)P.o + head_at(P.so, bh, P.H);
+    for (int ib = ilo; ib < ihi; ib += GQ) {
+      __syncthreads();
+      for (int e = threadIdx.x; e < GQ * D; e += 128) {
+        int r = e / D, d = e % D, i = ib + r;
+        Qs[r][d] = i < P.T ? ld(q[(int64_t)i * P.sq.r + d]) * P.scale : 0.f;
+        Gs[r][d] = i < P.T ? ld(g[(int64_t)i * P.sg.r + d]) : 0.f;
       }
-    }
-    __syncthreads();
-    float pr[RW], ds[RW];
+      for (int r = warp; r < GQ; r += 4) {
+        int i = ib + r;
+        float s = 0.f;
+        if (i < P.T)
 #pragma unroll
-    for (int r = 0; r < RW; r++) pr[r] = ds[r] = 0.f;
+          for (int t = 0; t < DT; t++)
+            s += ld(g[(int64_t)i * P.sg.r + lane + 32 * t]) * ld(o[(int64_t)i * P.so.r + lane + 32 * t]);
+        s = warp_sum(s);
+        if (lane == 0) {
+          Ds[r] = s;
+          Ls[r] = i < P.T ? P.lse_in[(int64_t)bh * P.T + i] : 0.f;
+        }
+      }
+      __syncthreads();
+      float pr[RW], ds[RW];
+#pragma unroll
+      for (int r = 0; r < RW; r++) pr[r] = ds[r] = 0.f;
 #pragma unroll 8
-    for (int d = 0; d < D; d++) {
-      float qd = Qs[lane][d], gd = Gs[lane][d];
-#pragma unroll
-      for (int r = 0; r < RW; r++) {
-        pr[r] += qd * Ks[warp * RW + r][d];
-        ds[r] += gd * Vs[warp * RW + r][d];
-      }
-    }
-    const int i = ib + lane;
-#pragma unroll
-    for (int r = 0; r < RW; r++) {
-      int j = j0 + warp * RW + r;
-      bool ok = i < P.T && j < P.S && vis(i + off, j, P.win, P.ng, P.causal);
-      float p = ok ? expf(pr[r] - Ls[lane]) : 0.f;
-      ds[r] = p * (ds[r] - Ds[lane]);
-      pr[r] = p;
-    }
-    for (int ii = 0; ii < GQ; ii++) {
-      float pb[RW], db[RW];
-#pragma unroll
-      for (int r = 0; r < RW; r++) {
-        pb[r] = __shfl_sync(FULL, pr[r], ii);
-        db[r] = __shfl_sync(FULL, ds[r], ii);
-      }
-#pragma unroll
-      for (int t = 0; t < DT; t++) {
-        float gq = Gs[ii][lane + 32 * t], qq = Qs[ii][lane + 32 * t];
+      for (int d = 0; d < D; d++) {
+        float qd = Qs[lane][d], gd = Gs[lane][d];
 #pragma unroll
         for (int r = 0; r < RW; r++) {
-          dv[r][t] += pb[r] * gq;
-          dk[r][t] += db[r] * qq;
+          pr[r] += qd * Ks[warp * RW + r][d];
+          ds[r] += gd * Vs[warp * RW + r][d];
+        }
+      }
+      const int i = ib + lane;
+#pragma unroll
+      for (int r = 0; r < RW; r++) {
+        int j = j0 + warp * RW + r;
+        bool ok = i < P.T && j < P.S && vis(i + off, j, P.win, P.ng, P.causal);
+        float p = ok ? expf(pr[r] - Ls[lane]) : 0.f;
+        ds[r] = p * (ds[r] - Ds[lane]);
+        pr[r] = p;
+      }
+      for (int ii = 0; ii < GQ; ii++) {
+        float pb[RW], db[RW];
+#pragma unroll
+        for (int r = 0; r < RW; r++) {
+          pb[r] = __shfl_sync(FULL, pr[r], ii);
+          db[r] = __shfl_sync(FULL, ds[r], ii);
+        }
+#pragma unroll
+        for (int t = 0; t < DT; t++) {
+          float gq = Gs[ii][lane + 32 * t], qq = Qs[ii][lane + 32 * t];
+#pragma unroll
+          for (int r = 0; r < RW; r++) {
+            dv[r][t] += pb[r] * gq;
+            dk[r][t] += db[r] * qq;
+          }
         }
       }
     }
   }
-  T *pdk = (T *)P.dk + head_at(P.sdk, bh, P.H), *pdv = (T *)P.dv + head_at(P.sdv, bh, P.H);
+  T *pdk = (T *)P.dk + head_at(P.sdk, bkv, Hkv), *pdv = (T *)P.dv + head_at(P.sdv, bkv, Hkv);
 #pragma unroll
   for (int r = 0; r < RW; r++) {
     int j = j0 + warp * RW + r;
@@ -313,9 +318,14 @@ template <typename T, int D> int launch_bwd(const AttnP &P, int64_t BH) {
   dim3 g1((unsigned)((P.T + 4 * RW - 1) / (4 * RW)), (unsigned)BH);
   GP_NOTE_LAUNCH((k_attn_bwd_dq<T, D, RW>), 128, 0);
   k_attn_bwd_dq<T, D, RW><<<g1, 128, 0, gp_cuda_stream()>>>(P);
-  dim3 g2((unsigned)((P.S + 4 * RW - 1) / (4 * RW)), (unsigned)BH);
-  GP_NOTE_LAUNCH((k_attn_bwd_dkdv<T, D, RW>), 128, 0);
-  k_attn_bwd_dkdv<T, D, RW><<<g2, 128, 0, gp_cuda_stream()>>>(P);
+  dim3 g2((unsigned)((P.S + 4 * RW - 1) / (4 * RW)), (unsigned)(BH / P.G)); /* KV heads */
+  if (P.G > 1) {
+    GP_NOTE_LAUNCH((k_attn_bwd_dkdv<T, D, RW, true>), 128, 0);
+    k_attn_bwd_dkdv<T, D, RW, true><<<g2, 128, 0, gp_cuda_stream()>>>(P);
+  } else {
+    GP_NOTE_LAUNCH((k_attn_bwd_dkdv<T, D, RW, false>), 128, 0);
+    k_attn_bwd_dkdv<T, D, RW, false><<<g2, 128, 0, gp_cuda_stream()>>>(P);
+  }
   return GP_OK;
 }
 

@@ -188,6 +188,34 @@ __global__ void __launch_bounds__(128) k_attn_bwd_delta(AttnP P, float *__restri
 }
 
 /* shared memory beyond 48 KB needs the attribute, once per kernel */
+/* the query tiles a dk/dv CTA of KV head bkv walks: n_qt tiles of bq rows
+ * from ilo for each of its G query heads in turn (GQA; else the n_qt tiles
+ * of query head bkv). Tile t of n: query head head(t), rows from row0(t). */
+template <bool GQA> struct QTiles {
+  int bh0, ilo, n_qt, n, bq;
+  __device__ QTiles(const AttnP &P, int bkv, int ilo_, int n_qt_, int bq_)
+      : bh0(GQA ? group_q0(bkv, P) : bkv), ilo(ilo_), n_qt(n_qt_), n(GQA ? n_qt_ * P.G : n_qt_), bq(bq_) {}
+  __device__ int head(int t) const { return GQA ? bh0 + t / n_qt : bh0; }
+  __device__ int row0(int t) const { return ilo + (GQA ? t % n_qt : t) * bq; }
+};
+
+/* a dk/dv kernel's stage of query tile t (cp.async, NTH threads): its ROWS
+ * rows of q and dout into Qs and Gs, of lse and delta into Ls and Dl */
+template <typename T, int D, int ROWS, int NTH, bool GQA>
+__device__ __forceinline__ void load_q_tile(const AttnP &P, const float *delta, const QTiles<GQA> &qt, int t, T *Qs,
+                                            T *Gs, float *Ls, float *Dl) {
+  const int bh = qt.head(t), i0 = qt.row0(t);
+  load_tile<T, D, ROWS, NTH>(Qs, (const T *)P.q + head_at(P.sq, bh, P.H), P.sq.r, i0, P.T);
+  load_tile<T, D, ROWS, NTH>(Gs, (const T *)P.dout + head_at(P.sg, bh, P.H), P.sg.r, i0, P.T);
+  const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
+  for (int e = threadIdx.x; e < ROWS; e += NTH) {
+    const int i = i0 + e;
+    const bool ok = i < P.T;
+    cp_async4(smem_u32(Ls + e), lse + (ok ? i : 0), ok ? 4 : 0);
+    cp_async4(smem_u32(Dl + e), dlt + (ok ? i : 0), ok ? 4 : 0);
+  }
+}
+
 template <typename K> int smem_attr(K *kern, int smem, bool &done, const char *op) {
   if (done) return GP_OK;
   if (cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess)
@@ -208,7 +236,8 @@ template <typename K> int launch_fwd_tiles(K *kern, const AttnP &P, int64_t BH, 
 }
 
 /* a tensor-core backward: delta (f32 scratch), then the dk/dv kernel over
- * n_kt key tiles and the dq kernel over n_mt query tiles of every head;
+ * n_kt key tiles of every KV head (BH / P.G of them: the kernel's last
+ * argument) and the dq kernel over n_mt query tiles of every query head;
  * FUSED: the dk/dv kernel adds dQ into an f32 accumulator (P.dqa, tiles of
  * 64 rows) and dq is the kernel that converts it (dq(P, n64), one CTA of 128
  * threads a tile of 64 rows; nth2, smem2, n_mt and a2 unused) */
@@ -216,7 +245,7 @@ template <typename T, int D, bool FUSED, typename K1, typename K2>
 int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64_t n_kt, bool &a1, K2 *dq, int nth2,
                        int smem2, int64_t n_mt, bool &a2) {
   constexpr bool SPLIT = !FUSED; /* a dq kernel */
-  const int64_t rows = BH * P.T;
+  const int64_t rows = BH * P.T, NKV = BH / P.G;
   if (BH * n_kt > INT32_MAX || BH * n_mt > INT32_MAX || (rows + 7) / 8 > INT32_MAX)
     return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T, P.S);
   gp_tensor *dl = 0, *acc = 0;
@@ -239,7 +268,7 @@ int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64
     if (rc == GP_OK) rc = smem_attr(dq, smem2, a2, "attn_bwd");
   if (rc == GP_OK) {
     GP_NOTE_LAUNCH(dkdv, nth1, smem1);
-    dkdv<<<(unsigned)(BH * n_kt), nth1, smem1, gp_cuda_stream()>>>(P, delta, (int)BH);
+    dkdv<<<(unsigned)(NKV * n_kt), nth1, smem1, gp_cuda_stream()>>>(P, delta, (int)NKV);
     if constexpr (SPLIT) {
       GP_NOTE_LAUNCH(dq, nth2, smem2);
       dq<<<(unsigned)(BH * n_mt), nth2, smem2, gp_cuda_stream()>>>(P, delta, (int)BH);

@@ -81,8 +81,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   const int n_m = gridDim.x / BH;
   const int bh = blockIdx.x % BH, i0 = (n_m - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
   const T *q = (const T *)P.q + head_at(P.sq, bh, P.H);
-  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H);
-  const T *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+  const T *k = (const T *)P.k + kv_at(P.sk, bh, P);
+  const T *v = (const T *)P.v + kv_at(P.sv, bh, P);
 
   const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
@@ -175,10 +175,13 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
  * aligned to 64 rows): dS^T goes to shared memory, the product reads it as an
  * MN-major A operand, and the tile is added to P.dqa with f32 vector atomics
  * (red.global.add.v4.f32, in the accumulator's fragment order so that each
- * warp's adds are 512 contiguous bytes); k_attn_bwd_dq_store converts. */
-template <typename T, int NWG, int BQ, int MINB, bool DQ>
+ * warp's adds are 512 contiguous bytes); k_attn_bwd_dq_store converts.
+ * Block b holds key tile b / NKV of KV head b % NKV (NKV = B * Hkv) and walks
+ * the query tiles of its G query heads in turn (one double-buffered sequence
+ * of G * n_qt tiles), dk and dv summed in registers. */
+template <typename T, int NWG, int BQ, int MINB, bool DQ, bool GQA>
 __global__ void __launch_bounds__(NWG * 128, MINB)
-    k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int BH) {
+    k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int NKV) {
   static_assert(!DQ || BQ == 64, "the fused dQ needs query tiles of 64");
 #if GP_WG
   constexpr int D = 64, NTH = NWG * 128, BNK = 64 * NWG, NQ = BQ / 8, DT = D / 8;
@@ -191,10 +194,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
   float *Ls = (float *)(Ds + (DQ ? BNK * BQ : 0)); /* 2 stages of BQ */
   float *Dl = Ls + 2 * BQ;                         /* 2 stages of BQ */
   const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int bh = blockIdx.x % BH, j0 = (blockIdx.x / BH) * BNK, off = P.S - P.T;
-  const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
-  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
-  const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
+  const int bkv = blockIdx.x % NKV, j0 = (blockIdx.x / NKV) * BNK, off = P.S - P.T;
+  const int Hkv = GQA ? P.Hkv : P.H;
+  const T *k = (const T *)P.k + head_at(P.sk, bkv, Hkv), *v = (const T *)P.v + head_at(P.sv, bkv, Hkv);
 
   const int jmax = min(j0 + BNK, P.S) - 1;
   int ilo = P.causal ? max(0, j0 - off) : 0;
@@ -202,20 +204,13 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
   int ihi = P.T;
   if (P.win > 0 && j0 >= P.ng) ihi = (int)min((int64_t)P.T, (int64_t)jmax + P.win - off);
   const int n_qt = ihi > ilo ? (ihi - ilo + BQ - 1) / BQ : 0;
-
-  auto load_q = [&](int stage, int i0) {
-    load_tile<T, D, BQ, NTH>(Qs + stage * BQ * D, q, P.sq.r, i0, P.T);
-    load_tile<T, D, BQ, NTH>(Gs + stage * BQ * D, g, P.sg.r, i0, P.T);
-    for (int e = threadIdx.x; e < BQ; e += NTH) {
-      const int i = i0 + e;
-      const bool ok = i < P.T;
-      cp_async4(smem_u32(Ls + stage * BQ + e), lse + (ok ? i : 0), ok ? 4 : 0);
-      cp_async4(smem_u32(Dl + stage * BQ + e), dlt + (ok ? i : 0), ok ? 4 : 0);
-    }
+  const QTiles<GQA> qt(P, bkv, ilo, n_qt, BQ);
+  auto load_q = [&](int stage, int t) {
+    load_q_tile<T, D, BQ, NTH>(P, delta, qt, t, Qs + stage * BQ * D, Gs + stage * BQ * D, Ls + stage * BQ, Dl + stage * BQ);
   };
   load_tile<T, D, BNK, NTH>(Ks, k, P.sk.r, j0, P.S);
   load_tile<T, D, BNK, NTH>(Vs, v, P.sv.r, j0, P.S);
-  if (n_qt > 0) load_q(0, ilo);
+  if (qt.n > 0) load_q(0, 0);
   cp_async_commit();
 
   float dk[DT][4], dv[DT][4];
@@ -232,8 +227,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
 
   auto tile = [&](auto mk_tag, int t) {
     constexpr int MK = decltype(mk_tag)::value;
-    const int st = t & 1, i0 = ilo + t * BQ;
-    if (t + 1 < n_qt) load_q(st ^ 1, i0 + BQ);
+    const int st = t & 1, i0 = qt.row0(t);
+    if (t + 1 < qt.n) load_q(st ^ 1, t + 1);
     cp_async_commit();
     cp_async_wait<1>();
     wg::fence_proxy();
@@ -304,7 +299,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
                                          kk > 0);
       wg::commit();
       wg::wait<0>();
-      float *dst = P.dqa + ((int64_t)bh * ((P.T + 63) >> 6) + (i0 >> 6)) * 4096 + (threadIdx.x & 127) * 4;
+      float *dst = P.dqa + ((int64_t)qt.head(t) * ((P.T + 63) >> 6) + (i0 >> 6)) * 4096 + (threadIdx.x & 127) * 4;
 #pragma unroll
       for (int j = 0; j < DT; j++)
         asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + j * 512), "f"(dq[j][0]),
@@ -315,15 +310,15 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     }
     __syncthreads(); /* the next iteration loads into this stage (DQ: and writes Ds) */
   };
-  for (int t = 0; t < n_qt; t++) {
-    if (q_masked(ilo + t * BQ)) tile(std::integral_constant<int, 1>(), t);
+  for (int t = 0; t < qt.n; t++) {
+    if (q_masked(qt.row0(t))) tile(std::integral_constant<int, 1>(), t);
     else tile(std::integral_constant<int, 0>(), t);
   }
   cp_async_wait<0>();
 
-  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bh, P.H), P.sdk.r, j0 + wrow, P.S, dk, P.scale,
+  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bkv, Hkv), P.sdk.r, j0 + wrow, P.S, dk, P.scale,
                         lane); /* q was not scaled */
-  store_acc_rows<T, DT>((T *)P.dv + head_at(P.sdv, bh, P.H), P.sdv.r, j0 + wrow, P.S, dv, 1.f, lane);
+  store_acc_rows<T, DT>((T *)P.dv + head_at(P.sdv, bkv, Hkv), P.sdv.r, j0 + wrow, P.S, dv, 1.f, lane);
 #endif
 }
 
@@ -360,7 +355,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
   const int n_mt = gridDim.x / BH;
   const int bh = blockIdx.x % BH, i0 = (n_mt - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
   const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
-  const T *k = (const T *)P.k + head_at(P.sk, bh, P.H), *v = (const T *)P.v + head_at(P.sv, bh, P.H);
+  const T *k = (const T *)P.k + kv_at(P.sk, bh, P), *v = (const T *)P.v + kv_at(P.sv, bh, P);
 
   const int pmin = i0 + off, pmax = min(i0 + BM, P.T) - 1 + off;
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
@@ -454,12 +449,13 @@ template <typename T, int D, int NWG, int BN, int MINB, int NS> int launch_fwd_w
 }
 
 /* the wgmma backward at D 64: dk/dv by NWG1 warpgroups of 64 keys (query
- * tiles of BQ), dq by NWG2 warpgroups of 64 queries (key tiles of BN) */
-template <typename T, int NWG1, int BQ, int MINB1, int NWG2, int BN, int MINB2>
+ * tiles of BQ), dq by NWG2 warpgroups of 64 queries (key tiles of BN); GQA:
+ * G > 1 */
+template <typename T, int NWG1, int BQ, int MINB1, int NWG2, int BN, int MINB2, bool GQA>
 int launch_bwd_wg(const AttnP &P, int64_t BH) {
   constexpr int BNK = 64 * NWG1, BM = 64 * NWG2;
   static bool a1 = false, a2 = false; /* per instantiation */
-  return launch_bwd_kernels<T, 64, false>(P, BH, k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1, false>, NWG1 * 128,
+  return launch_bwd_kernels<T, 64, false>(P, BH, k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1, false, GQA>, NWG1 * 128,
                                           (2 * BNK + 4 * BQ) * 64 * (int)sizeof(T) + 4 * BQ * (int)sizeof(float) + 1024,
                                           (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>, NWG2 * 128,
                                           (2 * BM + 4 * BN) * 64 * (int)sizeof(T) + 1024, (P.T + BM - 1) / BM, a2);
@@ -467,12 +463,22 @@ int launch_bwd_wg(const AttnP &P, int64_t BH) {
 
 /* the fused wgmma backward at D 64: dk/dv and the dQ atomics by NWG
  * warpgroups of 64 keys, query tiles of 64 */
-template <typename T, int NWG, int MINB> int launch_bwd_wg_fused(const AttnP &P, int64_t BH) {
+template <typename T, int NWG, int MINB, bool GQA> int launch_bwd_wg_fused(const AttnP &P, int64_t BH) {
   constexpr int BNK = 64 * NWG;
   static bool a1 = false, unused = false; /* per instantiation */
-  return launch_bwd_kernels<T, 64, true>(P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true>, NWG * 128,
+  return launch_bwd_kernels<T, 64, true>(P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true, GQA>, NWG * 128,
                                          (3 * BNK + 4 * 64) * 64 * (int)sizeof(T) + 4 * 64 * (int)sizeof(float) + 1024,
                                          (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_store<T>, 0, 0, 0, unused);
+}
+
+template <bool GQA> int bwd_wg_g(const AttnP &P, int64_t BH, int dtype, bool deterministic) {
+  /* deterministic: the two kernels; else dQ by atomics in the dk/dv kernel,
+   * 3 CTAs an SM (BENCHMARKS.md) */
+  if (dtype == GP_BF16)
+    return deterministic ? launch_bwd_wg<__nv_bfloat16, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
+                         : launch_bwd_wg_fused<__nv_bfloat16, 1, 3, GQA>(P, BH);
+  return deterministic ? launch_bwd_wg<__half, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
+                       : launch_bwd_wg_fused<__half, 1, 3, GQA>(P, BH);
 }
 
 } // namespace
@@ -488,13 +494,9 @@ int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
   return D == 64 ? launch_fwd_wg<__half, 64, 2, 64, 2, 3>(P, BH) : launch_fwd_wg<__half, 128, 2, 64, 1, 3>(P, BH);
 }
 
+/* G = 1 runs the dk/dv kernel without the loop over a group's query heads */
 int bwd_wg(const AttnP &P, int64_t BH, int dtype, bool deterministic) {
-  /* deterministic: the two kernels; else dQ by atomics in the dk/dv kernel,
-   * 3 CTAs an SM (BENCHMARKS.md) */
-  if (dtype == GP_BF16)
-    return deterministic ? launch_bwd_wg<__nv_bfloat16, 1, 64, 2, 1, 64, 2>(P, BH)
-                         : launch_bwd_wg_fused<__nv_bfloat16, 1, 3>(P, BH);
-  return deterministic ? launch_bwd_wg<__half, 1, 64, 2, 1, 64, 2>(P, BH) : launch_bwd_wg_fused<__half, 1, 3>(P, BH);
+  return P.G > 1 ? bwd_wg_g<true>(P, BH, dtype, deterministic) : bwd_wg_g<false>(P, BH, dtype, deterministic);
 }
 
 } // namespace gp_attn

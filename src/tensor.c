@@ -454,7 +454,9 @@ int gp_loop_is_flat(const gp_loop *L) {
  * (not checked here). DIMS is ~ (broadcasts to the first argument), = (same
  * shape as the first argument) or a comma list of sizes: an upper-case
  * symbol, a number, or * (any number of leading dims, the same in every
- * argument that uses it). ! requires a contiguous tensor; / requires stride 1
+ * argument that uses it), or H/G: a size that divides the size of H (bound
+ * by an earlier argument), G being the quotient (k, v of grouped-query
+ * attention: H / G heads). ! requires a contiguous tensor; / requires stride 1
  * on the last dim only (rows at any strides: the kernel reads t->stride). What follows
  * (<SYM: values below SYM; +: positive) only guides the generated tests. */
 
@@ -598,6 +600,27 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
               return gp_error("%s: %s has shape %s but size %lld is needed at dim %d", op, names[k],
                               gp_shape_str(t, b1, sizeof b1), (long long)v, d + 1);
             d++;
+          } else if (isupper((unsigned char)*p) && p[1] == '/') {
+            /* H/G: a size that divides H (bound by an earlier argument); the
+             * quotient G = H / size is bound like a symbol */
+            int s = *p - 'A', g = p[2] - 'A';
+            if (!isupper((unsigned char)p[2]) || B.by[s] < 0) return gp_error("%s: bad spec '%s'", op, spec);
+            int64_t n = B.val[s], v = t->shape[d];
+            if (n == 0 ? v != 0 : (v < 1 || n % v != 0))
+              return gp_error("%s: %s has shape %s but its size %lld at dim %d must divide %c = %lld (%s is %s)", op,
+                              names[k], gp_shape_str(t, b1, sizeof b1), (long long)v, d + 1, p[0], (long long)n,
+                              names[B.by[s]], gp_shape_str(ts[B.by[s]], b2, sizeof b2));
+            if (n > 0) {
+              if (B.by[g] < 0) {
+                B.by[g] = k;
+                B.val[g] = n / v;
+              } else if (B.val[g] != n / v) {
+                return gp_error("%s: %s is %s but %s is %s", op, names[k], gp_shape_str(t, b1, sizeof b1),
+                                names[B.by[g]], gp_shape_str(ts[B.by[g]], b2, sizeof b2));
+              }
+            }
+            d++;
+            p += 3;
           } else if (isupper((unsigned char)*p)) {
             int s = *p - 'A';
             if (B.by[s] < 0) {

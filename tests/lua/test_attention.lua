@@ -1,7 +1,8 @@
 -- Attention: the CPU reference against a matmul/softmax oracle (causal,
 -- prefill T < S, windows with global keys, not causal, D 64 and 128), the
 -- backward against central differences (f64), decode attention against the
--- last row of full attention, the KV cache, nn.attention's flash path, and
+-- last row of full attention, the KV cache, nn.attention's flash path,
+-- grouped-query attention (k, v with fewer heads) against repeated k, v, and
 -- bad input. GPU-vs-CPU comparisons of the kernels run in test_kernels.
 local T = require 'lib'
 local gp = require 'gpush'
@@ -24,10 +25,12 @@ local function mask(Tq, S, causal, window, ng)
 end
 
 -- plain attention in f64 through matmul and softmax; returns out and lse
+-- (k, v with fewer heads than q: repeated, each KV head for its H / Hkv query heads)
 local function oracle(q, k, v, o)
   o = o or {}
   local B, H, Tq, D = unpack(q.shape)
   local S = k:size(3)
+  k, v = gp.nn.repeat_kv(k, H), gp.nn.repeat_kv(v, H)
   local causal = o.causal ~= false
   local q3, k3, v3 = q:double():reshape {B * H, Tq, D}, k:double():reshape {B * H, S, D}, v:double():reshape {B * H, S, D}
   local sc = gp.matmul(q3, k3, {trans_b = true, alpha = o.scale or 1 / math.sqrt(D)})
@@ -227,6 +230,12 @@ local KCASES = {
   {B = 1, H = 1, T = 200, S = 200, D = 128, o = {window = 1}},
   {B = 2, H = 2, T = 67, S = 67, D = 32, o = {}},                         -- head dim 32: the plain kernels
   {B = 1, H = 1, T = 33, S = 90, D = 32, o = {window = 20, n_global = 2}},
+  -- grouped-query attention: Hkv KV heads (dk, dv summed over H / Hkv query heads)
+  {B = 1, H = 4, Hkv = 1, T = 65, S = 65, D = 64, o = {}},                 -- multi-query
+  {B = 2, H = 9, Hkv = 3, T = 130, S = 130, D = 64, o = {window = 40, n_global = 3}}, -- SmolLM2's 9:3
+  {B = 1, H = 4, Hkv = 2, T = 129, S = 200, D = 128, o = {}},
+  {B = 1, H = 6, Hkv = 2, T = 70, S = 40, D = 64, o = {causal = false}},
+  {B = 1, H = 4, Hkv = 2, T = 67, S = 67, D = 32, o = {}},
 }
 
 -- GPU against CPU tolerances per dtype
@@ -239,8 +248,8 @@ end
 
 -- inputs rounded to dt (as f32 CPU tensors) and the f32 CPU reference of the forward and backward
 local function kref(c, dt)
-  local function r(n) return rn({c.B, c.H, n, c.D}):to(dt):float() end
-  local x = {q = r(c.T), k = r(c.S), v = r(c.S), dout = r(c.T)}
+  local function r(n, h) return rn({c.B, h or c.H, n, c.D}):to(dt):float() end
+  local x = {q = r(c.T), k = r(c.S, c.Hkv), v = r(c.S, c.Hkv), dout = r(c.T)}
   local sc, w, ng, cz = kargs(c)
   x.out, x.lse = gp.empty(x.q.shape, CPU), gp.empty({c.B, c.H, c.T}, CPU)
   gp.k.attn_fwd(x.out, x.lse, x.q, x.k, x.v, sc, w, ng, cz)
@@ -256,7 +265,7 @@ T.test('attention kernels: the CPU reference of the GPU cases matches the f64 or
     local x = kref(c, 'bf16')
     local qq, kk, vv = x.q:double():requires_grad(), x.k:double():requires_grad(), x.v:double():requires_grad()
     local ro, rl = oracle(qq, kk, vv, c.o)
-    local name = string.format('T %d S %d D %d', c.T, c.S, c.D)
+    local name = string.format('H %d Hkv %d T %d S %d D %d', c.H, c.Hkv or c.H, c.T, c.S, c.D)
     T.ok(T.relnorm(x.out, ro) < 1e-5, name .. ' out')
     T.ok(T.relnorm(x.lse, rl) < 1e-5, name .. ' lse')
     ro:backward(x.dout:double())
@@ -279,7 +288,7 @@ T.test('attention kernels on the GPU: forward and backward against the CPU (bf16
       local out = gp.empty(q.shape, {dtype = dt, device = 'cuda'})
       local lse = gp.empty({c.B, c.H, c.T}, {device = 'cuda'})
       gp.k.attn_fwd(out, lse, q, k, v, sc, w, ng, cz)
-      local name = string.format('%s T %d S %d D %d', dt, c.T, c.S, c.D)
+      local name = string.format('%s H %d Hkv %d T %d S %d D %d', dt, c.H, c.Hkv or c.H, c.T, c.S, c.D)
       T.ok(T.relnorm(out:float():cpu(), x.out) < TOL[dt], name .. ' out')
       T.ok(T.relnorm(lse:cpu(), x.lse) < 1e-4, name .. ' lse')
       local dq = gp.empty(q.shape, {dtype = dt, device = 'cuda'})
@@ -312,12 +321,12 @@ end)
 local DET_SNIPPET = [[
 gp.manual_seed(5)
 local CU = {dtype = 'bf16', device = 'cuda'}
-local sh = {2, 3, 300, 64}
-local q, k, v, g = gp.randn(sh, CU), gp.randn(sh, CU), gp.randn(sh, CU), gp.randn(sh, CU)
+local sh, kvsh = {2, 3, 300, 64}, {2, HKV, 300, 64}
+local q, k, v, g = gp.randn(sh, CU), gp.randn(kvsh, CU), gp.randn(kvsh, CU), gp.randn(sh, CU)
 local out, lse = gp.empty(sh, CU), gp.empty({2, 3, 300}, {device = 'cuda'})
 gp.k.attn_fwd(out, lse, q, k, v, 0, 0, 0, 1)
 local function grads()
-  local dq, dk, dv = gp.empty(sh, CU), gp.empty(sh, CU), gp.empty(sh, CU)
+  local dq, dk, dv = gp.empty(sh, CU), gp.empty(kvsh, CU), gp.empty(kvsh, CU)
   gp.k.attn_bwd(dq, dk, dv, q, k, v, out, lse, g, 0, 0, 0, 1)
   return {dq, dk, dv}
 end
@@ -336,26 +345,34 @@ for i = 1, 3 do
 end
 print('DET ' .. table.concat(r, ' '))
 ]]
-local function det_run(env)
+-- runs the Lua code in a fresh gpush under the environment settings env; its output
+local function run_snippet(env, code)
   local f = os.tmpname()
   local h = assert(io.open(f, 'w'))
-  h:write(DET_SNIPPET)
+  h:write(code)
   h:close()
   local out, rc = T.sh(string.format('%s %s %s', env, T.exe, f))
   os.remove(f)
   T.eq(rc, 0, out)
+  return out
+end
+local function det_run(env, hkv)
+  local out = run_snippet(env, (DET_SNIPPET:gsub('HKV', tostring(hkv or 3))))
   local dq, dqr, dk, dv = out:match('DET (%d+):(%S+) (%d+):%S+ (%d+):%S+')
   T.ok(dq, out)
   return tonumber(dq), tonumber(dqr), tonumber(dk), tonumber(dv)
 end
 T.test('attention backward on the GPU: GP_ATTN_DETERMINISTIC=1 repeats bitwise; the default repeats dk, dv bitwise', function()
   T.cuda()
-  local dq, _, dk, dv = det_run('GP_ATTN_DETERMINISTIC=1')
-  T.eq(dq + dk + dv, 0, 'elements that differ between two deterministic backwards')
-  local dqr
-  _, dqr, dk, dv = det_run('GP_ATTN_DETERMINISTIC=0')
-  T.eq(dk + dv, 0, 'dk, dv elements that differ between two default backwards')
-  T.ok(dqr < 2e-2, 'dq of two default backwards within bf16 rounding: ' .. dqr)
+  -- 3 KV heads (multi-head) and 1 (multi-query: dk, dv summed over 3 query heads)
+  for _, hkv in ipairs {3, 1} do
+    local dq, _, dk, dv = det_run('GP_ATTN_DETERMINISTIC=1', hkv)
+    T.eq(dq + dk + dv, 0, 'elements that differ between two deterministic backwards, Hkv ' .. hkv)
+    local dqr
+    _, dqr, dk, dv = det_run('GP_ATTN_DETERMINISTIC=0', hkv)
+    T.eq(dk + dv, 0, 'dk, dv elements that differ between two default backwards, Hkv ' .. hkv)
+    T.ok(dqr < 2e-2, 'dq of two default backwards within bf16 rounding: ' .. dqr)
+  end
 end)
 
 T.test('attention on the GPU: forward, backward and decode against the CPU (bf16, f16, f32)', function()
@@ -653,4 +670,269 @@ T.test('attention_qkv on the GPU: equals the per-head path and the CPU (f32, bf1
   T.eq(gp.memory().allocs - before, 2)
   local a, b = train_losses('cuda', false), train_losses('cuda', true)
   for i = 1, #a do T.ok(math.abs(a[i] - b[i]) <= 1e-4 * math.abs(b[i]), string.format('step %d: %g vs %g', i, a[i], b[i])) end
+end)
+
+---------------------------------------------------------------------------
+-- grouped-query attention: k, v (and the KV cache) with Hkv heads dividing
+-- H; query head h reads KV head h / (H / Hkv), dk and dv sum over the group
+
+local repeat_kv = gp.nn.repeat_kv
+local GQA = {
+  {B = 1, H = 4, Hkv = 2, T = 5, S = 5, D = 64, o = {}},                                  -- G 2
+  {B = 2, H = 9, Hkv = 3, T = 4, S = 7, D = 64, o = {window = 3, n_global = 1}},        -- G 3 (SmolLM2's 9:3)
+  {B = 1, H = 4, Hkv = 1, T = 6, S = 4, D = 128, o = {causal = false, scale = 0.3}},    -- G 4 (multi-query)
+  {B = 1, H = 6, Hkv = 3, T = 3, S = 5, D = 32, o = {}},                                  -- G 2, head dim 32
+  {B = 1, H = 3, Hkv = 3, T = 4, S = 4, D = 64, o = {}},                                  -- G 1
+}
+
+T.test('grouped-query attention equals attention over repeated k, v: values and gradients (f64 cpu, G 1 to 4)', function()
+  gp.manual_seed(31)
+  for _, c in ipairs(GQA) do
+    local name = string.format('H %d Hkv %d T %d S %d D %d', c.H, c.Hkv, c.T, c.S, c.D)
+    local q, k, v = rn({c.B, c.H, c.T, c.D}, CPU64), rn({c.B, c.Hkv, c.S, c.D}, CPU64), rn({c.B, c.Hkv, c.S, c.D}, CPU64)
+    local dout = rn({c.B, c.H, c.T, c.D}, CPU64)
+    local function run(rep)
+      local a, b, d = q:clone():requires_grad(), k:clone():requires_grad(), v:clone():requires_grad()
+      local kk, vv = b, d
+      if rep then kk, vv = repeat_kv(b, c.H), repeat_kv(d, c.H) end
+      local out, lse = gp.attention(a, kk, vv, c.o)
+      out:backward(dout)
+      return out, lse, a.grad, b.grad, d.grad
+    end
+    local o1, l1, dq1, dk1, dv1 = run(false)
+    local o2, l2, dq2, dk2, dv2 = run(true)
+    T.same(o1.shape, {c.B, c.H, c.T, c.D})
+    T.same(dk1.shape, {c.B, c.Hkv, c.S, c.D})
+    T.ok(T.relnorm(o1, o2) < 1e-12, name .. ' out')
+    T.ok(T.relnorm(l1, l2) < 1e-6, name .. ' lse') -- (lse is f32)
+    T.ok(T.relnorm(dq1, dq2) < 1e-12, name .. ' dq')
+    T.ok(T.relnorm(dk1, dk2) < 1e-12, name .. ' dk: the sum over the group')
+    T.ok(T.relnorm(dv1, dv2) < 1e-12, name .. ' dv: the sum over the group')
+    T.ok(T.relnorm(o1, (oracle(q, k, v, c.o))) < 1e-12, name .. ' oracle')
+  end
+end)
+
+T.test('grouped-query attention: gradcheck in f64 (multi-query, 9:3 with a window, head dim 32)', function()
+  gp.manual_seed(37)
+  for _, c in ipairs {
+    {H = 2, Hkv = 1, T = 3, S = 3, D = 64, o = {}},
+    {H = 9, Hkv = 3, T = 2, S = 4, D = 64, o = {window = 2, n_global = 1}},
+    {H = 4, Hkv = 2, T = 3, S = 2, D = 32, o = {causal = false}},
+  } do
+    local q, k, v = rn({1, c.H, c.T, c.D}, CPU64), rn({1, c.Hkv, c.S, c.D}, CPU64), rn({1, c.Hkv, c.S, c.D}, CPU64)
+    T.ok(gp.gradcheck(function(a, b, d) return (gp.attention(a, b, d, c.o)) end, {q, k, v}),
+      string.format('H %d Hkv %d', c.H, c.Hkv))
+  end
+end)
+
+T.test('grouped-query attention: the kernels on strided views of a (B, T, H + 2 Hkv, D) buffer equal contiguous operands', function()
+  gp.manual_seed(41)
+  local B, H, Hkv, Tq, D = 2, 4, 2, 6, 64
+  local buf = rn({B, Tq, H + 2 * Hkv, D}, CPU64)
+  local q, k, v = buf:narrow(3, 1, H):transpose(2, 3), buf:narrow(3, H + 1, Hkv):transpose(2, 3),
+    buf:narrow(3, H + Hkv + 1, Hkv):transpose(2, 3)
+  local dout = rn({B, H, Tq, D}, CPU64)
+  local function run(a, b, d)
+    local out, lse = gp.empty({B, H, Tq, D}, CPU64), gp.empty({B, H, Tq}, CPU)
+    gp.k.attn_fwd(out, lse, a, b, d, 0, 0, 0, 1)
+    local dq, dk, dv = gp.empty(a.shape, CPU64), gp.empty(b.shape, CPU64), gp.empty(d.shape, CPU64)
+    gp.k.attn_bwd(dq, dk, dv, a, b, d, out, lse, dout, 0, 0, 0, 1)
+    return {out, lse, dq, dk, dv}
+  end
+  local x, y = run(q, k, v), run(q:contiguous(), k:contiguous(), v:contiguous())
+  for i = 1, 5 do T.ok(T.relnorm(x[i], y[i]) == 0, 'output ' .. i) end
+end)
+
+T.test('attention_qkv with n_kv_head: q | k | v with H, Hkv, Hkv heads equals gp.attention on the parts', function()
+  gp.manual_seed(43)
+  for _, c in ipairs {
+    {B = 2, T = 5, H = 4, Hkv = 2, D = 64, o = {}},
+    {B = 1, T = 6, H = 9, Hkv = 3, D = 64, o = {window = 2, n_global = 1}},
+    {B = 1, T = 4, H = 2, Hkv = 1, D = 32, o = {causal = false, scale = 0.2}},
+  } do
+    local H, Hkv, D = c.H, c.Hkv, c.D
+    local qkv0 = rn({c.B, c.T, (H + 2 * Hkv) * D}, CPU64)
+    local g = rn({c.B, c.T, H * D}, CPU64)
+    local a, b = qkv0:clone():requires_grad(), qkv0:clone():requires_grad()
+    local o = {n_kv_head = Hkv}
+    for kk, vv in pairs(c.o) do o[kk] = vv end
+    local ya, lse = gp.attention_qkv(a, H, o)
+    T.same(ya.shape, {c.B, c.T, H * D})
+    T.same(lse.shape, {c.B, H, c.T})
+    local function part(first, n) return b:narrow(3, first * D + 1, n * D):view {c.B, c.T, n, D}:transpose(2, 3) end
+    local yb = gp.attention(part(0, H), part(H, Hkv), part(H + Hkv, Hkv), c.o):transpose(2, 3):reshape {c.B, c.T, H * D}
+    ya:backward(g)
+    yb:backward(g)
+    T.ok(T.relnorm(ya, yb) < 1e-12, 'y')
+    T.ok(T.relnorm(a.grad, b.grad) < 1e-12, 'dqkv')
+  end
+  local qkv = rn({1, 3, (2 + 2) * 64}, CPU64)
+  T.ok(gp.gradcheck(function(t) return (gp.attention_qkv(t, 2, {n_kv_head = 1})) end, {qkv}))
+  T.raises(function() gp.attention_qkv(rn {1, 4, 640}, 4, {n_kv_head = 3}) end, 'attention_qkv', 'n_kv_head 3', '(1,4,640)',
+    'must divide')
+  T.raises(function() gp.attention_qkv(rn {1, 4, 500}, 4, {n_kv_head = 2}) end, 'attention_qkv', 'n_kv_head 2', '(1,4,500)')
+  T.raises(function() gp.attention_qkv(rn {1, 4, 512}, 4, {n_kv_head = 0}) end, 'attention_qkv', 'n_kv_head')
+end)
+
+T.test('grouped-query decode: attention_decode and a KVCache of Hkv heads equal full attention and repeated caches', function()
+  gp.manual_seed(47)
+  local B, H, Hkv, S, C, D = 2, 9, 3, 7, 10, 64
+  local q, k, v = rn {B, H, S, D}, rn {B, Hkv, S, D}, rn {B, Hkv, S, D}
+  local kc, vc = gp.zeros({B, Hkv, C, D}, CPU), gp.zeros({B, Hkv, C, D}, CPU)
+  kc:narrow(3, 1, S):copy_(k)
+  vc:narrow(3, 1, S):copy_(v)
+  local q1 = q:narrow(3, S, 1):reshape {B, H, D}
+  for _, o in ipairs {{}, {window = 3, n_global = 1}, {scale = 0.2}} do
+    local last = gp.attention(q, k, v, o):narrow(3, S, 1):reshape {B, H, D}
+    local got = gp.attention_decode(q1, kc, vc, S, o)
+    T.ok(T.relnorm(got, last) < 1e-6, 'decode vs the last row')
+    local rep = gp.attention_decode(q1, repeat_kv(kc, H), repeat_kv(vc, H), S, o)
+    T.ok(T.relnorm(got, rep) == 0, 'decode vs repeated caches')
+  end
+  -- per-row lengths
+  local lens = gp.tensor({S, 4}, {dtype = 'i64', device = 'cpu'})
+  local got = gp.attention_decode(q1, kc, vc, lens)
+  local r2 = gp.attention(q:narrow(1, 2, 1):narrow(3, S, 1), k:narrow(1, 2, 1):narrow(3, 1, 4), v:narrow(1, 2, 1):narrow(3, 1, 4))
+  T.ok(T.relnorm(got:narrow(1, 2, 1):reshape {H, D}, r2:reshape {H, D}) < 1e-6, 'row 2 over its 4 keys')
+  -- multi-query: one KV head
+  local k1, v1 = rn {B, 1, S, D}, rn {B, 1, S, D}
+  local full = gp.attention(q, k1, v1):narrow(3, S, 1):reshape {B, H, D}
+  T.ok(T.relnorm(gp.attention_decode(q1, k1, v1, S), full) < 1e-6, 'multi-query decode')
+  -- the cache holds Hkv heads; attend takes the H query heads
+  local cache = gp.KVCache {batch = B, heads = Hkv, capacity = C, head_dim = D, layers = 1, device = 'cpu'}
+  cache:append(1, k:narrow(3, 1, S - 1), v:narrow(3, 1, S - 1))
+  cache:append(1, k:narrow(3, S, 1), v:narrow(3, S, 1))
+  T.ok(T.relnorm(cache:attend(1, q1), gp.attention_decode(q1, kc, vc, S)) == 0, 'cache:attend')
+  local pos = gp.full({1}, S, {dtype = 'i64', device = 'cpu'})
+  local k8, v8 = rn {B, Hkv, 1, D}, rn {B, Hkv, 1, D}
+  cache:append_at(1, k8, v8, pos)
+  local lens8 = gp.full({B}, S + 1, {dtype = 'i64', device = 'cpu'})
+  local qn = rn {B, H, D}
+  local want = gp.attention(qn:view {B, H, 1, D}, gp.cat({k, k8}, 3), gp.cat({v, v8}, 3)):reshape {B, H, D}
+  T.ok(T.relnorm(cache:attend_at(1, qn, lens8), want) < 1e-6, 'cache:attend_at after append_at')
+  -- errors name the shapes
+  T.raises(function() cache:attend(1, rn {B, 4, D}) end, 'attention_decode', '(2,4,64)', '(2,3,10,64)', 'must divide')
+  T.raises(function() gp.attention_decode(rn {B, 4, D}, kc, vc, S) end, 'attention_decode', '3 KV heads', '4 query heads')
+  T.raises(function() gp.k.attn_decode(gp.empty({B, 4, D}, CPU), rn {B, 4, D}, kc, vc, lens) end, 'attn_decode', 'kcache',
+    '(2,3,10,64)', 'must divide H = 4')
+end)
+
+T.test('grouped-query attention: nn.attention passes k, v to flash attention and repeats them on the matmul path', function()
+  local nn = gp.nn
+  gp.manual_seed(53)
+  local q, k, v = rn {2, 6, 5, 64}, rn {2, 2, 5, 64}, rn {2, 2, 5, 64}
+  T.ok(T.relnorm(nn.attention(q, k, v, {causal = true}), (oracle(q, k, v))) < 1e-5, 'flash path')
+  -- the matmul path: head dim 16, a mask, dropout
+  local a, b, c = rn {1, 4, 5, 16}, rn {1, 1, 5, 16}, rn {1, 1, 5, 16}
+  T.ok(T.relnorm(nn.attention(a, b, c, {causal = true}), (oracle(a, b, c))) < 1e-5, 'matmul path')
+  local m = gp.zeros({1, 1, 1, 5}, CPU)
+  T.ok(T.relnorm(nn.attention(q, k, v, {mask = m}), (oracle(q, k, v, {causal = false}))) < 1e-5, 'masked (matmul) path')
+  -- gradients through both paths reach k and v with their Hkv heads
+  local x, y = rn({1, 4, 4, 64}, CPU64), rn({1, 2, 4, 64}, CPU64)
+  T.ok(gp.gradcheck(function(s, t) return nn.attention(s, t, t * 0.5, {causal = true}) end, {x, y}))
+  local x2, y2 = rn({1, 4, 4, 16}, CPU64), rn({1, 2, 4, 16}, CPU64)
+  T.ok(gp.gradcheck(function(s, t) return nn.attention(s, t, t * 0.5, {causal = true}) end, {x2, y2}))
+  T.same(repeat_kv(y2, 4).shape, {1, 4, 4, 16})
+  T.ok(rawequal(repeat_kv(x2, 4), x2))
+  T.raises(function() nn.attention(q, rn {2, 4, 5, 64}, rn {2, 4, 5, 64}) end, 'attention', '(2,6,5,64)', '(2,4,5,64)')
+  T.raises(function() repeat_kv(rn {1, 4, 2, 16}, 6) end, 'repeat_kv', 'divide')
+end)
+
+-- grouped-query attention on the GPU, run in a fresh process per
+-- implementation (GP_ATTN_IMPL is read once a process): the kernels' forward
+-- and backward and decode over a cache of Hkv heads, bf16 and f16, D 64 and
+-- 128, causal (with a window) and not; ODD puts every operand one element off
+-- 16-byte alignment (the plain kernels; decode's element loads). Prints
+-- 'REL value tol name' per comparison against the f32 CPU reference.
+local GQA_GPU_SNIPPET = [[
+gp.manual_seed(61)
+local CPU = {device = 'cpu'}
+local td = require('gpush.core.tensor').to_doubles
+local function rel(a, b)
+  local x, n = td(a:float():cpu():contiguous())
+  local y = td(b:float():cpu():contiguous())
+  local num, den = 0, 0
+  for e = 0, n - 1 do num = num + (x[e] - y[e]) ^ 2; den = den + y[e] ^ 2 end
+  return math.sqrt(num / math.max(den, 1e-30))
+end
+-- t (an f32 CPU tensor) on the GPU in dt, one element off alignment under ODD
+local function dev(t, dt)
+  if not ODD then return t:to(dt):cuda() end
+  local n = t:numel()
+  local y = gp.empty({n + 1}, {dtype = dt, device = 'cuda'}):narrow(1, 2, n):view(t.shape)
+  y:copy_(t:to(dt):cuda())
+  return y
+end
+local TOL = {bf16 = 1e-2, f16 = 3e-3}
+for _, c in ipairs {
+  {B = 1, H = 4, Hkv = 1, T = 65, S = 65, D = 64, causal = 1},
+  {B = 2, H = 6, Hkv = 2, T = 130, S = 130, D = 128, causal = 1, window = 40, ng = 3},
+  {B = 2, H = 9, Hkv = 3, T = 100, S = 150, D = 64, causal = 1},
+  {B = 1, H = 4, Hkv = 2, T = 70, S = 40, D = 64, causal = 0},
+  {B = 1, H = 8, Hkv = 2, T = 129, S = 200, D = 128, causal = 0},
+} do
+  for _, dt in ipairs {'bf16', 'f16'} do
+    local function r(h, n) return gp.randn({c.B, h, n, c.D}, CPU):to(dt):float() end
+    local q, k, v, g = r(c.H, c.T), r(c.Hkv, c.S), r(c.Hkv, c.S), r(c.H, c.T)
+    local sc, w, ng = 1 / math.sqrt(c.D), c.window or 0, c.ng or 0
+    local out, lse = gp.empty(q.shape, CPU), gp.empty({c.B, c.H, c.T}, CPU)
+    gp.k.attn_fwd(out, lse, q, k, v, sc, w, ng, c.causal)
+    local dq, dk, dv = gp.empty(q.shape, CPU), gp.empty(k.shape, CPU), gp.empty(v.shape, CPU)
+    gp.k.attn_bwd(dq, dk, dv, q, k, v, out:to(dt):float(), lse, g, sc, w, ng, c.causal)
+    local function z(t) return dev(gp.zeros(t.shape, CPU), dt) end
+    local Q, K, V, G = dev(q, dt), dev(k, dt), dev(v, dt), dev(g, dt)
+    local O, L = z(q), gp.empty({c.B, c.H, c.T}, {device = 'cuda'})
+    gp.k.attn_fwd(O, L, Q, K, V, sc, w, ng, c.causal)
+    local DQ, DK, DV = z(q), z(k), z(v)
+    gp.k.attn_bwd(DQ, DK, DV, Q, K, V, O, L, G, sc, w, ng, c.causal)
+    local name = string.format('%s H %d Hkv %d T %d S %d D %d causal %d', dt, c.H, c.Hkv, c.T, c.S, c.D, c.causal)
+    print('REL', rel(O, out), TOL[dt], name .. ' out')
+    print('REL', rel(L, lse), 1e-4, name .. ' lse')
+    print('REL', rel(DQ, dq), TOL[dt], name .. ' dq')
+    print('REL', rel(DK, dk), TOL[dt], name .. ' dk')
+    print('REL', rel(DV, dv), TOL[dt], name .. ' dv')
+    -- decode: the last query of each row over a cache of Hkv heads (per-row lengths)
+    local C = c.S + 3
+    local kc, vc = gp.zeros({c.B, c.Hkv, C, c.D}, CPU), gp.zeros({c.B, c.Hkv, C, c.D}, CPU)
+    kc:narrow(3, 1, c.S):copy_(k)
+    vc:narrow(3, 1, c.S):copy_(v)
+    local lv = {}
+    for b = 1, c.B do lv[b] = c.S - (b - 1) * 7 end
+    local lens = gp.tensor(lv, {dtype = 'i32', device = 'cpu'})
+    local q1 = q:narrow(3, c.T, 1):reshape {c.B, c.H, c.D}
+    local ref = gp.attention_decode(q1, kc, vc, lens, {window = w, n_global = ng})
+    local got = gp.attention_decode(dev(q1, dt), dev(kc, dt), dev(vc, dt), lens:cuda(), {window = w, n_global = ng})
+    print('REL', rel(got, ref), TOL[dt], name .. ' decode')
+  end
+end
+print('DONE')
+]]
+T.test('grouped-query attention on the GPU: wgmma (Hopper default), mma, plain (unaligned) and decode against the CPU', function()
+  T.cuda()
+  for _, run in ipairs {{'', ''}, {'GP_ATTN_IMPL=mma', ''}, {'', 'ODD = true\n'}} do
+    local out = run_snippet(run[1], run[2] .. GQA_GPU_SNIPPET)
+    T.ok(out:find('DONE', 1, true), out)
+    local n = 0
+    for val, tol, name in out:gmatch('REL%s+(%S+)%s+(%S+)%s+([^\n]+)') do
+      n = n + 1
+      T.ok(tonumber(val) and tonumber(val) < tonumber(tol), string.format('%s%s %s: %s (tolerance %s)', run[1],
+        run[2] ~= '' and ' unaligned' or '', name, val, tol))
+    end
+    T.eq(n, 5 * 2 * 6, 'comparisons made: ' .. out)
+  end
+end)
+
+T.test('grouped-query attention errors name the op and the shapes', function()
+  local q = rn {1, 6, 4, 64}
+  T.raises(function() gp.attention(q, rn {1, 4, 4, 64}, rn {1, 4, 4, 64}) end, 'attention', '4 KV heads', '6 query heads',
+    '(1,6,4,64)', '(1,4,4,64)')
+  T.raises(function() gp.attention(q, rn {1, 2, 4, 64}, rn {1, 3, 4, 64}) end, 'attention', '(1,2,4,64)', '(1,3,4,64)')
+  local out, lse = gp.empty(q.shape, CPU), gp.empty({1, 6, 4}, CPU)
+  T.raises(function() gp.k.attn_fwd(out, lse, q, rn {1, 4, 4, 64}, rn {1, 4, 4, 64}) end, 'attn_fwd', 'k has shape (1,4,4,64)',
+    'must divide H = 6', '(1,6,4,64)')
+  T.raises(function() gp.k.attn_fwd(out, lse, q, rn {1, 2, 4, 64}, rn {1, 3, 4, 64}) end, 'attn_fwd', 'v is (1,3,4,64)',
+    'k is (1,2,4,64)')
+  local k, v = rn {1, 2, 4, 64}, rn {1, 2, 4, 64}
+  T.raises(function() gp.k.attn_bwd(gp.empty(q.shape, CPU), gp.empty({1, 6, 4, 64}, CPU), gp.empty(k.shape, CPU), q, k, v,
+    out, lse, q) end, 'attn_bwd', 'dk', 'dv')
 end)

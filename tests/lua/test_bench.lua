@@ -137,3 +137,14 @@ T.test('models bench (scripts/bench/models.lua) runs on a fixture model and prin
   T.ok(out:find('gpush prefill 16 tokens', 1, true), out)
   T.ok(out:find('gpush decode batch 2:', 1, true), out)
 end)
+
+T.test('kv decode bench (scripts/bench/kv_decode.lua) prints a row per cache dtype', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/kv_decode.lua --len 64 --batch 1 ' ..
+    '--heads 4 --kv-heads 2 --head-dim 64 --iters 1')
+  T.eq(rc, 0, out)
+  for _, kvd in ipairs {'bf16', 'int8', 'fp8'} do
+    local mb, ms, gbs, diff = out:match('\n  ' .. kvd .. '%s+(%S+)%s+(%S+)%s+(%S+)%s+(%S+)')
+    T.ok(tonumber(mb) and tonumber(ms) and tonumber(gbs), kvd .. ' row in\n' .. out)
+    T.ok(tonumber(diff) < 5e-2, kvd .. ': output differs from the bf16 cache\'s by ' .. tostring(diff))
+  end
+end)

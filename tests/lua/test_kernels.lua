@@ -149,24 +149,49 @@ KCHECK.sample = function(j, g, c, tol)
   if big > 0 then return string.format('probs: %d elements differ by more than 1e-3', big) end
   return nil
 end
--- attention: q (B, H, T, D) over k, v (B, H, S, D) (S >= T when causal: the
--- last T positions), decode over a cache of C; a case's `scalars` set scale,
--- window, n_global, causal (SCALARS_FOR wins over them). attn_bwd gets random
+-- attention: q (B, H, T, D) over k, v (B, H/G, S, D) (S >= T when causal: the
+-- last T positions; G query heads to a KV head, 1 unless the case names G),
+-- decode over a cache of C (attn_decode_q: u8 codes, fmt 1 int8 unless the
+-- case's scalars say 2, fp8); a case's `scalars` set scale,
+-- window, n_global, causal, fmt (SCALARS_FOR wins over them). attn_bwd gets random
 -- out and lse (positive, `+`): a small scale keeps exp(s - lse) and the
 -- gradients inside f16's range.
 KCASES.attention = {
   {name = '1x2x7x7 d64', shape = {1}, syms = {B = 1, H = 2, T = 7, S = 7, D = 64, C = 9}},
   {name = '2x1x33x50 d64 window 16 global 3', shape = {1}, syms = {B = 2, H = 1, T = 33, S = 50, D = 64, C = 50},
     scalars = {window = 16, n_global = 3}},
-  {name = '1x2x1x70 d128 scale 0.3', shape = {1}, syms = {B = 1, H = 2, T = 1, S = 70, D = 128, C = 70},
-    scalars = {scale = 0.3}},
+  {name = '1x2x1x70 d128 scale 0.3 (fp8)', shape = {1}, syms = {B = 1, H = 2, T = 1, S = 70, D = 128, C = 70},
+    scalars = {scale = 0.3, fmt = 2}},
   {name = '1x1x45x20 d64 not causal', shape = {1}, syms = {B = 1, H = 1, T = 45, S = 20, D = 64, C = 20},
     scalars = {causal = 0}},
   {name = '1x1x150x200 d128 window 70 global 5', shape = {1}, syms = {B = 1, H = 1, T = 150, S = 200, D = 128, C = 300},
     scalars = {window = 70, n_global = 5}, big = true},
   {name = '2x2x200x200 d64', shape = {1}, syms = {B = 2, H = 2, T = 200, S = 200, D = 64, C = 700}, big = true},
+  -- grouped-query attention: k, v (and dk, dv, the caches) have H / G heads
+  {name = 'G 2: 2x4(2)x33x50 d64 window 16 global 3', shape = {1},
+    syms = {B = 2, H = 4, G = 2, T = 33, S = 50, D = 64, C = 50}, scalars = {window = 16, n_global = 3}},
+  {name = 'G 3 (9:3, SmolLM2): 1x9(3)x70x70 d64', shape = {1}, syms = {B = 1, H = 9, G = 3, T = 70, S = 70, D = 64, C = 80}},
+  {name = 'G 4 (MQA): 1x4(1)x1x70 d128 scale 0.3', shape = {1}, syms = {B = 1, H = 4, G = 4, T = 1, S = 70, D = 128, C = 70},
+    scalars = {scale = 0.3}},
+  {name = 'G 2: 1x2(1)x45x20 d128 not causal', shape = {1}, syms = {B = 1, H = 2, G = 2, T = 45, S = 20, D = 128, C = 20},
+    scalars = {causal = 0}},
+  {name = 'G 3: 2x6(2)x200x200 d64', shape = {1}, syms = {B = 2, H = 6, G = 3, T = 200, S = 200, D = 64, C = 300},
+    big = true},
+  {name = 'G 4 (MQA): 1x4(1)x150x200 d128 window 70 global 5 (fp8)', shape = {1},
+    syms = {B = 1, H = 4, G = 4, T = 150, S = 200, D = 128, C = 300}, scalars = {window = 70, n_global = 5, fmt = 2},
+    big = true},
 }
 KTOL.attention = {f32 = 1e-4, f16 = 3e-3}
+-- kvcache: K new rows at pos in [0, P) of a cache of C (P = C - K + 1); kv_dequant reads its first N;
+-- codes are random bytes below 100 (no fp8 NaN codes)
+KCASES.kvcache = {
+  {name = '2x3 C 20 D 64 K 5', shape = {1}, syms = {B = 2, H = 3, C = 20, D = 64, K = 5, P = 16, N = 20}},
+  {name = '1x1 C 7 D 128 K 1 (fp8)', shape = {1}, syms = {B = 1, H = 1, C = 7, D = 128, K = 1, P = 7, N = 3},
+    scalars = {fmt = 2}},
+  {name = '2x2 C 300 D 40 K 33', shape = {1}, syms = {B = 2, H = 2, C = 300, D = 40, K = 33, P = 268, N = 111}},
+  {name = '1x8 C 1000 D 128 K 100 (fp8)', shape = {1}, syms = {B = 1, H = 8, C = 1000, D = 128, K = 100, P = 901,
+    N = 1000}, scalars = {fmt = 2}, big = true},
+}
 -- moe: N tokens, E experts, K per token (<= min(8, E)), S = E * cap slots, C columns
 KCASES.moe = {
   {name = '1x1 k1', shape = {1}, syms = {N = 1, E = 1, K = 1, S = 1, C = 1}},
@@ -225,6 +250,12 @@ KFILL.dequant = function(k, args)
       p[b * bytes + o + 1] = math.random(0, 1) * 128 + 0x20 + math.random(0, 15)
     end
   end
+end
+
+-- attn_decode_q: codes are random bytes below 100; scales of about 0.03 keep the scores near
+-- those of unit-scale keys (a softmax that is not one-hot: every key's value counts)
+KFILL.attn_decode_q = function(_, args)
+  for i = 5, 6 do args[i]:copy_(args[i]:abs() * 0.02) end
 end
 
 local function rand_fill(dst, positive)
@@ -298,10 +329,16 @@ local function make_args(k, case, dts, variant)
       elseif a.dims == '=' or a.dims == nil then shape = first_shape or case.shape
       else
         shape = {}
+        local function sym(n) syms[n] = syms[n] or over[n] or (case.syms and case.syms[n]) or case.sym; return syms[n] end
         for tok in a.dims:gmatch('[^,]+') do
+          local num, den = tok:match('^(%u)/(%u)$')
           if tok == '*' then for _ = 1, #case.shape - 1 do shape[#shape + 1] = case.shape[_] end
           elseif tonumber(tok) then shape[#shape + 1] = tonumber(tok)
-          else syms[tok] = syms[tok] or over[tok] or (case.syms and case.syms[tok]) or case.sym; shape[#shape + 1] = syms[tok] end
+          elseif num then -- H/G: H / G, G (a divisor of H) from the case, else 1
+            syms[den] = syms[den] or over[den] or (case.syms and case.syms[den]) or 1
+            assert(sym(num) % syms[den] == 0, k.name .. ' case ' .. case.name .. ': ' .. den .. ' must divide ' .. num)
+            shape[#shape + 1] = syms[num] / syms[den]
+          else shape[#shape + 1] = sym(tok) end
         end
       end
       first_shape = first_shape or shape

@@ -20,8 +20,9 @@ local function parse_spec(spec)
     local a = {name = name, out = out ~= '', inout = out == '^', type = ty, raw = tok}
     a.scalar = ty == 'f' or ty == 'i'
     a.dims = rest:match('^%[([^%]]*)%]')
-    a.contiguous = rest:find('!', 1, true) ~= nil
-    a.rows = rest:find('/', 1, true) ~= nil -- stride 1 on the last dim only
+    local after = rest:gsub('^%[[^%]]*%]', '') -- the marks after the dims ('/' also appears inside them: H/G)
+    a.contiguous = after:find('!', 1, true) ~= nil
+    a.rows = after:find('/', 1, true) ~= nil -- stride 1 on the last dim only
     local def = rest:match('=(.+)$')
     if def then a.default = tonumber(def) end
     a.lt = rest:match('<(%u)')

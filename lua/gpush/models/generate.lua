@@ -118,8 +118,10 @@ function M.generate(model, prompts, opts)
   local w = model.lm_head and model.lm_head.weight or model:parameters()[1]
   local dev, dtype = w.device, w.dtype
   local Cache = gp.KVCache or function(o) return M.simple_cache(o) end
-  local cache = opts.cache or (model.new_cache and model:new_cache(R, total, dtype, dev)) or
-    Cache {batch = R, heads = H, capacity = total, head_dim = C / H, layers = L, dtype = dtype, device = dev}
+  local kvd = opts.kv_dtype -- 'int8' / 'fp8': a compressed gp.KVCache (gp.KVCache checks the name)
+  local cache = opts.cache or (model.new_cache and model:new_cache(R, total, dtype, dev, kvd)) or
+    Cache {batch = R, heads = H, capacity = total, head_dim = C / H, layers = L, dtype = dtype, device = dev,
+           kv_dtype = kvd}
 
   -- prompts (row-major, prompt-major rows) and the mask of prompt positions
   local tok_h, mask_h = {}, {}
@@ -260,7 +262,7 @@ function M.generate(model, prompts, opts)
   return out
 end
 
-gp.doc(M.generate, 'gp.generate(model, prompts, {n=1, max_new=64, temperature=1, greedy=false, top_k=0, top_p=1, min_p=0, repetition_penalty=1, stop={ids} (default: tokenizer:stop_ids() when it has them), tokenizer=, callback=function(step, ids) end, check_every=16})',
-  'B prompts (strings or 0-based id lists) x n samples in one batch with a KV cache (prefill, then decode): {tokens = i64 (B*n, L) cpu, lists = generated ids per row, text = decoded per row}; rows are prompt-major')
+gp.doc(M.generate, 'gp.generate(model, prompts, {n=1, max_new=64, temperature=1, greedy=false, top_k=0, top_p=1, min_p=0, repetition_penalty=1, stop={ids} (default: tokenizer:stop_ids() when it has them), tokenizer=, callback=function(step, ids) end, check_every=16, kv_dtype=nil})',
+  'B prompts (strings or 0-based id lists) x n samples in one batch with a KV cache (prefill, then decode): {tokens = i64 (B*n, L) cpu, lists = generated ids per row, text = decoded per row}; rows are prompt-major; kv_dtype = \'int8\' or \'fp8\': a compressed cache (gp.KVCache)')
 
 return M

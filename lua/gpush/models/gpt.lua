@@ -113,20 +113,10 @@ function GPT:supports_device_positions(cache)
     gp.attention_supported('decode', cache.dtype or self.wte.weight.dtype, c.n_embd / c.n_head)
 end
 function GPT:_forward_at(idx, cache, pos)
-  local B, T = idx:size(1), idx:size(2)
-  if T ~= 1 or pos:numel() ~= 1 or pos.dtype ~= 'i64' or pos.device ~= idx.device then
-    raise(string.format('GPT:forward_cached: with a device position, idx must be (B, 1) and pos an i64 [1] tensor on %s; ' ..
-      'got idx %s, pos %s %s on %s', idx.device, shape_str(idx.shape), pos.dtype, shape_str(pos.shape), pos.device))
-  end
   if not self:supports_device_positions(cache) then
     raise('GPT:forward_cached: device positions need a gp.KVCache and a head dim that decode attention takes (gp.attention_supported)')
   end
-  local lens = rawget(cache, '_step_lens')
-  if not lens or lens:size(1) ~= B or lens.device ~= idx.device then
-    lens = gp.empty({B}, {dtype = 'i64', device = idx.device})
-    rawset(cache, '_step_lens', lens)
-  end
-  gp.k.add_s(lens, pos:view {1}, 1) -- every row attends over positions 0..pos
+  local lens = cache:step_lens('GPT:forward_cached', idx, pos)
   local at = {pos = pos, lens = lens}
   local x = self.wte(idx) + self.wpe(pos:view {1, 1})
   for i, b in ipairs(self.h) do x = b:forward_cached(x, cache, i, at) end

@@ -70,17 +70,12 @@ function Attention:init(cfg, o)
   self.window = cfg.sliding_window
 end
 
--- k, v (B, Hkv, S, hd) -> (B, H, S, hd): each KV head serves H / Hkv query heads
-local function repeat_kv(t, H)
-  local B, Hkv, S, hd = t:size(1), t:size(2), t:size(3), t:size(4)
-  if Hkv == H then return t end
-  return t:unsqueeze(3):expand {B, Hkv, H / Hkv, S, hd}:reshape {B, H, S, hd}
-end
-
--- q (B, H, T, hd) over k, v (B, Hkv, S, hd), the queries being the last T of S positions
+-- q (B, H, T, hd) over k, v (B, Hkv, S, hd), the queries being the last T of S
+-- positions: grouped-query attention, k and v as they are (the flash kernels
+-- read KV head h / (H / Hkv) for query head h; nn.attention repeats them only
+-- on its matmul path)
 function Attention:attend(q, k, v)
   local S = k:size(3)
-  k, v = repeat_kv(k, self.H), repeat_kv(v, self.H)
   local scale = 1 / math.sqrt(self.hd)
   if self.window and S > self.window then
     if not gp.attention_supported('fwd', q.dtype, self.hd) then
@@ -91,18 +86,44 @@ function Attention:attend(q, k, v)
   return nn.attention(q, k, v, {causal = true, scale = scale})
 end
 
--- x (B, T, d) at positions pos .. pos + T - 1 (a number, or an i64 tensor of T positions)
-function Attention:forward(x, pos, inv_freq, cache, layer)
+-- decode attention options (the sliding window, where the model has one)
+function Attention:decode_opts()
+  local o = rawget(self, '_dec_opts')
+  if not o then
+    o = {scale = 1 / math.sqrt(self.hd), window = self.window or 0}
+    rawset(self, '_dec_opts', o)
+  end
+  return o
+end
+
+-- x (B, T, d) at positions pos .. pos + T - 1 (a number, or an i64 tensor of T
+-- positions); with a cache, at = {pos = i64 [1], lens = i64 [B]} marks a
+-- device-position step (one token: Llama:forward_cached)
+function Attention:forward(x, pos, inv_freq, cache, layer, at)
   local B, T = x:size(1), x:size(2)
   local H, Hkv, hd = self.H, self.Hkv, self.hd
-  local q = gp.rope(self.q_proj(x):view {B, T, H, hd}, pos, inv_freq):transpose(2, 3)
-  local k = gp.rope(self.k_proj(x):view {B, T, Hkv, hd}, pos, inv_freq):transpose(2, 3)
+  local q = gp.rope(self.q_proj(x):view {B, T, H, hd}, at and at.pos or pos, inv_freq):transpose(2, 3)
+  local k = gp.rope(self.k_proj(x):view {B, T, Hkv, hd}, at and at.pos or pos, inv_freq):transpose(2, 3)
   local v = self.v_proj(x):view {B, T, Hkv, hd}:transpose(2, 3)
-  if cache then
+  local y
+  if at then -- nothing read on the host: the cache written and read at device positions
+    cache:append_at(layer, k, v, at.pos)
+    y = cache:attend_at(layer, q:reshape {B, H, hd}, at.lens, self:decode_opts()):view {B, H, 1, hd}
+  elseif cache then
+    local first = cache:len(layer) == 0
     cache:append(layer, k, v)
-    k, v = cache:keys(layer), cache:values(layer)
+    if T == 1 and cache.attend and gp.attention_supported('decode', cache.dtype or q.dtype, hd) then
+      -- one token over the grouped cache (split along the cache on the GPU; a compressed cache's codes read directly)
+      y = cache:attend(layer, q:reshape {B, H, hd}, self:decode_opts()):view {B, H, 1, hd}
+    elseif first and cache.kv_dtype then
+      -- a prefill into an empty compressed cache attends over the chunk's own k, v (not their codes)
+      y = self:attend(q, k, v)
+    else
+      y = self:attend(q, cache:keys(layer), cache:values(layer))
+    end
+  else
+    y = self:attend(q, k, v)
   end
-  local y = self:attend(q, k, v)
   return self.o_proj(y:transpose(2, 3):reshape {B, T, H * hd})
 end
 
@@ -124,8 +145,8 @@ function Layer:init(cfg, o)
   self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, ro)
   self.mlp = MLP(cfg, o)
 end
-function Layer:forward(x, pos, inv_freq, cache, layer)
-  x = x + self.self_attn(self.input_layernorm(x), pos, inv_freq, cache, layer)
+function Layer:forward(x, pos, inv_freq, cache, layer, at)
+  x = x + self.self_attn(self.input_layernorm(x), pos, inv_freq, cache, layer, at)
   return x + self.mlp(self.post_attention_layernorm(x))
 end
 
@@ -183,12 +204,12 @@ local function check_ids(op, idx)
   end
 end
 
-function Llama:_run(idx, pos, cache)
+function Llama:_run(idx, pos, cache, at)
   local x = self.model.embed_tokens(idx)
   local freqs = rawget(self, '_inv_freq')
   local inv_freq = freqs[x.device]
   if not inv_freq then inv_freq = freqs.cpu:to(x.device); freqs[x.device] = inv_freq end
-  for i, layer in ipairs(self.model.layers) do x = layer(x, pos, inv_freq, cache, i) end
+  for i, layer in ipairs(self.model.layers) do x = layer(x, pos, inv_freq, cache, i, at) end
   return self.lm_head(self.model.norm(x))
 end
 
@@ -205,18 +226,23 @@ function Llama:forward(idx, targets)
 end
 
 -- a KV cache for this model: Hkv heads per layer (grouped-query attention stores each KV head once)
-function Llama:new_cache(batch, capacity, dtype, device)
+-- (kv_dtype 'int8' or 'fp8': compressed keys and values, gp.KVCache)
+function Llama:new_cache(batch, capacity, dtype, device, kv_dtype)
   local c = self.config
   return gp.KVCache {batch = batch, heads = c.num_key_value_heads, capacity = capacity, head_dim = c.head_dim,
                      layers = c.num_hidden_layers, dtype = dtype or self.lm_head.weight.dtype,
-                     device = device or self.lm_head.weight.device}
+                     device = device or self.lm_head.weight.device, kv_dtype = kv_dtype}
 end
 
 -- incremental forward for generation: idx_new (B, Tnew) at positions pos .. (default cache:len());
 -- every layer appends its keys and values (after the rotation) to the cache
+-- (Hkv heads: grouped-query attention stores each KV head once) and attends
+-- over it; one token attends with gp.attention_decode. pos may be an i64 [1]
+-- device tensor (see supports_device_positions).
 function Llama:forward_cached(idx, cache, pos)
   check_ids('Llama:forward_cached', idx)
   if type(cache) ~= 'table' or not cache.append then raise('Llama:forward_cached: needs a KV cache (model:new_cache)') end
+  if is_tensor(pos) then return self:_forward_at(idx, cache, pos) end
   pos = pos or cache:len()
   if type(pos) ~= 'number' then raise('Llama:forward_cached: pos must be a number (the first position of idx)') end
   local T = idx:size(2)
@@ -225,6 +251,25 @@ function Llama:forward_cached(idx, cache, pos)
       self.config.max_position_embeddings))
   end
   return self:_run(idx, pos, cache)
+end
+
+-- device positions: one new token per row at the position held by pos (an
+-- i64 [1] tensor on the model's device): the rotation, the cache write
+-- (append_at) and decode attention's lengths (attend_at, lens[b] = pos + 1)
+-- read it from device memory, so the step reads nothing on the host and
+-- gp.generate captures it as a CUDA graph and replays it per token. Needs a
+-- gp.KVCache and a head dim that decode attention takes; the cache's host
+-- count (cache:len()) is not advanced (cache:set_len).
+function Llama:supports_device_positions(cache)
+  return type(cache) == 'table' and cache.append_at ~= nil and cache.attend_at ~= nil and
+    gp.attention_supported('decode', cache.dtype or self.lm_head.weight.dtype, self.config.head_dim)
+end
+function Llama:_forward_at(idx, cache, pos)
+  if not self:supports_device_positions(cache) then
+    raise('Llama:forward_cached: device positions need a gp.KVCache and a head dim that decode attention takes (gp.attention_supported)')
+  end
+  local lens = cache:step_lens('Llama:forward_cached', idx, pos)
+  return self:_run(idx, nil, cache, {pos = pos:view {1}, lens = lens})
 end
 
 function Llama:extra_repr()
@@ -237,8 +282,13 @@ gp.doc(Llama, 'gp.models.Llama(config, {dtype=\'f32\', device=gp.device(), init=
   'a Llama-family causal LM (llama, mistral, qwen2, SmolLM) from the fields of a config.json: RMSNorm, RoPE (linear and llama3 ' ..
   'scaling), grouped-query attention, SwiGLU; parameters named as in Hugging Face checkpoints; model(ids[, targets])')
 gp.doc(Llama.forward_cached, 'llama:forward_cached(idx_new, cache, pos=cache:len())',
-  'logits (B, Tnew, V) of tokens at positions pos..; appends every layer\'s rotated keys and values to the cache')
-gp.doc(Llama.new_cache, 'llama:new_cache(batch, capacity, dtype, device)', 'a gp.KVCache with the model\'s KV heads per layer')
+  'logits (B, Tnew, V) of tokens at positions pos..; appends every layer\'s rotated keys and values (Hkv heads) to the ' ..
+  'cache; one token attends with gp.attention_decode over the grouped cache; pos an i64 [1] device tensor: one ' ..
+  'token per row at a device position (CUDA graphs; llama:supports_device_positions(cache))')
+gp.doc(Llama.supports_device_positions, 'llama:supports_device_positions(cache)',
+  'true when forward_cached can take a device position with this cache (a gp.KVCache, a head dim decode attention ' ..
+  'takes): gp.generate then replays its decode step as a CUDA graph')
+gp.doc(Llama.new_cache, 'llama:new_cache(batch, capacity, dtype, device, kv_dtype=nil)', 'a gp.KVCache with the model\'s KV heads per layer (kv_dtype \'int8\' or \'fp8\': compressed)')
 
 Llama.config_of = config_of
 return Llama

@@ -35,6 +35,17 @@ function nn.clear_mask_cache() masks = {} end
 -- whether flash attention is the better path at head dim D over S keys (asked of C)
 local function flash_dim(dt, D, S) return gp.attention_supported('flash', dt, D, S) end
 
+-- k or v (B, Hkv, S, d) -> (B, H, S, d): each KV head repeated for the H / Hkv
+-- query heads that read it (a copy; the flash kernels take the groups as they are)
+function nn.repeat_kv(t, H)
+  local B, Hkv, S, d = t:size(1), t:size(2), t:size(3), t:size(4)
+  if Hkv == H then return t end
+  if Hkv < 1 or H % Hkv ~= 0 then
+    raise(string.format('repeat_kv: %s has %d heads, which do not divide %d', shape_str(t.shape), Hkv, H))
+  end
+  return t:unsqueeze(3):expand {B, Hkv, H / Hkv, S, d}:reshape {B, H, S, d}
+end
+
 function nn.attention(q, k, v, opts)
   opts = opts or {}
   if not (is_tensor(q) and is_tensor(k) and is_tensor(v)) then raise('attention: q, k and v must be tensors') end
@@ -45,12 +56,14 @@ function nn.attention(q, k, v, opts)
       shape_str(k.shape), shape_str(v.shape)))
   end
   local T, D, S, Dv = s[nd - 1], s[nd], k:size(-2), v:size(-1)
+  -- grouped-query attention: 4-d q (B, H, T, d) over k, v (B, Hkv, S, d), Hkv dividing H
+  local grouped = nd == 4 and k:size(2) ~= s[2] and k:size(2) == v:size(2) and k:size(2) > 0 and s[2] % k:size(2) == 0
   local lead = 1
   for i = 1, nd - 2 do
     lead = lead * s[i]
-    if k:size(i) ~= s[i] or v:size(i) ~= s[i] then
-      raise(string.format('attention: q %s, k %s and v %s must agree in the leading dims', shape_str(s),
-        shape_str(k.shape), shape_str(v.shape)))
+    if not (grouped and i == 2) and (k:size(i) ~= s[i] or v:size(i) ~= s[i]) then
+      raise(string.format('attention: q %s, k %s and v %s must agree in the leading dims (or, 4-d, k and v may have ' ..
+        'Hkv heads dividing q\'s H)', shape_str(s), shape_str(k.shape), shape_str(v.shape)))
     end
   end
   if k:size(-1) ~= D or v:size(-2) ~= S then
@@ -69,6 +82,7 @@ function nn.attention(q, k, v, opts)
       nd == 4 and v or v:reshape {lead, 1, S, D}, {causal = opts.causal and true or false, scale = opts.scale})
     return nd == 4 and y or y:view(os)
   end
+  if grouped then k, v = nn.repeat_kv(k, s[2]), nn.repeat_kv(v, s[2]) end -- the matmul path needs every head
   local q3, k3, v3 = q:reshape {lead, T, D}, k:reshape {lead, S, D}, v:reshape {lead, S, Dv}
   local att = gp.matmul(q3, k3, {trans_b = true, alpha = opts.scale or 1 / math.sqrt(D)})
   if opts.causal then att = att + nn.causal_mask(T, S, att.device, att.dtype) end
@@ -138,13 +152,27 @@ function CausalSelfAttention:forward_cached(x, cache, layer, pos)
     return self.proj(y:reshape {B, H, 1, hd}:transpose(2, 3):reshape {B, T, C})
   end
   cache:append(layer, head(2), head(3))
-  local keys, vals = cache:keys(layer), cache:values(layer)
-  local S = keys:size(3)
-  if S ~= pos + T then
-    raise(string.format('forward_cached: layer %d of the cache holds %d positions after appending %d at position %d (expected %d)',
-      layer, S, T, pos, pos + T))
+  local function check_len(S)
+    if S ~= pos + T then
+      raise(string.format('forward_cached: layer %d of the cache holds %d positions after appending %d at position %d (expected %d)',
+        layer, S, T, pos, pos + T))
+    end
   end
   local y
+  if cache.kv_dtype then -- a compressed gp.KVCache: decode reads its codes; a prefill at 0 attends over its own k, v
+    check_len(cache:len(layer))
+    if T == 1 then
+      y = cache:attend(layer, q:reshape {B, H, hd}, {scale = 1 / math.sqrt(hd)}):reshape {B, H, 1, hd}
+    else
+      local keys, vals = head(2), head(3)
+      if pos > 0 then keys, vals = cache:keys(layer), cache:values(layer) end
+      y = nn.attention(q, keys, vals, {causal = true})
+    end
+    return self.proj(y:transpose(2, 3):reshape {B, T, C})
+  end
+  local keys, vals = cache:keys(layer), cache:values(layer)
+  local S = keys:size(3)
+  check_len(S)
   if T == 1 and gp.attention_decode and gp.attention_supported('decode', q.dtype, hd) and keys.dtype == q.dtype then
     local lens = gp.full({B}, S, {dtype = 'i64', device = x.device})
     y = gp.attention_decode(q:reshape {B, H, hd}, keys, vals, lens, {scale = 1 / math.sqrt(hd)}):reshape {B, H, 1, hd}
@@ -157,7 +185,8 @@ end
 function CausalSelfAttention:extra_repr() return string.format('n_embd=%d, n_head=%d', self.n_embd, self.n_head) end
 
 doc(nn.attention, 'nn.attention(q, k, v, {causal=false, scale=1/sqrt(d), dropout=0, mask=nil})',
-  'softmax(q k^T * scale + mask) v over the last two dims; q (..., T, d), k (..., S, d), v (..., S, dv); mask: an additive mask broadcast to (..., T, S) (e.g. (B, 1, 1, S), -inf on padding); the attention core (assign nn.attention to swap it); flash attention (gp.attention) when there is no mask, dropout is 0, d = dv, gp.attention_supported(\'flash\', dtype, d, S) and S >= T if causal')
+  'softmax(q k^T * scale + mask) v over the last two dims; q (..., T, d), k (..., S, d), v (..., S, dv); 4-d q (B, H, T, d) may take k, v with Hkv heads dividing H (grouped-query attention: passed as they are to flash attention, repeated with nn.repeat_kv on the matmul path); mask: an additive mask broadcast to (..., T, S) (e.g. (B, 1, 1, S), -inf on padding); the attention core (assign nn.attention to swap it); flash attention (gp.attention) when there is no mask, dropout is 0, d = dv, gp.attention_supported(\'flash\', dtype, d, S) and S >= T if causal')
+doc(nn.repeat_kv, 'nn.repeat_kv(t, H)', 'k or v (B, Hkv, S, d) -> (B, H, S, d), each KV head repeated for its H / Hkv query heads (a copy; t itself when Hkv = H)')
 doc(nn.causal_mask, 'nn.causal_mask(T, S, device, dtype)', 'the cached additive causal mask (T, S): 0 where key j <= i + S - T, else -inf')
 doc(nn.clear_mask_cache, 'nn.clear_mask_cache()', 'forget the cached causal masks')
 doc(nn.CausalSelfAttention, 'nn.CausalSelfAttention{n_embd=, n_head=, dropout=0, bias=true}',

@@ -1,7 +1,10 @@
 -- Attention (kernels/attention.*): gp.attention (flash attention, with
 -- autograd), gp.attention_qkv (the same straight from a fused (B, T, 3C) qkv
 -- buffer: no permute copies), gp.attention_decode (one new token over a KV
--- cache) and gp.KVCache (preallocated per-layer key/value buffers).
+-- cache) and gp.KVCache (preallocated per-layer key/value buffers). Keys and
+-- values may have fewer heads than the queries (grouped-query attention: Hkv
+-- dividing H, query head h reading KV head h / (H / Hkv)); the kernels take
+-- them as they are, never repeated in memory.
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
@@ -91,18 +94,27 @@ local function attn_opts(op, D, Tq, S, opts, shapes)
   return scale, window, n_global, causal and 1 or 0
 end
 
--- checks q (B, H, T, D), k and v (B, H, S, D); returns them in q's dtype, in
--- a layout the kernels read (views as they are), and the options
+-- Hkv (k's heads) must divide H (q's): grouped-query attention, H / Hkv query
+-- heads to a KV head (1: multi-query); what names the shapes in the error
+local function check_groups(op, H, Hkv, what)
+  if Hkv < 1 and H > 0 or Hkv > 0 and H % Hkv ~= 0 then
+    raise(string.format('%s: the %d KV heads must divide the %d query heads (grouped-query attention: query head h ' ..
+      'reads KV head h / (H / Hkv)); %s', op, Hkv, H, what()))
+  end
+end
+
+-- checks q (B, H, T, D), k and v (B, Hkv, S, D) with Hkv dividing H; returns
+-- them in q's dtype, in a layout the kernels read (views as they are), and the options
 local function prepare(op, q, k, v, opts)
   need(q, op, 'q'); need(k, op, 'k'); need(v, op, 'v')
   same_dev(op, q, 'q', k, 'k'); same_dev(op, q, 'q', v, 'v')
   if not FLOAT[q.dtype] then raise(string.format('%s: q must be a float tensor, got %s', op, q.dtype)) end
   local qs, ks, vs = q.shape, k.shape, v.shape
-  if #qs ~= 4 or #ks ~= 4 or #vs ~= 4 or ks[1] ~= qs[1] or ks[2] ~= qs[2] or ks[4] ~= qs[4] or
-    shape_str(vs) ~= shape_str(ks) then
-    raise(string.format('%s: q must be (B, H, T, D) and k, v (B, H, S, D); got q %s, k %s, v %s', op, shape_str(qs),
-      shape_str(ks), shape_str(vs)))
+  local function shapes() return string.format('got q %s, k %s, v %s', shape_str(qs), shape_str(ks), shape_str(vs)) end
+  if #qs ~= 4 or #ks ~= 4 or #vs ~= 4 or ks[1] ~= qs[1] or ks[4] ~= qs[4] or shape_str(vs) ~= shape_str(ks) then
+    raise(string.format('%s: q must be (B, H, T, D) and k, v (B, Hkv, S, D) with Hkv dividing H; %s', op, shapes()))
   end
+  check_groups(op, qs[2], ks[2], shapes)
   if not gp.attention_supported('fwd', q.dtype, qs[4]) then
     raise(string.format('%s: head dim %d is not supported (supported: %s); q is %s', op, qs[4], head_dims('fwd'), shape_str(qs)))
   end
@@ -121,9 +133,12 @@ function gp.attention(q, k, v, opts)
   return out, lse
 end
 gp.doc(gp.attention, 'gp.attention(q, k, v, {causal=true, scale=1/sqrt(D), window=0, n_global=0})',
-  'flash attention: softmax(q k^T * scale + mask) v for q (B, H, T, D), k, v (B, H, S, D), D a head dim gp.attention_supported(\'fwd\', ...) takes; ' ..
+  'flash attention: softmax(q k^T * scale + mask) v for q (B, H, T, D), k, v (B, Hkv, S, D), D a head dim gp.attention_supported(\'fwd\', ...) takes; ' ..
+  'Hkv < H is grouped-query attention (Hkv divides H; query head h reads KV head h / (H / Hkv); Hkv 1: multi-query), ' ..
+  'k and v never repeated in memory; ' ..
   'queries are the last T of S positions (query i sees keys j <= i + S - T when causal); window > 0 keeps keys ' ..
-  'with p - j < window, plus the first n_global keys; returns out and lse (B, H, T) (f32 logsumexp); differentiable')
+  'with p - j < window, plus the first n_global keys; returns out and lse (B, H, T) (f32 logsumexp); differentiable ' ..
+  '(dk, dv have Hkv heads: summed over each KV head\'s query heads)')
 
 autograd.def_function('attention', function(g, a, o)
   if not g[1] then return end
@@ -135,58 +150,72 @@ autograd.def_function('attention', function(g, a, o)
   return dq, dk, dv
 end, {nout = 1})
 
--- qkv (B, T, 3 n_head D) as a fused qkv Linear writes it: the tensor the
--- kernels read (qkv itself when it fits, else a contiguous copy) and B, T, H, D
-local function qkv_input(op, qkv, n_head)
+-- qkv (B, T, (H + 2 Hkv) D) as a fused qkv Linear writes it (q | k | v with
+-- H, Hkv, Hkv heads; Hkv = opts.n_kv_head, default H): the tensor the kernels
+-- read (qkv itself when it fits, else a contiguous copy) and B, T, H, Hkv, D
+local function qkv_input(op, qkv, n_head, opts)
   need(qkv, op, 'qkv')
   if type(n_head) ~= 'number' or n_head ~= math.floor(n_head) or n_head < 1 then
     raise(string.format('%s: n_head must be an integer >= 1, got %s', op, tostring(n_head)))
   end
-  local s = qkv.shape
-  if #s ~= 3 or s[3] % (3 * n_head) ~= 0 then
-    raise(string.format('%s: qkv must be (B, T, 3 * n_head * D) with n_head %d; got %s', op, n_head, shape_str(s)))
+  local n_kv = opts and opts.n_kv_head or n_head
+  if type(n_kv) ~= 'number' or n_kv ~= math.floor(n_kv) or n_kv < 1 then
+    raise(string.format('%s: n_kv_head must be an integer >= 1, got %s', op, tostring(n_kv)))
   end
-  local D = s[3] / (3 * n_head)
+  local s = qkv.shape
+  local parts = n_head + 2 * n_kv
+  local kv_str = n_kv == n_head and '' or string.format(' and n_kv_head %d', n_kv)
+  if #s ~= 3 or s[3] % parts ~= 0 then
+    raise(string.format('%s: qkv must be (B, T, (n_head + 2 * n_kv_head) * D) with n_head %d%s; got %s', op, n_head,
+      kv_str, shape_str(s)))
+  end
+  check_groups(op, n_head, n_kv, function() return string.format('qkv is %s with n_head %d%s', shape_str(s), n_head, kv_str) end)
+  local D = s[3] / parts
   if not gp.attention_supported('fwd', qkv.dtype, D) then
-    raise(string.format('%s: head dim %d is not supported (supported: %s); qkv is %s with n_head %d', op, D,
-      head_dims('fwd'), shape_str(s), n_head))
+    raise(string.format('%s: head dim %d is not supported (supported: %s); qkv is %s with n_head %d%s', op, D,
+      head_dims('fwd'), shape_str(s), n_head, kv_str))
   end
   if not FLOAT[qkv.dtype] then raise(string.format('%s: qkv must be a float tensor, got %s', op, qkv.dtype)) end
-  return usable(qkv), s[1], s[2], n_head, D
+  return usable(qkv), s[1], s[2], n_head, n_kv, D
 end
--- the (B, H, T, D) view of part i (of n) of x (B, T, n H D): head h at columns (i-1) H D + h D ..
-local function heads(x, i, B, T, H, D)
-  return x:narrow(3, (i - 1) * H * D + 1, H * D):view {B, T, H, D}:transpose(2, 3)
+-- the (B, h, T, D) views of q, k and v in x (B, T, (H + 2 Hkv) D): q's head h at columns h D ..,
+-- k's at (H + h) D .., v's at (H + Hkv + h) D ..
+local function heads3(x, B, T, H, Hkv, D)
+  local function part(first, n) return x:narrow(3, first * D + 1, n * D):view {B, T, n, D}:transpose(2, 3) end
+  return part(0, H), part(H, Hkv), part(H + Hkv, Hkv)
 end
 
 function gp.attention_qkv(qkv, n_head, opts)
   local op = 'attention_qkv'
-  local x, B, T, H, D = qkv_input(op, qkv, n_head)
+  local x, B, T, H, Hkv, D = qkv_input(op, qkv, n_head, opts)
   local scale, window, ng, causal = attn_opts(op, D, T, T, opts)
   local y = empty({B, T, H, D}, x.dtype, x.device, op)
   local lse = empty({B, H, T}, 'f32', x.device, op)
-  K.attn_fwd(y:transpose(2, 3), lse, heads(x, 1, B, T, H, D), heads(x, 2, B, T, H, D), heads(x, 3, B, T, H, D),
-    scale, window, ng, causal)
+  local q, k, v = heads3(x, B, T, H, Hkv, D)
+  K.attn_fwd(y:transpose(2, 3), lse, q, k, v, scale, window, ng, causal)
   return y:view {B, T, H * D}, lse
 end
-gp.doc(gp.attention_qkv, 'gp.attention_qkv(qkv, n_head, {causal=true, scale=1/sqrt(D), window=0, n_global=0})',
+gp.doc(gp.attention_qkv, 'gp.attention_qkv(qkv, n_head, {causal=true, scale=1/sqrt(D), window=0, n_global=0, n_kv_head=n_head})',
   'gp.attention straight from a fused qkv buffer: qkv (B, T, 3C) holds q | k | v along the last dim (head h of ' ..
-  'each at columns h*D .. h*D+D-1, C = n_head * D, D as for gp.attention), as a Linear(C, 3C) writes it; returns y ' ..
+  'each at columns h*D .. h*D+D-1, C = n_head * D, D as for gp.attention), as a Linear(C, 3C) writes it; with ' ..
+  'n_kv_head = Hkv < n_head (grouped-query attention, Hkv dividing n_head) the buffer is (B, T, (n_head + 2 Hkv) D): ' ..
+  'q | k | v with n_head, Hkv, Hkv heads; returns y ' ..
   '(B, T, C) (heads side by side, ready for the output projection) and lse (B, H, T); the kernels read the ' ..
   'strided heads in place (no permute copies); differentiable: one node whose backward writes dq, dk, dv ' ..
-  'into one (B, T, 3C) gradient')
+  'into one gradient of qkv\'s shape')
 
 autograd.def_function('attention_qkv', function(g, a, o)
   if not g[1] then return end
   local op = 'attention_qkv'
-  local x, B, T, H, D = qkv_input(op, a[1], a[2])
+  local x, B, T, H, Hkv, D = qkv_input(op, a[1], a[2], a[3])
   local scale, window, ng, causal = attn_opts(op, D, T, T, a[3])
   local gy = tensor.to_dtype(g[1], x.dtype)
   if not fits(gy) then gy = gy:contiguous() end
-  local dqkv = empty({B, T, 3 * H * D}, x.dtype, x.device, op)
-  local function hv(t, i) return heads(t, i, B, T, H, D) end
-  K.attn_bwd(hv(dqkv, 1), hv(dqkv, 2), hv(dqkv, 3), hv(x, 1), hv(x, 2), hv(x, 3), hv(o[1], 1), o[2], hv(gy, 1),
-    scale, window, ng, causal)
+  local dqkv = empty({B, T, (H + 2 * Hkv) * D}, x.dtype, x.device, op)
+  local dq, dk, dv = heads3(dqkv, B, T, H, Hkv, D)
+  local q, k, v = heads3(x, B, T, H, Hkv, D)
+  local function hv(t) return t:view {B, T, H, D}:transpose(2, 3) end
+  K.attn_bwd(dq, dk, dv, q, k, v, hv(o[1]), o[2], hv(gy), scale, window, ng, causal)
   return dqkv
 end, {nout = 1})
 
@@ -204,8 +233,9 @@ local function lens_tensor(b, n, device)
   return t
 end
 
-function gp.attention_decode(q, kcache, vcache, lens, opts)
-  local op = 'attention_decode'
+-- decode attention of q over kcache, vcache (quant nil) or over a compressed
+-- cache: kcache, vcache u8 codes and quant = {fmt = 1 | 2, ks =, vs =} their scales
+local function decode(op, q, kcache, vcache, lens, opts, quant)
   need(q, op, 'q'); need(kcache, op, 'kcache'); need(vcache, op, 'vcache')
   same_dev(op, q, 'q', kcache, 'kcache'); same_dev(op, q, 'q', vcache, 'vcache')
   local qs, ks = q.shape, kcache.shape
@@ -216,11 +246,14 @@ function gp.attention_decode(q, kcache, vcache, lens, opts)
   local q3 = q4 and q:reshape {qs[1], qs[2], qs[4]} or q
   local s3 = q3.shape
   local vs = vcache.shape
-  if #s3 ~= 3 or #ks ~= 4 or ks[1] ~= s3[1] or ks[2] ~= s3[2] or ks[4] ~= s3[3] or #vs ~= 4 or vs[1] ~= ks[1] or
-    vs[2] ~= ks[2] or vs[3] ~= ks[3] or vs[4] ~= ks[4] then
-    raise(string.format('%s: q must be (B, H, D) and kcache, vcache (B, H, C, D); got q %s, kcache %s, vcache %s', op,
-      shape_str(qs), shape_str(ks), shape_str(vcache.shape)))
+  local function shapes()
+    return string.format('got q %s, kcache %s, vcache %s', shape_str(qs), shape_str(ks), shape_str(vs))
   end
+  if #s3 ~= 3 or #ks ~= 4 or ks[1] ~= s3[1] or ks[4] ~= s3[3] or #vs ~= 4 or vs[1] ~= ks[1] or
+    vs[2] ~= ks[2] or vs[3] ~= ks[3] or vs[4] ~= ks[4] then
+    raise(string.format('%s: q must be (B, H, D) and kcache, vcache (B, Hkv, C, D) with Hkv dividing H; %s', op, shapes()))
+  end
+  check_groups(op, s3[2], ks[2], shapes)
   if not FLOAT[q.dtype] then raise(string.format('%s: q must be a float tensor, got %s', op, q.dtype)) end
   if not gp.attention_supported('decode', q.dtype, s3[3]) then
     raise(string.format('%s: head dim %d is not supported (supported: %s); q is %s', op, s3[3], head_dims('decode'), shape_str(qs)))
@@ -236,25 +269,37 @@ function gp.attention_decode(q, kcache, vcache, lens, opts)
   if lens.dtype ~= 'i32' and lens.dtype ~= 'i64' then lens = lens:to('i64') end
   opts = opts or {}
   -- the query takes the cache's dtype (never the other way: no copy of the cache per step)
-  local cdt = FLOAT[kcache.dtype] and kcache.dtype or q.dtype
+  local cdt = not quant and FLOAT[kcache.dtype] and kcache.dtype or q.dtype
   local qc = tensor.to_dtype(q3, cdt):contiguous()
   local out = empty(s3, cdt, q.device, op)
-  K.attn_decode(out, qc, as_contiguous(kcache, qc), as_contiguous(vcache, qc), lens:contiguous(),
-    opts.scale or 1 / math.sqrt(s3[3]), nonneg_int(op, 'window', opts.window),
-    nonneg_int(op, 'n_global', opts.n_global))
+  local scale, window, ng = opts.scale or 1 / math.sqrt(s3[3]), nonneg_int(op, 'window', opts.window),
+    nonneg_int(op, 'n_global', opts.n_global)
+  if quant then
+    K.attn_decode_q(out, qc, kcache, vcache, quant.ks, quant.vs, lens:contiguous(), scale, window, ng, quant.fmt)
+  else
+    K.attn_decode(out, qc, as_contiguous(kcache, qc), as_contiguous(vcache, qc), lens:contiguous(), scale, window, ng)
+  end
   if cdt ~= q.dtype then out = tensor.to_dtype(out, q.dtype) end
   return q4 and out:view(qs) or out
 end
+function gp.attention_decode(q, kcache, vcache, lens, opts)
+  return decode('attention_decode', q, kcache, vcache, lens, opts)
+end
 gp.doc(gp.attention_decode, 'gp.attention_decode(q, kcache, vcache, lens, {scale=, window=0, n_global=0})',
   'one new query per sequence (q (B, H, D) or (B, H, 1, D)) over the first lens[b] entries of kcache, vcache ' ..
-  '(B, H, C, D), at position lens[b] - 1 (window and n_global as in gp.attention); lens: i32/i64 [B] or a number; ' ..
+  '(B, Hkv, C, D), at position lens[b] - 1 (window and n_global as in gp.attention); Hkv dividing H: grouped-query ' ..
+  'attention (query head h reads KV head h / (H / Hkv)); lens: i32/i64 [B] or a number; ' ..
   'split along the cache on the GPU (flash-decoding)')
 
 ---------------------------------------------------------------------------
--- KV cache: per layer (B, H, capacity, D) keys and values, filled in place
+-- KV cache: per layer (B, H, capacity, D) keys and values, filled in place;
+-- H is the model's KV heads (grouped-query attention stores each once), and
+-- attend / attend_at take queries with any multiple of H heads
 
 local KVCache = {}
 KVCache.__index = KVCache
+-- compressed caches: kv_dtype -> the kvcache kernels' fmt (kernels/kvquant.h)
+local KV_FMT = {int8 = 1, fp8 = 2}
 gp.KVCacheClass = KVCache
 
 local function pos_int(op, name, v, default)
@@ -276,22 +321,41 @@ function gp.KVCache(o)
   self.layers = pos_int(op, 'layers', o.layers, 1)
   self.dtype = o.dtype or 'f32'
   self.device = o.device or gp.device()
+  local kvd = o.kv_dtype
+  if kvd == self.dtype then kvd = nil end
+  if kvd ~= nil and not KV_FMT[kvd] then
+    raise(string.format("KVCache: kv_dtype must be 'int8' or 'fp8' (compressed keys and values), or nil / the dtype " ..
+      "(%s), got %s", self.dtype, type(kvd) == 'string' and "'" .. kvd .. "'" or tostring(kvd)))
+  end
+  self.kv_dtype, self.fmt = kvd, KV_FMT[kvd]
   self.k, self.v, self._lens, self.fill = {}, {}, {}, {}
   local shape = {self.batch, self.heads, self.capacity, self.head_dim}
-  local to = {dtype = self.dtype, device = self.device}
+  local to = {dtype = self.fmt and 'u8' or self.dtype, device = self.device}
+  if self.fmt then
+    -- codes (u8) and an f32 scale per position and head; _pos: append's position on the device
+    self.ks, self.vs = {}, {}
+    self._pos = gp.zeros({1}, {dtype = 'i64', device = self.device})
+  end
   for l = 1, self.layers do
     self.k[l] = gp.zeros(shape, to)
     self.v[l] = gp.zeros(shape, to)
+    if self.fmt then
+      self.ks[l] = gp.zeros({self.batch, self.heads, self.capacity}, {device = self.device})
+      self.vs[l] = gp.zeros({self.batch, self.heads, self.capacity}, {device = self.device})
+    end
     self._lens[l] = gp.zeros({self.batch}, {dtype = 'i32', device = self.device})
     self.fill[l] = 0
   end
   return self
 end
-gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, dtype=f32, device=}',
-  'preallocated keys and values per layer (B, H, capacity, D): cache:append(layer, k, v) writes (B, H, Tnew, D) ' ..
+gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, dtype=f32, device=, kv_dtype=nil}',
+  'preallocated keys and values per layer (B, H, capacity, D), H the KV heads (grouped-query attention: fewer than ' ..
+  'the query heads, which attend and attend_at take as they are): cache:append(layer, k, v) writes (B, H, Tnew, D) ' ..
   'in place (no device allocation), cache:len(), cache:reset(), cache:keys(layer), cache:values(layer) (views of ' ..
   'the filled part), cache:lens(layer) (i32 [B] on the device), cache:attend(layer, q, opts) (decode attention); ' ..
-  'never grows: going past capacity is an error')
+  'never grows: going past capacity is an error. kv_dtype = \'int8\' or \'fp8\' (e4m3) stores keys and values as ' ..
+  'one-byte codes with an f32 scale per position and head (quantized on append, read by decode attention directly; ' ..
+  'keys/values return dequantized copies in dtype); cache:nbytes() is the device memory it holds')
 
 function KVCache:_layer(op, layer)
   if type(layer) ~= 'number' or layer ~= math.floor(layer) or layer < 1 or layer > self.layers then
@@ -324,8 +388,13 @@ function KVCache:append(layer, k, v)
       '(the cache never grows)', layer, pos, self.capacity, n))
   end
   if n == 0 then return self end
-  K.copy(self.k[layer]:narrow(3, pos + 1, n), k)
-  K.copy(self.v[layer]:narrow(3, pos + 1, n), v)
+  if self.fmt then
+    K.fill(self._pos, pos)
+    self:_quant(layer, k, v, self._pos)
+  else
+    K.copy(self.k[layer]:narrow(3, pos + 1, n), k)
+    K.copy(self.v[layer]:narrow(3, pos + 1, n), v)
+  end
   self.fill[layer] = pos + n
   K.fill(self._lens[layer], pos + n)
   return self
@@ -338,14 +407,43 @@ end
 function KVCache:append_at(layer, k, v, pos)
   self:_layer('append_at', layer)
   need(pos, 'KVCache:append_at', 'pos')
+  if self.fmt then return self:_quant(layer, k, v, pos) end
   K.write_at(self.k[layer], k, pos)
   K.write_at(self.v[layer], v, pos)
+  return self
+end
+-- compressed: k, v quantized into layer's codes and scales at the device position pos
+function KVCache:_quant(layer, k, v, pos)
+  K.kv_quant_append(self.k[layer], self.ks[layer], usable(k), pos, self.fmt)
+  K.kv_quant_append(self.v[layer], self.vs[layer], usable(v), pos, self.fmt)
   return self
 end
 -- decode attention of q (B, H, D) over the first lens[b] positions of layer
 function KVCache:attend_at(layer, q, lens, opts)
   layer = self:_layer('attend_at', layer)
+  if self.fmt then
+    return decode('KVCache:attend_at', q, self.k[layer], self.v[layer], lens, opts,
+      {fmt = self.fmt, ks = self.ks[layer], vs = self.vs[layer]})
+  end
   return gp.attention_decode(q, self.k[layer], self.v[layer], lens, opts)
+end
+-- the lengths of a device-position decode step (one token per row at the
+-- position held by pos, for CUDA graphs): checks idx (B, 1) and pos (i64 [1]
+-- on idx's device) in the name of op and returns an i64 [B] tensor holding
+-- pos + 1, kept on the cache and refilled on the device each call
+function KVCache:step_lens(op, idx, pos)
+  local B, T = idx:size(1), idx:size(2)
+  if T ~= 1 or pos:numel() ~= 1 or pos.dtype ~= 'i64' or pos.device ~= idx.device then
+    raise(string.format('%s: with a device position, idx must be (B, 1) and pos an i64 [1] tensor on %s; ' ..
+      'got idx %s, pos %s %s on %s', op, idx.device, shape_str(idx.shape), pos.dtype, shape_str(pos.shape), pos.device))
+  end
+  local lens = rawget(self, '_step_lens')
+  if not lens or lens:size(1) ~= B or lens.device ~= idx.device then
+    lens = empty({B}, 'i64', idx.device, op)
+    rawset(self, '_step_lens', lens)
+  end
+  K.add_s(lens, pos:view {1}, 1) -- every row attends over positions 0..pos
+  return lens
 end
 -- set the host count of every layer (after appends at device positions)
 function KVCache:set_len(n)
@@ -367,33 +465,54 @@ function KVCache:reset()
   end
   return self
 end
+-- the filled part of codes t with scales sc, dequantized into a new (B, H, len, D) tensor of the cache's dtype
+function KVCache:_dequant(layer, t, sc)
+  local out = empty({self.batch, self.heads, self.fill[layer], self.head_dim}, self.dtype, self.device, 'KVCache')
+  K.kv_dequant(out, t, sc, self.fmt)
+  return out
+end
 function KVCache:keys(layer)
   layer = self:_layer('keys', layer or 1)
+  if self.fmt then return self:_dequant(layer, self.k[layer], self.ks[layer]) end
   return self.k[layer]:narrow(3, 1, self.fill[layer])
 end
 function KVCache:values(layer)
   layer = self:_layer('values', layer or 1)
+  if self.fmt then return self:_dequant(layer, self.v[layer], self.vs[layer]) end
   return self.v[layer]:narrow(3, 1, self.fill[layer])
 end
 function KVCache:lens(layer) return self._lens[self:_layer('lens', layer or 1)] end
 function KVCache:attend(layer, q, opts)
   layer = self:_layer('attend', layer)
-  return gp.attention_decode(q, self.k[layer], self.v[layer], self._lens[layer], opts)
+  return self:attend_at(layer, q, self._lens[layer], opts)
+end
+-- device bytes held: codes (or values), scales and lengths
+function KVCache:nbytes()
+  local n = 0
+  for l = 1, self.layers do
+    for _, t in ipairs {self.k[l], self.v[l], self._lens[l], self.ks and self.ks[l], self.vs and self.vs[l]} do
+      if t then n = n + t:numel() * t:element_size() end
+    end
+  end
+  return n
 end
 local D = gp.doc
 D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at the next positions of layer, in place; an error past capacity')
 D(KVCache.len, 'cache:len(layer=1)', 'positions filled in layer')
 D(KVCache.append_at, 'cache:append_at(layer, k, v, pos)', 'write k, v (B, H, Tnew, D) at the position held by the device tensor pos (i64 [1]); for CUDA graphs: nothing read on the host, len not advanced')
-D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, H, D) over the first lens[b] positions of layer (lens a device tensor)')
+D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, Hq, D) over the first lens[b] positions of layer (lens a device tensor; Hq a multiple of the cache\'s heads)')
+D(KVCache.step_lens, 'cache:step_lens(op, idx, pos)', 'i64 [B] device lengths pos + 1 for a device-position decode step of idx (B, 1) at pos (i64 [1]); an error naming op otherwise')
 D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (after append_at)')
 D(KVCache.reset, 'cache:reset()', 'empty every layer (the buffers are kept)')
-D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys')
-D(KVCache.values, 'cache:values(layer=1)', 'view (B, H, len, D) of the filled values')
+D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys (kv_dtype int8/fp8: a dequantized copy in dtype)')
+D(KVCache.values, 'cache:values(layer=1)', 'view (B, H, len, D) of the filled values (kv_dtype int8/fp8: a dequantized copy in dtype)')
+D(KVCache.nbytes, 'cache:nbytes()', 'device bytes the cache holds (keys, values, their scales when compressed, lengths)')
 D(KVCache.lens, 'cache:lens(layer=1)', 'i32 [B] device tensor holding len (for gp.attention_decode)')
-D(KVCache.attend, 'cache:attend(layer, q, opts)', 'gp.attention_decode of q (B, H, D) over the filled part of layer')
+D(KVCache.attend, 'cache:attend(layer, q, opts)', 'gp.attention_decode of q (B, Hq, D) over the filled part of layer (Hq a multiple of the cache\'s heads: grouped-query attention)')
 KVCache.__tostring = function(self)
-  return string.format('KVCache(batch=%d, heads=%d, capacity=%d, head_dim=%d, layers=%d, %s, %s, len=%d)',
-    self.batch, self.heads, self.capacity, self.head_dim, self.layers, self.dtype, self.device, self.fill[1])
+  return string.format('KVCache(batch=%d, heads=%d, capacity=%d, head_dim=%d, layers=%d, %s%s, %s, len=%d)',
+    self.batch, self.heads, self.capacity, self.head_dim, self.layers, self.dtype,
+    self.kv_dtype and ' (stored ' .. self.kv_dtype .. ')' or '', self.device, self.fill[1])
 end
 
 return gp

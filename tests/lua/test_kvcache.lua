@@ -1,0 +1,253 @@
+-- Compressed KV caches (gp.KVCache{kv_dtype = 'int8' | 'fp8'}): the codes
+-- the quantize-append kernel writes (kernels/kvquant.h), decode attention
+-- over the codes against the same cache in bf16, the cache's methods, greedy
+-- generation with a fixture model, memory, bad input. The GPU cases (the
+-- kernels' bytes and decode against the CPU) skip without a GPU; the generic
+-- CPU-vs-GPU kernel test covers kv_quant_append, kv_dequant and
+-- attn_decode_q too (test_kernels.lua).
+local T = require 'lib'
+local gp = require 'gpush'
+
+local CPU = {device = 'cpu'}
+local FMT = {int8 = 1, fp8 = 2}
+local root = (GPUSH_ROOT or '.') .. '/tests/fixtures/models'
+
+local function rn(shape, o) return gp.randn(shape, o or CPU) end
+
+-- codes and scales of x (B, H, K, D) quantized into a fresh cache of K positions
+local function quantize(x, fmt, dev)
+  dev = dev or 'cpu'
+  local B, H, K, D = unpack(x.shape)
+  local codes, scales = gp.zeros({B, H, K, D}, {dtype = 'u8', device = dev}), gp.zeros({B, H, K}, {device = dev})
+  gp.k.kv_quant_append(codes, scales, x:to(dev), gp.zeros({1}, {dtype = 'i64', device = dev}), fmt)
+  return codes, scales
+end
+
+T.test('kv_quant_append: fp8 e4m3 codes rounded to nearest even and saturated; int8 codes to +-127', function()
+  -- one row whose max |x| is 448 (the scale is 1: the codes are e4m3(x) itself)
+  local vals = {448, 1, -2, 1.0625, 1.1875, 2 ^ -6, 2 ^ -9, 2 ^ -10, -2 ^ -10 * 3, 0.3, 240, -448}
+  local want = {0x7e, 0x38, 0xc0, 0x38, 0x3a, 0x08, 0x01, 0x00, 0x82, 0x2a, 0x77, 0xfe}
+  local x = gp.tensor({{{vals}}}, CPU)
+  local codes, scales = quantize(x, FMT.fp8)
+  T.eq(scales:item(), 1)
+  local got = codes:view {#vals}:totable()
+  for i = 1, #vals do T.eq(got[i], want[i], string.format('e4m3(%g)', vals[i])) end
+  -- int8: the largest |x| is +-127 (here 127: the scale is 1), ties round to even
+  local xi = gp.tensor({{{{-127, 63.5, 0.5, 1.5, 2.5, 0}}}}, CPU)
+  local ci, si = quantize(xi, FMT.int8)
+  T.eq(si:item(), 1)
+  T.eq(table.concat(ci:view {6}:totable(), ','), table.concat({129, 64, 0, 2, 2, 0}, ','), 'int8 codes (two\'s complement)')
+  -- an all-zero row: scale 0, codes 0
+  local cz, sz = quantize(gp.zeros({1, 1, 1, 8}, CPU), FMT.int8)
+  T.eq(sz:item(), 0)
+  T.eq(cz:sum():item(), 0)
+end)
+
+T.test('kv_quant_append then kv_dequant: every element within the format\'s rounding of the row scale', function()
+  gp.manual_seed(3)
+  local x = rn {2, 3, 9, 64}
+  for name, fmt in pairs(FMT) do
+    local codes, scales = quantize(x, fmt)
+    local y = gp.empty(x.shape, CPU)
+    gp.k.kv_dequant(y, codes, scales, fmt)
+    local amax = x:abs():max(-1)
+    -- int8: half a step (amax / 254); e4m3: 2^-4 relative (3 mantissa bits) plus half a subnormal step
+    local err = (y - x):abs()
+    local bound = name == 'int8' and (amax / 254):unsqueeze(-1):expand(x.shape) + 1e-6 or
+      x:abs() * (1 / 16) + (amax * (2 ^ -10 / 448)):unsqueeze(-1):expand(x.shape) + 1e-6
+    T.eq((err - bound):max():item() <= 0, true, name .. ': max excess ' .. (err - bound):max():item())
+    T.ok(T.relnorm(scales, amax / (name == 'int8' and 127 or 448)) < 1e-6, name .. ' scales')
+  end
+  -- positions: rows written at pos .. pos + K - 1, the others untouched
+  local codes, scales = gp.zeros({1, 1, 6, 64}, {dtype = 'u8', device = 'cpu'}), gp.zeros({1, 1, 6}, CPU)
+  gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, gp.tensor({3}, {dtype = 'i64', device = 'cpu'}), 1)
+  local s = scales:view {6}:totable()
+  T.ok(s[1] == 0 and s[2] == 0 and s[3] == 0 and s[4] > 0 and s[5] > 0 and s[6] == 0, 'scales at 3 and 4 only')
+  T.raises(function()
+    gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, gp.tensor({5}, {dtype = 'i64', device = 'cpu'}), 1)
+  end, 'kv_quant_append', 'position 5', '6 positions')
+  T.raises(function() gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, gp.zeros({1}, {dtype = 'i64', device = 'cpu'}), 3) end,
+    'kv_quant_append', 'fmt')
+  T.raises(function() gp.k.kv_dequant(gp.empty({1, 1, 7, 64}, CPU), codes, scales, 1) end, 'kv_dequant', '7 positions')
+end)
+
+-- a bf16 cache and a compressed one holding the same keys and values
+local function caches(o, kv_dtype, k, v)
+  local c16 = gp.KVCache {batch = o.B, heads = o.Hkv, capacity = o.C, head_dim = o.D, dtype = 'bf16', device = o.device}
+  local cq = gp.KVCache {batch = o.B, heads = o.Hkv, capacity = o.C, head_dim = o.D, dtype = 'bf16', device = o.device,
+                         kv_dtype = kv_dtype}
+  for _, c in ipairs {c16, cq} do
+    c:append(1, k:narrow(3, 1, o.S - 1), v:narrow(3, 1, o.S - 1))
+    c:append(1, k:narrow(3, o.S, 1), v:narrow(3, o.S, 1))
+  end
+  return c16, cq
+end
+
+T.test('decode attention over an int8 cache within 2e-2 of the bf16 cache, fp8 within 5e-2 (GQA, windows, D 64, 128)', function()
+  gp.manual_seed(7)
+  for _, o in ipairs {
+    {B = 2, H = 4, Hkv = 2, S = 50, C = 64, D = 64, opts = {}},
+    {B = 1, H = 9, Hkv = 3, S = 300, C = 300, D = 64, opts = {window = 100, n_global = 4}},
+    {B = 2, H = 4, Hkv = 1, S = 77, C = 80, D = 128, opts = {scale = 0.1}},
+  } do
+    o.device = 'cpu'
+    local k, v = rn({o.B, o.Hkv, o.S, o.D}):bf16(), rn({o.B, o.Hkv, o.S, o.D}):bf16()
+    local q = rn({o.B, o.H, o.D}):bf16()
+    for _, kvd in ipairs {'int8', 'fp8'} do
+      local c16, cq = caches(o, kvd, k, v)
+      local ref, got = c16:attend(1, q, o.opts), cq:attend(1, q, o.opts)
+      T.same(got.shape, {o.B, o.H, o.D})
+      T.eq(got.dtype, 'bf16')
+      local name = string.format('%s H %d Hkv %d S %d D %d', kvd, o.H, o.Hkv, o.S, o.D)
+      -- int8: within 2e-2 (here 8e-3 to 1e-2); fp8 e4m3 has 3 mantissa bits: each element is off by up to
+      -- 2^-4 of itself (about 2.5e-2 on average), the output by 3.2e-2 to 3.9e-2 here: within 5e-2
+      local rel = T.relnorm(got:float(), ref:float())
+      T.ok(rel < (kvd == 'int8' and 2e-2 or 5e-2), name .. ': ' .. rel)
+      -- the kernel reads the codes as dequantizing them first (in f32) would
+      local function deq(codes, scales)
+        local t = gp.empty({o.B, o.Hkv, o.S, o.D}, CPU)
+        gp.k.kv_dequant(t, codes, scales, FMT[kvd])
+        return t
+      end
+      local dq = gp.attention_decode(q:float(), deq(cq.k[1], cq.ks[1]), deq(cq.v[1], cq.vs[1]), o.S, o.opts)
+      T.ok(T.relnorm(got:float(), dq) < 1e-2, name .. ' vs the dequantized cache')
+      T.ok(T.relnorm(cq:keys(1):float(), deq(cq.k[1], cq.ks[1])) < 1e-2, name .. ' keys(): the dequantized keys in bf16')
+      local exact = gp.empty({o.B, o.H, o.D}, CPU)
+      gp.k.attn_decode_q(exact, q:float(), cq.k[1], cq.v[1], cq.ks[1], cq.vs[1], cq:lens(1), o.opts.scale or 0,
+        o.opts.window or 0, o.opts.n_global or 0, FMT[kvd])
+      T.ok(T.relnorm(exact, dq) < 1e-6, name .. ' (f32 query) vs the dequantized cache')
+    end
+  end
+end)
+
+T.test('compressed KVCache: append, append_at, keys/values, reset, memory, errors', function()
+  gp.manual_seed(9)
+  local B, H, C, D = 2, 2, 10, 64
+  local cache = gp.KVCache {batch = B, heads = H, capacity = C, head_dim = D, layers = 2, device = 'cpu', kv_dtype = 'int8'}
+  T.eq(cache.k[1].dtype, 'u8')
+  T.ok(tostring(cache):find('stored int8', 1, true), tostring(cache))
+  local k, v = rn {B, H, 4, D}, rn {B, H, 4, D}
+  cache:append(2, k:narrow(3, 1, 3), v:narrow(3, 1, 3))
+  cache:append_at(2, k:narrow(3, 4, 1), v:narrow(3, 4, 1), gp.tensor({3}, {dtype = 'i64', device = 'cpu'}))
+  cache:set_len(4)
+  T.same(cache:keys(2).shape, {B, H, 4, D})
+  T.eq(cache:keys(2).dtype, 'f32')
+  T.ok(T.relnorm(cache:keys(2), k) < 1e-2 and T.relnorm(cache:values(2), v) < 1e-2, 'dequantized keys and values')
+  -- attend_at (device lengths) equals attend
+  local q = rn {B, 4, D}
+  T.ok(T.relnorm(cache:attend(2, q), cache:attend_at(2, q, gp.full({B}, 4, {dtype = 'i64', device = 'cpu'}))) == 0)
+  -- memory: codes of D bytes and an f32 scale per position, head, key or value, layer
+  T.eq(cache:nbytes(), 2 * (2 * B * H * C * (D + 4) + 4 * B))
+  local plain = gp.KVCache {batch = B, heads = H, capacity = C, head_dim = D, layers = 2, dtype = 'bf16', device = 'cpu'}
+  T.eq(plain:nbytes(), 2 * (2 * B * H * C * D * 2 + 4 * B))
+  T.eq(gp.KVCache {batch = 1, heads = 1, capacity = 2, head_dim = 64, kv_dtype = 'f32', device = 'cpu'}.kv_dtype, nil,
+    'kv_dtype = dtype is the plain cache')
+  cache:reset()
+  T.eq(cache:len(2), 0)
+  T.raises(function() gp.KVCache {batch = 1, heads = 1, capacity = 2, head_dim = 64, kv_dtype = 'int4'} end, 'KVCache',
+    'kv_dtype', "'int8' or 'fp8'", "'int4'")
+  T.raises(function() cache:append(1, rn {B, H + 1, 1, D}, rn {B, H + 1, 1, D}) end, 'KVCache:append', '(2, 2, Tnew, 64)')
+  T.raises(function() cache:append(1, rn {B, H, C + 1, D}, rn {B, H, C + 1, D}) end, 'capacity')
+  T.raises(function() gp.generate(gp.models.load(root .. '/llama3_rope', {dtype = 'f32', device = 'cpu'}), {{1, 2}},
+    {max_new = 2, kv_dtype = 'q4'}) end, 'KVCache', 'kv_dtype', "'q4'")
+end)
+
+-- greedy tokens of prompt lists with a cache of kv_dtype
+local function greedy(m, prompts, kv_dtype)
+  local r = gp.generate(m, prompts, {max_new = 8, greedy = true, kv_dtype = kv_dtype})
+  local out = {}
+  for i, l in ipairs(r.lists) do out[i] = table.concat(l, ',') end
+  return out
+end
+
+-- (the fixtures' random weights give near-ties between the top logits: a
+-- quantized cache's small logit changes (about 1e-2 relative for int8, 3e-2
+-- for fp8) flip some of them, and one flip changes the rest of the row; 8
+-- new tokens keep most rows equal, 24 keep about half with int8)
+T.test('greedy generation with an int8 / fp8 cache equals the f32 cache on most prompts (fixture models)', function()
+  local prompts = {}
+  for i = 1, 16 do prompts[i] = {(i * 7) % 50 + 3, (i * 13) % 60 + 5, (i * 29) % 70 + 2, i + 10, (i * 3) % 40 + 1} end
+  -- llama3_rope: head dim 64, one KV head (decode attention over the codes); llama_gqa: head dim 32, 4:2
+  -- (decode through the dequantized cache)
+  for _, name in ipairs {'llama3_rope', 'llama_gqa'} do
+    local m = gp.models.load(root .. '/' .. name, {dtype = 'f32', device = 'cpu'})
+    local base = greedy(m, prompts)
+    for _, kvd in ipairs {'int8', 'fp8'} do
+      local got = greedy(m, prompts, kvd)
+      local same = 0
+      for i = 1, #prompts do if got[i] == base[i] then same = same + 1 end end
+      -- int8 keeps more bits than e4m3 (here: int8 13 and 16 of 16, fp8 11 and 12)
+      T.ok(same >= (kvd == 'int8' and 12 or 10), string.format('%s %s: %d of %d prompts give the same tokens', name, kvd,
+        same, #prompts))
+    end
+  end
+end)
+
+T.test('Llama prefill in two chunks over a compressed cache: the second chunk reads the dequantized first', function()
+  local m = gp.models.load(root .. '/llama3_rope', {dtype = 'f32', device = 'cpu'})
+  local ids = gp.tensor({{10, 16, 31, 11, 4, 7, 9, 3}, {5, 6, 7, 8, 9, 10, 11, 12}}, {dtype = 'i64', device = 'cpu'})
+  local full = m(ids)
+  for _, kvd in ipairs {'int8', 'fp8'} do
+    local cache = m:new_cache(2, 12, 'f32', 'cpu', kvd)
+    T.eq(cache.kv_dtype, kvd)
+    local a = m:forward_cached(ids:narrow(2, 1, 5), cache, 0)
+    T.ok(T.relnorm(a, full:narrow(2, 1, 5)) < 1e-5, kvd .. ': the first chunk attends over its own keys and values')
+    local b = m:forward_cached(ids:narrow(2, 6, 3), cache, 5)
+    local rel = T.relnorm(b, full:narrow(2, 6, 3))
+    -- (logits through 2 layers: int8 about 1e-2 here, fp8 about 5e-2)
+    T.ok(rel > 0 and rel < (kvd == 'int8' and 2e-2 or 8e-2), kvd .. ': the second chunk ' .. rel)
+    T.eq(cache:len(1), 8)
+  end
+end)
+
+T.test('nn.GPT generates through a compressed cache: device positions and host positions give the same tokens', function()
+  gp.manual_seed(17)
+  -- head dim 64 (decode attention over the codes), 2 heads
+  local m = gp.nn.GPT {vocab_size = 40, block_size = 32, n_embd = 128, n_layer = 2, n_head = 2, device = 'cpu'}
+  local prompts = {{1, 2, 3}, {7, 8}, {4, 5, 6, 7, 9}, {11}}
+  local base = gp.generate(m, prompts, {greedy = true, max_new = 8})
+  for _, kvd in ipairs {'int8', 'fp8'} do
+    local a = gp.generate(m, prompts, {greedy = true, max_new = 8, kv_dtype = kvd})
+    local b = gp.generate(m, prompts, {greedy = true, max_new = 8, kv_dtype = kvd, device_pos = false})
+    local same = 0
+    for i = 1, #prompts do
+      T.eq(table.concat(a.lists[i], ','), table.concat(b.lists[i], ','), kvd .. ' row ' .. i .. ': device vs host positions')
+      if table.concat(a.lists[i], ',') == table.concat(base.lists[i], ',') then same = same + 1 end
+    end
+    T.ok(same >= 3, string.format('%s: %d of %d rows equal the f32 cache\'s', kvd, same, #prompts))
+  end
+end)
+
+T.test('compressed caches on the GPU: the kernels write the CPU\'s bytes; decode and generation match the CPU', function()
+  T.cuda()
+  gp.manual_seed(21)
+  for _, D in ipairs {64, 128} do
+    for _, dt in ipairs {'bf16', 'f16', 'f32'} do
+      local x = rn({2, 3, 17, D}):to(dt)
+      for name, fmt in pairs(FMT) do
+        local c1, s1 = quantize(x, fmt)
+        local c2, s2 = quantize(x, fmt, 'cuda')
+        T.eq((c1:int() - c2:cpu():int()):abs():max():item(), 0, string.format('%s %s D %d: the same codes', name, dt, D))
+        T.ok(T.relnorm(s2:cpu(), s1) == 0, name .. ' the same scales')
+      end
+    end
+    local o = {B = 2, H = 8, Hkv = 2, S = 1500, C = 2000, D = D, opts = {window = 700, n_global = 3}}
+    local k, v, q = rn {o.B, o.Hkv, o.S, D}, rn {o.B, o.Hkv, o.S, D}, rn {o.B, o.H, D}
+    for _, kvd in ipairs {'int8', 'fp8'} do
+      o.device = 'cpu'
+      local _, ccpu = caches(o, kvd, k:bf16(), v:bf16())
+      o.device = 'cuda'
+      local g16, gq = caches(o, kvd, k:bf16():cuda(), v:bf16():cuda())
+      local got = gq:attend(1, q:bf16():cuda(), o.opts):float():cpu()
+      T.ok(T.relnorm(got, ccpu:attend(1, q:bf16(), o.opts):float()) < 1e-2, kvd .. ' GPU vs CPU decode')
+      T.ok(T.relnorm(got, g16:attend(1, q:bf16():cuda(), o.opts):float():cpu()) < 2e-2, kvd .. ' vs the bf16 cache')
+    end
+  end
+  local m = gp.models.load(root .. '/llama3_rope', {dtype = 'f32', device = 'cuda'})
+  local mc = gp.models.load(root .. '/llama3_rope', {dtype = 'f32', device = 'cpu'})
+  local prompts = {{5, 9, 2, 11}, {7, 3, 30, 1}}
+  for _, kvd in ipairs {'int8', 'fp8'} do
+    local a, b = greedy(m, prompts, kvd), greedy(mc, prompts, kvd)
+    T.eq(a[1] .. ';' .. a[2], b[1] .. ';' .. b[2], kvd .. ': GPU greedy tokens (a CUDA graph) equal the CPU\'s')
+  end
+end)
