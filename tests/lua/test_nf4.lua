@@ -1,0 +1,310 @@
+-- NF4 weights (gp.quantize, gp.nf4_linear): the codes
+-- against a direct evaluation of the codebook rule written here in Lua, the
+-- products against x @ dequant(W)^T in f64, gradients by finite differences,
+-- bytes a parameter, bad input. (The CUDA kernels against the CPU reference:
+-- the nf4 cases of test_kernels.lua; here the GPU cases repeat the checks on
+-- the device when there is one.)
+local T = require 'lib'
+local gp = require 'gpush'
+local ffi = require 'ffi'
+local fd = require 'fd'
+
+local cpu = {device = 'cpu'}
+
+-- bitsandbytes' codebook (the values as the QLoRA paper prints them)
+local CODES = {-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453, -0.28444138169288635,
+               -0.18477343022823334, -0.09105003625154495, 0.0, 0.07958029955625534, 0.16093020141124725,
+               0.24611230194568634, 0.33791524171829224, 0.44070982933044434, 0.5626170039176941,
+               0.7229568362236023, 1.0}
+
+local fbuf = ffi.new('float[1]')
+local function f32(v) fbuf[0] = v; return fbuf[0] end -- v rounded to float
+local FC = {}
+for i = 1, 16 do FC[i] = f32(CODES[i]) end
+-- bitsandbytes' decision thresholds (dQuantizeNF4's literals, the midpoints of
+-- neighbouring codes) as the compilers round them to float; MID[i] lies
+-- between codes i - 1 and i (0-based)
+local MID = {-0.8480964303016663, -0.6106328964233398, -0.4599952697753906, -0.33967941999435425, -0.23460739850997925,
+             -0.13791173696517944, -0.045525018125772476, 0.03979014977812767, 0.1202552542090416, 0.2035212516784668,
+             0.2920137643814087, 0.3893125355243683, 0.5016633868217468, 0.6427869200706482, 0.8614783883094788}
+
+-- the float next to v (a float) by d ulps
+local ubuf = ffi.new('union { float f; int32_t i; }')
+local function fstep(v, d)
+  ubuf.f = v
+  ubuf.i = ubuf.i + (v >= 0 and d or -d)
+  return ubuf.f
+end
+
+-- the rule: the nearest code of v (a float); a value equal to a threshold takes the lower code
+local function code_of(v)
+  if v ~= v then return 0 end -- NaN: bitsandbytes' tree ends at code 0
+  local best, bd = 0, math.huge
+  for i = 1, 16 do
+    local d = math.abs(v - FC[i])
+    if d < bd then best, bd = i - 1, d end
+  end
+  if best > 0 and v == MID[best] then best = best - 1 end -- on the threshold below the nearest code
+  return best
+end
+
+-- the expected (codes, absmax, dequantized values) of one block of floats, as
+-- bitsandbytes computes: scale = float(1 / absmax), v = float(w * scale); an
+-- all-zero block takes the code of 0, and a block whose 1 / absmax overflows
+-- divides by absmax
+local function expect_block(vals)
+  local m = 0
+  for _, v in ipairs(vals) do if math.abs(v) > m then m = math.abs(v) end end
+  local scale = m == 0 and 0 or f32(1 / m)
+  local divide = scale == math.huge
+  local codes, deq = {}, {}
+  for i, v in ipairs(vals) do
+    local s = divide and f32(v / m) or f32(v * scale)
+    codes[i] = code_of(s)
+    deq[i] = f32(FC[codes[i] + 1] * m)
+  end
+  return codes, m, deq
+end
+
+-- the expected codes (packed bytes), absmax and dequantized values of a weight w (out, in), blocks of b
+local function expect(w, b)
+  local vals = T.flat(w)
+  local bytes, am, deq = {}, {}, {}
+  for s = 1, #vals, b do
+    local codes, m, d = expect_block({unpack(vals, s, s + b - 1)})
+    am[#am + 1] = m
+    for i = 1, b, 2 do bytes[#bytes + 1] = codes[i] * 16 + codes[i + 1] end
+    for i = 1, b do deq[#deq + 1] = d[i] end
+  end
+  return bytes, am, deq
+end
+
+local function same_list(a, b, what)
+  T.eq(#a, #b, what .. ' length')
+  for i = 1, #a do
+    if a[i] ~= b[i] then error(string.format('%s: element %d is %.9g, expected %.9g', what, i, a[i], b[i]), 2) end
+  end
+end
+
+-- a weight (rows, 64) with the hard cases: exact zeros, an all-zero block,
+-- a block of values so small that 1 / absmax overflows (denormal in f32),
+-- denormal values beside normal ones, values on the thresholds and next to them
+local function hard_weight(dt)
+  gp.manual_seed(7)
+  local w = gp.randn({6, 64}, cpu)
+  w:narrow(1, 4, 2):mul_(0.1) -- rows 4 and 5: absmax 1 (set below)
+  w:narrow(1, 1, 1):narrow(2, 1, 5):zero_()
+  w:narrow(1, 2, 1):narrow(2, 17, 16):zero_()                 -- an all-zero block (blocks of 16)
+  w:narrow(1, 3, 1):narrow(2, 1, 16):mul_(1e-40)               -- tiny block
+  w:narrow(1, 3, 1):narrow(2, 33, 8):mul_(1e-39)               -- denormals beside normal values
+  local p = ffi.cast('float *', w.c.data) + w.c.offset
+  -- row 4: each block of 16 starts with 1.0 (absmax 1), then every threshold and the floats around it
+  for i = 1, 15 do
+    for k = 0, 3 do
+      local e = 16 * k + i -- blocks k = 0..3, slots 1..15
+      p[3 * 64 + e] = fstep(MID[i], k - 1) -- one ulp below, on, one and two ulps above
+    end
+  end
+  for k = 0, 3 do p[3 * 64 + 16 * k] = 1 end
+  return dt == 'f32' and w or w:to(dt)
+end
+
+for _, dt in ipairs {'f32', 'bf16', 'f16'} do
+  T.test('nf4: quantize and dequantize equal the codebook rule (' .. dt .. ', hard cases)', function()
+    for _, block in ipairs {16, 64} do
+      local w = hard_weight(dt)
+      local q = gp.quantize(w, {block = block})
+      T.eq(q.kind, 'nf4'); T.eq(q.block, block); T.eq(q.dtype, dt); T.eq(q.device, 'cpu')
+      T.same(q.shape, {6, 64})
+      local bytes, am, deq = expect(w, block)
+      same_list(T.flat(q.data), bytes, 'codes (block ' .. block .. ')')
+      same_list(T.flat(q.absmax), am, 'absmax')
+      local d = q:dequantize()
+      T.eq(d.dtype, dt)
+      -- the expected values are floats; rounded once more to dt
+      local want = T.flat(gp.tensor(deq, cpu):to(dt))
+      same_list(T.flat(d:reshape {6 * 64}), want, 'dequantized')
+      for _, v in ipairs(T.flat(d)) do T.ok(v == v, 'no NaN') end
+    end
+  end)
+end
+
+T.test('nf4: the rule at the thresholds (midpoints; a value on one takes the lower code), packing order', function()
+  -- the thresholds are the midpoints of the codes, to half an ulp
+  for i = 1, 15 do
+    local m = (FC[i] + FC[i + 1]) / 2 -- exact in double
+    T.ok(math.abs(MID[i] - m) <= math.abs(fstep(MID[i], 1) - MID[i]) / 2, 'threshold ' .. i)
+  end
+  local w = hard_weight('f32')
+  for _, block in ipairs {16, 64} do
+    local q = gp.quantize(w, {block = block})
+    local bytes = T.flat(q.data)
+    local function code(e) -- of element e (0-based) of row 4
+      local b = bytes[3 * 32 + math.floor(e / 2) + 1]
+      return e % 2 == 0 and math.floor(b / 16) or b % 16
+    end
+    for k = 0, 3 do
+      T.eq(code(16 * k), 15, '1.0')
+      for i = 1, 15 do -- threshold i lies between codes i - 1 and i
+        T.eq(code(16 * k + i), k <= 1 and i - 1 or i, string.format('threshold %d, %d ulps', i, k - 1))
+      end
+    end
+  end
+  -- the all-zero block of row 2 (blocks of 16): code 7 (0.0) everywhere, absmax 0, zeros back
+  local q16 = gp.quantize(w, {block = 16})
+  T.eq(T.flat(q16.absmax)[6], 0)
+  for j = 1, 8 do T.eq(T.flat(q16.data)[32 + 8 + j], 0x77) end
+  local d = T.flat(q16:dequantize():narrow(1, 2, 1):narrow(2, 17, 16):contiguous())
+  for _, v in ipairs(d) do T.eq(v, 0) end
+end)
+
+T.test('nf4: random weights, block sizes 16 to 512', function()
+  gp.manual_seed(3)
+  for _, b in ipairs {16, 32, 128, 512} do
+    local w = gp.randn({3, 1024}, cpu) * 0.05
+    local q = gp.quantize(w, {block = b})
+    local bytes, am, deq = expect(w, b)
+    same_list(T.flat(q.data), bytes, 'codes')
+    same_list(T.flat(q.absmax), am, 'absmax')
+    same_list(T.flat(q:dequantize():reshape {3 * 1024}), deq, 'dequantized')
+    T.near(q.nbytes / q:numel(), 0.5 + 4 / b, 1e-12)
+  end
+end)
+
+T.test('nf4: the GPU quantizes and dequantizes bit for bit as the CPU (cuda)', function()
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16', 'f16'} do
+    local w = hard_weight(dt)
+    local qc = gp.quantize(w, {block = 16})
+    local qg = gp.quantize(w:cuda(), {block = 16})
+    T.eq(qg.device, 'cuda')
+    same_list(T.flat(qg.data:cpu()), T.flat(qc.data), 'codes ' .. dt)
+    same_list(T.flat(qg.absmax:cpu()), T.flat(qc.absmax), 'absmax ' .. dt)
+    same_list(T.flat(qg:dequantize():cpu()), T.flat(qc:dequantize()), 'dequantized ' .. dt)
+    same_list(T.flat(qc:to('cuda'):dequantize():cpu()), T.flat(qc:dequantize()), 'moved ' .. dt)
+  end
+end)
+
+---------------------------------------------------------------------------
+-- products
+
+-- x @ dequant(W)^T + b in f64 on the CPU
+local function reference(x, q, b)
+  local wd = q:cpu():dequantize('f64')
+  local y = x:cpu():to('f64'):matmul(wd:t())
+  if b then y = y + b:cpu():to('f64') end
+  return y
+end
+
+local function check_products(dev)
+  gp.manual_seed(11)
+  local old = gp.nf4_option('chunk_bytes', 1000) -- chunks of 2 rows (f32) or 5 (bf16) at K = 96
+  local ok, err = pcall(function()
+    for _, shape in ipairs {{37, 96, 32}, {37, 96, 16}, {5, 80, 16}} do
+      local N, Kd, block = shape[1], shape[2], shape[3]
+      local w = gp.randn({N, Kd}, {device = dev}) * 0.1
+      local b = gp.randn({N}, {device = dev})
+      local q = gp.quantize(w, {block = block})
+      for _, M in ipairs {1, 7, 32, 33, 200} do
+        for _, dt in ipairs {'f32', 'bf16'} do
+          local x = gp.randn({M, Kd}, {device = dev}):to(dt)
+          local bb = b:to(dt)
+          local y = gp.nf4_linear(x, q, bb)
+          T.eq(y.dtype, dt); T.same(y.shape, {M, N})
+          local r = T.relnorm(y, reference(x, q, bb))
+          local tol = dt == 'f32' and 1e-5 or 1e-2
+          T.ok(r < tol, string.format('%s M=%d N=%d K=%d block %d %s: relative error %g', dev, M, N, Kd, block, dt, r))
+          -- without bias, and through gp.linear with leading dims
+          local y2 = gp.linear(x:view {1, M, Kd}, q)
+          T.same(y2.shape, {1, M, N})
+          T.ok(T.relnorm(y2, reference(x, q)) < tol)
+        end
+      end
+    end
+  end)
+  gp.nf4_option('chunk_bytes', old)
+  if not ok then error(err, 0) end
+end
+
+T.test('nf4: gp.nf4_linear (GEMV up to 32 rows, chunks beyond) equals x @ dequant(W)^T in f64', function()
+  check_products('cpu')
+end)
+
+T.test('nf4: gp.nf4_linear on the GPU equals x @ dequant(W)^T in f64 (cuda)', function()
+  T.cuda()
+  check_products('cuda')
+end)
+
+T.test('nf4: gradients of x and b by finite differences (f64), both paths; W gets none', function()
+  gp.manual_seed(5)
+  local w = gp.randn({7, 32}, {dtype = 'f64', device = 'cpu'})
+  local q = gp.quantize(w, {block = 16})
+  T.eq(q.dtype, 'f64')
+  local old = gp.nf4_option('gemv_rows')
+  local ok, err = pcall(function()
+    for _, rows in ipairs {32, 1} do -- 3 rows of x: the GEMV, then chunks
+      gp.nf4_option('gemv_rows', rows)
+      T.ok(gp.gradcheck(function(x, b) return gp.nf4_linear(x, q, b) end,
+        {fd.randn {3, 32}, fd.randn {7}}))
+      T.ok(gp.gradcheck(function(x) return gp.linear(x, q):tanh() end, {fd.randn {2, 3, 32}}))
+    end
+  end)
+  gp.nf4_option('gemv_rows', old)
+  if not ok then error(err, 0) end
+  -- the same gradient as the dense product over the dequantized weight
+  local x = gp.randn({40, 32}, {dtype = 'f64', device = 'cpu'}):requires_grad()
+  local g = gp.randn({40, 7}, {dtype = 'f64', device = 'cpu'})
+  gp.nf4_linear(x, q):backward(g)
+  T.ok(T.relnorm(x.grad, g:matmul(q:dequantize())) < 1e-12)
+end)
+
+T.test('nf4: the chunked product uses a bounded scratch, never a whole dequantized copy', function()
+  local N, Kd = 64, 256
+  local w = gp.randn({N, Kd}, cpu)
+  local q = gp.quantize(w, {block = 64})
+  local x = gp.randn({100, Kd}, cpu)
+  collectgarbage('collect')
+  local m0 = gp.memory().host_in_use
+  gp.nf4_linear(x, q)
+  -- live now: only y (100 x 64 floats); the scratch (a quarter of W) was freed at once
+  T.ok(gp.memory().host_in_use - m0 <= 100 * N * 4, 'scratch released')
+end)
+
+---------------------------------------------------------------------------
+-- bad input
+
+T.test('nf4: bad input gives errors naming the op and the shapes', function()
+  local w = gp.randn({5, 48}, cpu)
+  T.raises(function() gp.quantize(gp.zeros({4, 64}, {dtype = 'i64', device = 'cpu'})) end, 'quantize: w is i64 (4,64)', 'float')
+  T.raises(function() gp.quantize(w) end, 'quantize: block 64 does not divide the rows of w (5,48)')
+  T.raises(function() gp.quantize(w, {block = 24}) end, 'quantize: block must be a power of two >= 16, got 24')
+  T.raises(function() gp.quantize(w, {block = 8}) end, 'power of two >= 16')
+  T.raises(function() gp.quantize(gp.randn({2, 3, 64}, cpu)) end, 'quantize: w must be 2-d (out, in), got (2,3,64)')
+  T.raises(function() gp.quantize(w, {kind = 'int8'}) end, "kind 'int8' is not supported")
+  T.raises(function() gp.quantize('w') end, 'quantize: w must be a tensor')
+  local q = gp.quantize(w, {block = 16})
+  T.raises(function() gp.nf4_linear(gp.randn({3, 40}, cpu), q) end, 'nf4_linear: x is (3,40) but q is (5,48)')
+  T.raises(function() gp.nf4_linear(gp.randn({3, 48}, cpu), w) end, 'nf4_linear: q must be a quantized weight')
+  T.raises(function() gp.nf4_linear(gp.randn({3, 48}, cpu), q, gp.randn({4}, cpu)) end, 'nf4_linear: b is (4) but q is (5,48)')
+  T.raises(function() gp.nf4_linear(gp.randn({3, 48}, cpu), q, gp.randn({5}, {dtype = 'f64', device = 'cpu'})) end,
+    'nf4_linear: b is f64 but x is f32')
+  T.raises(function() gp.linear(gp.randn({3, 47}, cpu), q) end, 'nf4_linear: x is (3,47)')
+  T.raises(function() q:to('i32') end, 'QuantizedWeight:to')
+  T.raises(function() gp.nf4_option('tiles', 3) end, "unknown option 'tiles'")
+  -- the kernels check their shapes
+  local qq, am = gp.empty({2, 12}, {dtype = 'u8', device = 'cpu'}), gp.empty({2}, cpu)
+  T.raises(function() gp.k.nf4_quantize(qq, am, gp.randn({2, 24}, cpu)) end, 'nf4_quantize', 'power of two >= 16')
+  T.raises(function() gp.k.nf4_quantize(qq, am, gp.randn({2, 32}, cpu)) end, 'nf4_quantize')
+  T.raises(function()
+    gp.k.nf4_gemv(gp.empty({1, 5}, cpu), gp.randn({1, 48}, cpu), q.data, gp.empty({5, 5}, cpu))
+  end, 'nf4_gemv: x is (1,48), q (5,24) and absmax (5,5)')
+  T.raises(function()
+    gp.k.nf4_gemv(gp.empty({1, 5}, cpu), gp.randn({1, 48}, cpu), q.data, gp.empty({5, 2}, cpu))
+  end, 'nf4_gemv: blocks of 24 values', 'power of two >= 16')
+end)
+
+T.test('nf4: mixing devices is an error (cuda)', function()
+  T.cuda()
+  local q = gp.quantize(gp.randn({5, 64}, {device = 'cuda'}))
+  T.raises(function() gp.nf4_linear(gp.randn({2, 64}, cpu), q) end, 'nf4_linear: x is on cpu but q is on cuda')
+end)
