@@ -1,4 +1,4 @@
--- NF4 weights (gp.quantize, gp.nf4_linear): the codes
+-- NF4 weights (gp.quantize, gp.nf4_linear, nn.Linear4, QLoRA): the codes
 -- against a direct evaluation of the codebook rule written here in Lua, the
 -- products against x @ dequant(W)^T in f64, gradients by finite differences,
 -- bytes a parameter, bad input. (The CUDA kernels against the CPU reference:
@@ -8,6 +8,7 @@ local T = require 'lib'
 local gp = require 'gpush'
 local ffi = require 'ffi'
 local fd = require 'fd'
+local nn = gp.nn
 
 local cpu = {device = 'cpu'}
 
@@ -271,6 +272,153 @@ T.test('nf4: the chunked product uses a bounded scratch, never a whole dequantiz
 end)
 
 ---------------------------------------------------------------------------
+-- nn: Linear4, quantize_linears, QLoRA
+
+local function tiny_gpt(dtype)
+  gp.manual_seed(5)
+  return nn.GPT {vocab_size = 11, block_size = 8, n_embd = 16, n_layer = 2, n_head = 2, device = 'cpu', dtype = dtype}
+end
+
+T.test('nn.quantize_linears: the model becomes its dequantized self; 0.5625 bytes a parameter', function()
+  local m = tiny_gpt()
+  local x = gp.randint(0, 11, {2, 8}, {dtype = 'i64', device = 'cpu'})
+  -- the dense model with its weights replaced by their NF4 round trips
+  local ref = tiny_gpt()
+  local n, numel = 0, 0
+  for _, nm in ipairs(ref:named_parameters()) do
+    local name, p = nm[1], nm[2]
+    if name:match('attn%.qkv%.weight$') or name:match('attn%.proj%.weight$') or name:match('mlp%.fc%.weight$')
+      or name:match('mlp%.proj%.weight$') then
+      gp.no_grad(function() p:copy_(gp.quantize(p, {block = 16}):dequantize()) end)
+      n, numel = n + 1, numel + p:numel()
+    end
+  end
+  T.eq(n, 8)
+  collectgarbage('collect')
+  local before = gp.memory().host_in_use
+  nn.quantize_linears(m, {block = 16})
+  local after = gp.memory().host_in_use
+  T.ok(getmetatable(m.h[1].attn.qkv) == nn.Linear4._imt)
+  T.ok(T.relnorm(m(x), ref(x)) < 1e-5)
+  -- the frozen base: codes and absmax, 0.5 + 4/16 bytes a parameter here; the dense weights are gone
+  local qbytes = 0
+  for _, mod in ipairs(m:modules()) do
+    if getmetatable(mod) == nn.Linear4._imt then
+      qbytes = qbytes + mod.weight.nbytes
+      T.ok(mod.bias == nil or not mod.bias:needs_grad(), 'the bias is frozen')
+    end
+  end
+  T.eq(qbytes, numel * (0.5 + 4 / 16))
+  T.ok(after - before <= qbytes - numel * 4, string.format('host bytes %d -> %d', before, after))
+  -- blocks of 64: at most 0.6 bytes a parameter
+  local w = gp.randn({128, 256}, cpu)
+  local q = gp.quantize(w)
+  T.eq(q.block, 64)
+  T.ok(q.nbytes / q:numel() <= 0.6)
+  T.eq(q.nbytes / q:numel(), 0.5625)
+end)
+
+T.test('nn.quantize_linears: state_dict keys weight.nf4 and weight.absmax; save and load; to() keeps their dtypes', function()
+  local m = nn.quantize_linears(tiny_gpt(), {block = 16})
+  local sd = m:state_dict()
+  T.eq(sd['h.1.attn.qkv.weight.nf4'].dtype, 'u8')
+  T.same(sd['h.1.attn.qkv.weight.nf4'].shape, {48, 8})
+  T.eq(sd['h.1.attn.qkv.weight.absmax'].dtype, 'f32')
+  T.same(sd['h.1.attn.qkv.weight.absmax'].shape, {48, 1})
+  T.ok(sd['h.1.attn.qkv.bias'] ~= nil and sd['h.1.attn.qkv.weight'] == nil)
+  local path = os.tmpname()
+  gp.save(path, sd)
+  local m2 = nn.quantize_linears(tiny_gpt(), {block = 16})
+  gp.no_grad(function() m2.h[1].attn.qkv.weight.data:zero_() end)
+  m2:load_state_dict(gp.load(path))
+  os.remove(path)
+  local x = gp.randint(0, 11, {2, 8}, {dtype = 'i64', device = 'cpu'})
+  T.ok(T.relnorm(m2(x), m(x)) == 0)
+  -- a cast keeps the codes u8 and absmax f32; the product follows x's dtype
+  m2:to('f64')
+  local q = m2.h[1].attn.qkv.weight
+  T.eq(q.data.dtype, 'u8'); T.eq(q.absmax.dtype, 'f32'); T.eq(m2.h[1].attn.qkv.bias.dtype, 'f64')
+  T.ok(T.relnorm(m2(x), m(x)) < 1e-5)
+  T.ok(tostring(m2):find('Linear4(16 -> 48, nf4 block 16)', 1, true))
+end)
+
+T.test('QLoRA: LoRA over the quantized base trains only the adapters; gradients in f64', function()
+  local m = nn.quantize_linears(tiny_gpt(), {block = 16})
+  local x = gp.randint(0, 11, {2, 8}, {dtype = 'i64', device = 'cpu'})
+  local y0 = m(x)
+  local ad = gp.lora.apply(m, {rank = 4})
+  T.eq(#ad, 16)
+  T.ok(T.relnorm(m(x), y0) < 1e-6, 'B = 0: the adapted model is the base')
+  T.ok(m:state_dict()['h.1.attn.qkv.weight.nf4'] ~= nil, 'the base keys stay')
+  for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.1) end
+  local _, loss = m(x, x)
+  loss:backward()
+  local n = 0
+  for _, p in ipairs(m:parameters()) do if p.grad ~= nil then n = n + 1 end end
+  T.eq(n, #ad)
+  T.raises(function() gp.lora.merge(m) end, 'cannot merge into a quantized (nf4) weight')
+  -- one quantized LoRA layer in f64: gradients of A, B and x
+  gp.manual_seed(3)
+  local lin = nn.Linear(32, 5, {dtype = 'f64', device = 'cpu'})
+  local lo = nn.LoRA(nn.Linear4.from_linear(lin, {block = 16}), {rank = 2, alpha = 3})
+  T.eq(lo.lora_A.dtype, 'f64')
+  nn.init.normal_(lo.lora_B, 0, 0.5)
+  T.ok(gp.gradcheck(function(a, b, xx)
+    lo.lora_A, lo.lora_B = a, b
+    return lo(xx)
+  end, {lo.lora_A:detach():contiguous(), lo.lora_B:detach():contiguous(), fd.randn {4, 32}}))
+end)
+
+T.test('QLoRA on a Llama-family model: every projection quantized, adapters train, generation runs', function()
+  gp.manual_seed(9)
+  local cfg = {vocab_size = 40, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
+               num_key_value_heads = 2, max_position_embeddings = 64, model_type = 'qwen2'}
+  local m = gp.models.Llama(cfg, {device = 'cpu'})
+  local ids = gp.randint(0, 40, {2, 12}, {dtype = 'i64', device = 'cpu'})
+  local dense = m(ids)
+  nn.quantize_linears(m, {block = 16})
+  local n = 0
+  for _, mod in ipairs(m:modules()) do if getmetatable(mod) == nn.Linear4._imt then n = n + 1 end end
+  T.eq(n, 2 * 7) -- q, k, v, o, gate, up, down in each layer; lm_head stays dense
+  T.ok(getmetatable(m.lm_head) == nn.Linear._imt)
+  T.ok(m:state_dict()['model.layers.0.self_attn.q_proj.bias'] ~= nil, "qwen2's q/k/v biases kept")
+  local base = m(ids)
+  local r = T.relnorm(base, dense)
+  T.ok(r > 0 and r < 0.3, 'near the dense model: ' .. r)
+  local ad = gp.lora.apply(m, {rank = 2})
+  T.eq(#ad, 2 * 14)
+  for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.1) end
+  local opt = gp.optim.AdamW(ad, {lr = 1e-2, weight_decay = 0})
+  local _, l0 = m(ids, ids)
+  for _ = 1, 5 do
+    opt:zero_grad()
+    local _, loss = m(ids, ids)
+    loss:backward()
+    opt:step()
+  end
+  local _, l1 = m(ids, ids)
+  T.ok(l1:item() < l0:item(), 'the adapters learn')
+  local out = gp.generate(m, {{1, 2, 3, 4}}, {max_new = 3, greedy = true})
+  T.eq(#out.lists[1], 3)
+end)
+
+T.test('QLoRA: a quantized model moved to the GPU computes what it computed on the CPU (cuda)', function()
+  T.cuda()
+  local m = nn.quantize_linears(tiny_gpt(), {block = 16})
+  gp.lora.apply(m, {rank = 2})
+  for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.1) end
+  local x = gp.randint(0, 11, {2, 8}, {dtype = 'i64', device = 'cpu'})
+  local y = m(x)
+  m:to('cuda')
+  local q = m.h[1].attn.qkv.weight
+  T.eq(q.device, 'cuda'); T.eq(q.data.dtype, 'u8'); T.eq(q.absmax.dtype, 'f32')
+  T.ok(T.relnorm(m(x:cuda()), y) < 1e-4)
+  local _, loss = m(x:cuda(), x:cuda())
+  loss:backward()
+  T.ok(gp.lora.modules(m)[1][2].lora_A.grad ~= nil)
+end)
+
+---------------------------------------------------------------------------
 -- bad input
 
 T.test('nf4: bad input gives errors naming the op and the shapes', function()
@@ -301,6 +449,9 @@ T.test('nf4: bad input gives errors naming the op and the shapes', function()
   T.raises(function()
     gp.k.nf4_gemv(gp.empty({1, 5}, cpu), gp.randn({1, 48}, cpu), q.data, gp.empty({5, 2}, cpu))
   end, 'nf4_gemv: blocks of 24 values', 'power of two >= 16')
+  T.raises(function() nn.Linear4(w) end, 'Linear4: needs a quantized weight')
+  T.raises(function() nn.quantize_linears(tiny_gpt(), {targets = 'nothing$'}) end, 'quantize_linears: no nn.Linear')
+  T.raises(function() nn.quantize_linears(tiny_gpt(), {block = 32}) end, 'quantize_linears: h.1.attn.qkv.weight is (48,16): block 32 does not divide its rows')
 end)
 
 T.test('nf4: mixing devices is an error (cuda)', function()
