@@ -459,3 +459,12 @@ T.test('nf4: mixing devices is an error (cuda)', function()
   local q = gp.quantize(gp.randn({5, 64}, {device = 'cuda'}))
   T.raises(function() gp.nf4_linear(gp.randn({2, 64}, cpu), q) end, 'nf4_linear: x is on cpu but q is on cuda')
 end)
+
+T.test('scripts/bench/nf4.lua --quick runs every part', function()
+  local top = GPUSH_ROOT or '.'
+  local out, rc = T.sh(top .. '/build/gpush --device cpu ' .. top .. '/scripts/bench/nf4.lua --quick')
+  T.eq(rc, 0, out)
+  for _, s in ipairs {'copy bandwidth', 'fused dequant-GEMV', 'gp.nf4_linear with many rows', 'quantize and dequantize'} do
+    T.ok(out:find(s, 1, true), s .. ' in\n' .. out)
+  end
+end)
