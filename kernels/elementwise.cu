@@ -1,9 +1,6 @@
-/* elementwise.cu: CUDA elementwise kernels. Floats compute in f32, integers
- * in int64; the op is a run-time switch (uniform across the grid), which
- * keeps one instantiation per dtype and costs nothing measurable next to the
- * memory traffic. */
-#include "elementwise.h"
-#include "ew_launch.cuh"
+/* elementwise.cu: CUDA elementwise kernels: unary ops, activation backward,
+ * clamp and where (elementwise.cuh: the split and its conventions). */
+#include "elementwise.cuh"
 #include "gelu.cuh"
 
 __device__ __forceinline__ float un(int op, float v) {
@@ -26,77 +23,9 @@ __device__ __forceinline__ float un(int op, float v) {
 }
 __device__ __forceinline__ int64_t un(int op, int64_t v) { return gp_int_unary(op, v); }
 
-__device__ __forceinline__ float bin(int op, float a, float b) {
-  switch (op) {
-    case B_ADD: return a + b;
-    case B_SUB: return a - b;
-    case B_MUL: return a * b;
-    case B_DIV: return a / b;
-    case B_POW: return powf(a, b);
-    case B_MAX: return a != a || b != b ? __int_as_float(0x7fc00000) : fmaxf(a, b);
-    case B_MIN: return a != a || b != b ? __int_as_float(0x7fc00000) : fminf(a, b);
-    case B_SUB_R: return b - a;
-    case B_DIV_R: return b / a;
-    default: return powf(b, a);
-  }
-}
-__device__ __forceinline__ int64_t bin(int op, int64_t a, int64_t b) { return gp_int_binary(op, a, b); }
-
-template <typename C> __device__ __forceinline__ uint8_t cmp(int op, C a, C b) {
-  switch (op) {
-    case C_EQ: return a == b;
-    case C_NE: return a != b;
-    case C_LT: return a < b;
-    case C_LE: return a <= b;
-    case C_GT: return a > b;
-    default: return a >= b;
-  }
-}
-
-/* the scalar in the compute type of T */
-struct scal {
-  float f;
-  int64_t i;
-  double d;
-  __device__ __forceinline__ float get(float) const { return f; }
-  __device__ __forceinline__ int64_t get(int64_t) const { return i; }
-};
-static scal make_scal(double s) {
-  scal r;
-  r.f = (float)s;
-  r.i = gp_d2i(s, INT64_MIN, INT64_MAX);
-  r.d = s;
-  return r;
-}
-
 template <typename T> struct UnaryF {
   int op;
   __device__ T operator()(T x) const { return st<T>(un(op, ld(x))); }
-};
-template <typename T> struct BinaryF {
-  int op;
-  __device__ T operator()(T x, T y) const { return st<T>(bin(op, ld(x), ld(y))); }
-};
-template <typename T> struct ScalarF {
-  int op;
-  scal s;
-  __device__ T operator()(T x) const {
-    auto v = ld(x);
-    return st<T>(bin(op, v, s.get(v)));
-  }
-};
-template <typename T> struct CompareF {
-  int op;
-  __device__ uint8_t operator()(T x, T y) const { return cmp(op, ld(x), ld(y)); }
-};
-/* an integer compared with a fractional scalar is compared in double */
-template <typename T> struct CompareSF {
-  int op;
-  scal s;
-  __device__ uint8_t operator()(T x) const {
-    if constexpr (gp_is_float_t<T>::value) return cmp(op, ld(x), s.f);
-    else return cmp(op, (double)ld(x), s.d);
-  }
 };
 template <typename T> struct ActBwdF {
   int op;
@@ -134,26 +63,6 @@ extern "C" int gp_cuda_unary(int op, gp_tensor *out, const gp_tensor *x) {
   return rc;
 }
 
-extern "C" int gp_cuda_binary(int op, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, double s) {
-  int rc = GP_OK;
-  if (b) {
-    GP_ANY_SWITCH(out->dtype, T, rc = gp_ew_launch<2, T, T, T>("binary", out, a, b, BinaryF<T>{op}));
-  } else {
-    GP_ANY_SWITCH(out->dtype, T, rc = gp_ew_launch<1, T, T, T>("binary", out, a, nullptr, ScalarF<T>{op, make_scal(s)}));
-  }
-  return rc;
-}
-
-extern "C" int gp_cuda_compare(int op, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, double s) {
-  int rc = GP_OK;
-  if (b) {
-    GP_ANY_SWITCH(a->dtype, T, rc = gp_ew_launch<2, uint8_t, T, T>("compare", out, a, b, CompareF<T>{op}));
-  } else {
-    GP_ANY_SWITCH(a->dtype, T, rc = gp_ew_launch<1, uint8_t, T, T>("compare", out, a, nullptr, CompareSF<T>{op, make_scal(s)}));
-  }
-  return rc;
-}
-
 extern "C" int gp_cuda_clamp(gp_tensor *out, const gp_tensor *x, double lo, double hi) {
   int rc = GP_OK;
   scal l = make_scal(lo), h = make_scal(hi);
@@ -163,8 +72,7 @@ extern "C" int gp_cuda_clamp(gp_tensor *out, const gp_tensor *x, double lo, doub
   return rc;
 }
 
-template <typename T>
-__global__ void k_where(gp_loop L, T *o, const uint8_t *m, const T *a, const T *b) {
+template <typename T> __global__ void k_where(gp_loop L, T *o, const uint8_t *m, const T *a, const T *b) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = tid; i < L.numel; i += nth) {
     int64_t off[4];

@@ -130,11 +130,13 @@ int gp_ew_launch(const char *name, gp_tensor *out, const gp_tensor *a, const gp_
     if (al) gp_ew_flat<NIN, V, false><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
     else gp_ew_flat<NIN, 1, false><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
   } else if (bscalar) {
-    bool al = gp_aligned(po, sizeof(To) * V) && (NIN < 1 || gp_aligned(pa, sizeof(Ta) * V));
-    if (al) GP_NOTE_LAUNCH((gp_ew_flat<NIN, V, true, To, Ta, Tb, F>), 256, 0);
-    else GP_NOTE_LAUNCH((gp_ew_flat<NIN, 1, true, To, Ta, Tb, F>), 256, 0);
-    if (al) gp_ew_flat<NIN, V, true><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
-    else gp_ew_flat<NIN, 1, true><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
+    if constexpr (NIN == 2) { /* (bscalar is false for fewer inputs: no kernels for it) */
+      bool al = gp_aligned(po, sizeof(To) * V) && gp_aligned(pa, sizeof(Ta) * V);
+      if (al) GP_NOTE_LAUNCH((gp_ew_flat<NIN, V, true, To, Ta, Tb, F>), 256, 0);
+      else GP_NOTE_LAUNCH((gp_ew_flat<NIN, 1, true, To, Ta, Tb, F>), 256, 0);
+      if (al) gp_ew_flat<NIN, V, true><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
+      else gp_ew_flat<NIN, 1, true><<<gp_grid(L.numel, 256), 256, 0, s>>>(po, pa, pb, L.numel, f);
+    }
   } else {
     const bool small = L.numel < ((int64_t)1 << 31);
     const unsigned g = gp_grid(L.numel, 256);

@@ -31,7 +31,9 @@ GP_HD void gp_loop_offsets(const gp_loop *L, int64_t i, int64_t *off) {
 }
 
 /* Philox4x32-10 (Salmon et al., SC'11). */
-typedef struct { uint32_t v[4]; } gp_u32x4;
+typedef struct {
+  uint32_t v[4];
+} gp_u32x4;
 
 GP_HD gp_u32x4 gp_philox(uint64_t seed, uint64_t counter) {
   uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;

@@ -6,7 +6,12 @@
  * d[4j + 0, 1] = (row 16w + l/4, columns 8j + 2(l%4) + 0, 1) and d[4j + 2, 3]
  * the same columns of row 16w + l/4 + 8: the mma.sync C layout, block by
  * block. Compiled only for sm_90a (__CUDA_ARCH_FEAT_SM90_ALL). */
-#pragma once
+#ifndef GP_WGMMA_CUH
+#define GP_WGMMA_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -97,4 +102,6 @@ template <> struct mma<128, __half> {
 };
 
 } // namespace wg
+#endif
+
 #endif

@@ -1,7 +1,9 @@
 -- polychromic.lua: set-level RL fine-tuning with LoRA (gp.polychromic).
 --
---   gpush scripts/polychromic.lua                      -- built-in task, poly objective
+--   gpush scripts/polychromic.lua                      -- built-in task; on the CPU rl and poly side by side (as --compare), on a GPU poly
 --   gpush scripts/polychromic.lua --compare            -- rl and poly, same seeds and steps, side by side
+--   gpush scripts/polychromic.lua --objective poly     -- poly alone (--no-compare: the same)
+--   gpush scripts/polychromic.lua --save-base b.st --save-adapters a.st, then --checkpoint b.st --load-adapters a.st
 --   gpush scripts/polychromic.lua --compare --set-div pair --floor 0  -- the paper's all-pairs product
 --   gpush scripts/polychromic.lua --objective rl --steps 200 --n 8
 --   gpush scripts/polychromic.lua --data pairs.jsonl --reward reward.lua --checkpoint base.safetensors
@@ -13,14 +15,15 @@
 -- the device: a GPU gets a harder task (operands up to 40, where the base is
 -- valid about 1 time in 6), more fine-tuning steps, more prompts per step and,
 -- with --compare, sets of 16; the CPU a configuration that finishes in a few
--- minutes.
+-- minutes and, unless --objective or --no-compare is given, compares rl and poly
+-- to the base in one table and ends with a verdict line.
 local gp = rawget(_G, 'gp') or require 'gpush'
 local P = gp.polychromic
 local D = P.defaults
 
 local o = gp.args.parse(arg, {
-  {'objective', 'poly', 'poly | additive | rl | sft'},
-  {'compare', false, 'run rl and poly from the same base with the same seeds and steps; print both'},
+  {'objective', '', 'poly | additive | rl | sft (default: poly; on the CPU rl and poly compared, unless --no-compare)'},
+  {'compare', nil, 'run rl and poly from the same base with the same seeds and steps; print both (the default on the CPU when no --objective is given)', type = 'flag'},
   {'n', 0, 'samples per prompt (0: ' .. D.n .. '; with --compare 8 on the CPU, 16 on the GPU, so that a set can hold several distinct valid replies)'},
   {'temperature', D.temperature, 'sampling temperature'},
   {'top-p', D.top_p, 'nucleus sampling threshold'},
@@ -49,6 +52,7 @@ local o = gp.args.parse(arg, {
   {'checkpoint', '', 'a base model checkpoint (gp.save of an nn.GPT with its config and vocab in the metadata)'},
   {'save-base', '', 'write the pretrained base here'},
   {'save-adapters', '', 'write the fine-tuned adapters here (gp.lora.save)'},
+  {'load-adapters', '', 'evaluate the adapters of this file (--save-adapters) beside the base instead of fine-tuning; the base must be the one they were trained on: give it with --checkpoint (--save-base wrote it), or the same pretraining flags and --seed'},
   {'pretrain-steps', 600, 'pretraining steps of the base (batch 32: the base answers validly about half the time)'},
   {'n-embd', 32, 'base width'},
   {'n-layer', 2, 'base blocks'},
@@ -62,6 +66,11 @@ local o = gp.args.parse(arg, {
 
 if o.device ~= '' then gp.set_device(o.device) end
 local on_gpu = gp.device() == 'cuda'
+local loading = o.load_adapters ~= ''
+if loading and o.compare then error('--load-adapters evaluates saved adapters; it does not fine-tune, so it does not combine with --compare') end
+-- the CPU default (make run without a GPU): rl and poly beside the base
+if o.compare == nil then o.compare = not on_gpu and o.objective == '' and not loading end
+if o.objective == '' then o.objective = 'poly' end
 local function pick(v, cpu, gpu) if v ~= 0 then return v end; return on_gpu and gpu or cpu end
 o.steps = pick(o.steps, 100, 400)
 o.task_max = pick(o.task_max, 12, 40)
@@ -172,7 +181,28 @@ gp.manual_seed(o.seed + 3)
 local base_eval = P.evaluate(policy(), tok, task, eval_opts)
 local objectives = o.compare and {'rl', 'poly'} or {o.objective}
 local results = {}
-for _, obj in ipairs(objectives) do
+if loading then
+  -- saved adapters on this base, evaluated with the draws a fine-tuning run uses
+  local sd, meta = gp.load(o.load_adapters)
+  local lc = type(meta.lora) == 'table' and meta.lora or
+    error('--load-adapters: ' .. o.load_adapters .. ' has no LoRA metadata (write it with --save-adapters or gp.lora.save)')
+  local c = type(meta.config) == 'table' and meta.config or {}
+  for _, k in ipairs {'vocab_size', 'n_embd', 'n_layer', 'n_head'} do
+    if c[k] ~= nil and c[k] ~= config[k] then
+      error(string.format('--load-adapters: the adapters were trained on a base with %s %s, this base has %s (give their base with --checkpoint)',
+        k, tostring(c[k]), tostring(config[k])))
+    end
+  end
+  o.lora_rank, o.lora_alpha = lc.rank or o.lora_rank, lc.alpha or o.lora_alpha
+  local m = policy()
+  gp.lora.load(m, sd)
+  print(string.format('adapters: %s (objective %s, rank %d, alpha %g), evaluated without fine-tuning', o.load_adapters,
+    tostring(meta.objective or '?'), o.lora_rank, o.lora_alpha))
+  gp.manual_seed(o.seed + 3)
+  objectives = {'adapters'}
+  results.adapters = {eval = P.evaluate(m, tok, task, eval_opts), model = m}
+end
+for _, obj in ipairs(loading and {} or objectives) do
   print(string.format('fine-tuning LoRA adapters (rank %d): objective %s%s, %d steps, %d prompts x %d samples per step',
     o.lora_rank, obj, obj == 'poly' and string.format(' (set diversity %s, embed %s, floor %g)', o.set_div, o.embed, o.floor) or '',
     o.steps, o.prompts_per_step, o.n))
@@ -186,9 +216,27 @@ print(header(o.eval_n))
 print(metrics_line('base', base_eval))
 for _, obj in ipairs(objectives) do print(metrics_line(obj, results[obj].eval)) end
 print('')
-print('time per fine-tuning step:')
-for _, obj in ipairs(objectives) do print(times_line(obj, results[obj])) end
+if not loading then
+  print('time per fine-tuning step:')
+  for _, obj in ipairs(objectives) do print(times_line(obj, results[obj])) end
+end
 print(string.format('total %.1f s', gp.train.now() - t_start))
+
+-- the verdict: b against a (rl, or the base) on what each objective is for
+local function verdict(bname, b, aname, a)
+  local function rel(x, y, eps, word_more, word_less, word_same)
+    if x > y + eps then return word_more elseif x < y - eps then return word_less end
+    return word_same
+  end
+  local div = rel(b.distinct_valid, a.distinct_valid, 0.005, 'more distinct valid replies per prompt than',
+    'fewer distinct valid replies per prompt than', 'as many distinct valid replies per prompt as')
+  local rw = rel(b.mean_reward, a.mean_reward, 0.0005, string.format('a mean reward %.3f higher', b.mean_reward - a.mean_reward),
+    string.format('a mean reward %.3f lower', a.mean_reward - b.mean_reward), 'the same mean reward')
+  local pn = rel(b.pass_at_n, a.pass_at_n, 0.0005, 'higher', 'lower', 'the same')
+  return string.format('verdict: %s kept %s %s (%.2f vs %.2f%s), at %s (%.3f vs %.3f); pass@%d %s (%.3f vs %.3f)',
+    bname, div, aname, b.distinct_valid, a.distinct_valid, aname ~= 'the base' and string.format('; the base %.2f', base_eval.distinct_valid) or '',
+    rw, b.mean_reward, a.mean_reward, o.eval_n, pn, b.pass_at_n, a.pass_at_n)
+end
 if o.compare then
   local a, b = results.rl.eval, results.poly.eval
   print(string.format('poly vs rl: distinct valid %+.2f, pass@%d %+.3f, mean reward %+.3f', b.distinct_valid - a.distinct_valid,
@@ -196,9 +244,13 @@ if o.compare then
   local dv, pn = b.distinct_valid > a.distinct_valid, b.pass_at_n > a.pass_at_n
   print(string.format('poly beat rl on distinct valid replies: %s; on pass@%d: %s%s', dv and 'yes' or 'no', o.eval_n,
     pn and 'yes' or (b.pass_at_n == a.pass_at_n and 'no (tie)' or 'no'), (dv and pn) and ' -- poly beat rl on both' or ''))
+  print(verdict('poly', b, 'rl', a))
+else
+  local name = objectives[1]
+  print(verdict(name, results[name].eval, 'the base', base_eval))
 end
 
-if o.save_adapters ~= '' then
+if o.save_adapters ~= '' and not loading then
   local r = results[objectives[#objectives]]
   gp.lora.save(o.save_adapters, r.model, {objective = objectives[#objectives], config = config})
   print('adapters: ' .. o.save_adapters)

@@ -58,7 +58,11 @@ elseif o.ckpt ~= '' then
         local r = {}
         for i = 1, #s do
           local id = stoi[s:byte(i)]
-          if not id then error(string.format("sample: the character %q is not in the checkpoint's vocabulary", s:sub(i, i))) end
+          if not id then
+            error(string.format("sample: the prompt's byte %d (%q) is not in the checkpoint's vocabulary of %d symbols; " ..
+              'train_gpt.lua --vocab printable (the default) covers the printable ASCII, --vocab bytes every byte', s:byte(i),
+              s:sub(i, i), #vocab), 0)
+          end
           r[i] = id
         end
         return r

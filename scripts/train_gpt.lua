@@ -14,6 +14,13 @@
 -- data of one GPU with batch N x B; gradients are averaged over the ranks in
 -- buckets during backward (gp.dist.DDP). Only rank 0 prints, logs and saves.
 --
+-- Checkpoints to resume from: --ckpt FILE (--ckpt-every N) writes the model,
+-- AdamW's state, the step and the generator's state (the batches come from
+-- it) atomically; --resume FILE continues such a run exactly where it was:
+--
+--   gpush scripts/train_gpt.lua --iters 5000 --ckpt run.ckpt --ckpt-every 500
+--   gpush scripts/train_gpt.lua --resume run.ckpt     -- after a crash, a kill, a time limit
+--
 -- The loss stays on the device; the host reads it every --log-every steps.
 -- At the end: train and validation loss, tokens/s, and the unigram baseline
 -- (the entropy of the byte distribution: what a model that ignores context
@@ -39,7 +46,7 @@ local o = gp.args.parse(arg, {
   {'dropout', 0, 'dropout probability'},
   {'mlp', 'gelu', 'gelu or swiglu'},
   {'norm', 'layer', 'layer or rms'},
-  {'vocab', 'present', 'present (the bytes of the text) or bytes (all 256)'},
+  {'vocab', 'printable', 'printable (the printable ASCII, tab and newline, plus any other byte of the text: any prompt typed on a keyboard can be sampled from), present (the bytes of the text only) or bytes (all 256)'},
   {'val-fraction', 0.1, 'the last part of the text held out for validation'},
   {'bf16', false, 'bf16 parameters for the forward and backward, f32 master weights in AdamW'},
   {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
@@ -48,6 +55,10 @@ local o = gp.args.parse(arg, {
   {'eval-every', 200, 'estimate train and validation loss every N steps (0: only at the end)'},
   {'eval-iters', 20, 'batches per loss estimate'},
   {'out', '', 'write a checkpoint here (gp.save; the config and step in the metadata)'},
+  {'ckpt', '', 'a training checkpoint to resume from (model, optimizer, step, random state: gp.train.save_state), written every --ckpt-every steps and at the end'},
+  {'ckpt-every', 0, 'steps between --ckpt checkpoints (0: at the end only)'},
+  {'resume', '', 'continue the run of this --ckpt checkpoint: its flags (except those given here) and its state; the loss curve goes on exactly'},
+  {'stop-after', 0, 'end after this step as if cut off there (with --ckpt, the checkpoint is written first)'},
   {'log', '', 'write a JSONL record of every logged step here'},
   {'model', '', 'a Lua file returning function(gp, config) -> model (default: gp.nn.GPT)'},
   {'quiet', false, 'no progress lines'},
@@ -55,6 +66,14 @@ local o = gp.args.parse(arg, {
   {'bucket-mb', 25, 'data parallel: gradient bucket size in MB'},
   {'graph', true, 'on one GPU, capture the training step (batch, forward, backward, clip, AdamW) as a CUDA graph after one eager step and replay it (--no-graph: eager steps)'},
 }, {usage = 'gpush scripts/train_gpt.lua [flags]', description = 'Train a character-level GPT.'})
+
+-- a resumed run takes the flags it was started with, except those given again
+local OWN_FLAGS = {'resume', 'stop-after', 'nproc'}
+if o.resume ~= '' then
+  local _, meta = gp.load(o.resume, {meta_only = true})
+  if type(meta.args) ~= 'table' then error('train_gpt: ' .. o.resume .. ' has no flags stored (not a --ckpt checkpoint)') end
+  gp.train.resume_args(o, meta.args, OWN_FLAGS)
+end
 
 local dist = gp.dist
 if o.nproc > 1 and not dist.launched() then
@@ -121,9 +140,6 @@ local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, 0.95}, weight_decay 
 local warmup = o.warmup >= 0 and o.warmup or math.min(100, math.floor(o.iters / 10))
 local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.min_lr >= 0 and o.min_lr or o.lr / 10, warmup = warmup,
                                          max_steps = o.iters}
-local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * world * T * accum,
-                             file = (main and o.log ~= '') and o.log or nil, print = not o.quiet}
-
 -- mean loss over eval_iters batches of a split, read once
 local function estimate(split)
   local acc
@@ -172,12 +188,30 @@ local function mean_loss_step()
 end
 local graph
 
+-- training checkpoints (rank 0): everything a resumed run needs, written atomically
+local function save_ckpt(step)
+  if not main or o.ckpt == '' then return 0 end
+  local t0 = gp.train.now()
+  gp.train.save_state(o.ckpt, {model = model, optimizer = opt, step = step,
+                               meta = {args = gp.train.saved_args(o), config = config}})
+  return gp.train.now() - t0
+end
+local start = 0
+if o.resume ~= '' then
+  start = gp.train.load_state(o.resume, {model = model, optimizer = opt})
+  say(string.format('  resumed from %s after step %d', o.resume, start))
+end
+local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * world * T * accum,
+                             file = (main and o.log ~= '') and o.log or nil, print = not o.quiet,
+                             start = start, append = start > 0}
+
 model:train()
 local t_start = gp.train.now()
 local excluded = 0
-for step = 1, o.iters do
+local last = o.stop_after > 0 and math.min(o.stop_after, o.iters) or o.iters
+for step = start + 1, last do
   opt:set_lr(sched(step))
-  if use_graph and step > 1 then
+  if use_graph and step > start + 1 then
     graph = graph or opt:capture(mean_loss_step)
     opt:prepare_replay()
     log:add(graph:replay())
@@ -194,10 +228,21 @@ for step = 1, o.iters do
     log:print(string.format('step %d: train loss %.4f, val loss %s', step, tr, va and string.format('%.4f', va) or '-'))
     log:write {step = step, train_loss = tr, val_loss = va}
   end
+  if (o.ckpt_every > 0 and step % o.ckpt_every == 0) or step == last then
+    local dt = save_ckpt(step)
+    log:exclude(dt)
+    excluded = excluded + dt
+  end
+end
+if last < o.iters then -- --stop-after: cut off here, as a killed run would be
+  log:finish()
+  say(string.format('stopped after step %d of %d%s', last, o.iters, o.ckpt ~= '' and ('; resume with --resume ' .. o.ckpt) or ''))
+  if world > 1 then dist.barrier(); dist.destroy() end
+  return
 end
 gp.sync()
 local train_time = gp.train.now() - t_start - excluded
-local tokens_per_s = o.iters * B * world * T * accum / train_time
+local tokens_per_s = (o.iters - start) * B * world * T * accum / train_time
 
 if graph then graph:free() end
 local tr, va = evaluate()

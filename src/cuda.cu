@@ -65,11 +65,17 @@ extern "C" int gp_cuda_current_device(void) { return g_dev; }
 
 extern "C" int gp_cuda_init(void) {
   if (g_state < 0) {
-    int n = 0;
+    int n = 0, drv = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
-      snprintf(g_why, sizeof g_why, "no CUDA GPU is usable (%s)",
-               e != cudaSuccess ? cudaGetErrorString(e) : "no device");
+      /* say it plainly: the runtime calls a missing driver an "insufficient driver version" */
+      if (cudaDriverGetVersion(&drv) != cudaSuccess || drv == 0)
+        snprintf(g_why, sizeof g_why, "no CUDA driver is installed (no GPU can be used on this machine)");
+      else if (e == cudaErrorNoDevice || n == 0)
+        snprintf(g_why, sizeof g_why, "no CUDA GPU is visible (the driver sees none%s)",
+                 getenv("CUDA_VISIBLE_DEVICES") ? "; CUDA_VISIBLE_DEVICES is set" : "");
+      else
+        snprintf(g_why, sizeof g_why, "no CUDA GPU is usable (%s)", cudaGetErrorString(e));
       cudaGetLastError();
       g_state = 0;
     } else if ((e = pick_device(n)) != cudaSuccess) {
@@ -212,8 +218,11 @@ extern "C" int gp_cuda_runtime_info(char *buf, int n) {
   cudaRuntimeGetVersion(&rt);
   cudaDriverGetVersion(&drv);
   if (gp_cuda_init() != GP_OK) {
-    snprintf(buf, (size_t)n, "CUDA runtime %d.%d, driver %d.%d, %s", rt / 1000, rt % 1000 / 10, drv / 1000,
-             drv % 1000 / 10, g_why);
+    if (drv == 0)
+      snprintf(buf, (size_t)n, "CUDA runtime %d.%d, %s", rt / 1000, rt % 1000 / 10, g_why);
+    else
+      snprintf(buf, (size_t)n, "CUDA runtime %d.%d, driver %d.%d, %s", rt / 1000, rt % 1000 / 10, drv / 1000,
+               drv % 1000 / 10, g_why);
     return GP_OK;
   }
   cudaDeviceProp p;

@@ -32,7 +32,42 @@ static const char *usage =
     "                      several machines: run the same command on each (I = 0..M-1)\n"
     "  --version           print the gpush, LuaJIT and CUDA versions and the GPU seen\n"
     "  --help              this text\n"
-    "With no script, a terminal gets the interactive prompt; otherwise the script is read from stdin.\n";
+    "With no script, a terminal gets the interactive prompt; otherwise the script is read from stdin.\n"
+    "require finds modules in the script's own directory first, then in the gpush library.\n"
+    "\n"
+    "Environment:\n"
+    "  GPUSH_HOME          where the library is: $GPUSH_HOME/lua (default: lua/ beside the binary's directory)\n"
+    "  GPUSH_HISTORY       the prompt's history file (default ~/.gpush_history)\n"
+    "  GPUSH_CACHE         compiled kernels and fetched models (default ~/.cache/gpush)\n"
+    "  GPUSH_CUDA_DEVICE   the GPU this process uses (default $LOCAL_RANK, else 0)\n"
+    "  GPUSH_DIST_TIMEOUT  gp.dist: seconds for the rendezvous and each tcp collective (default 300)\n"
+    "  RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE MASTER_ADDR MASTER_PORT\n"
+    "                      gp.dist's process group (--nproc sets them; GPUSH_LAUNCHED marks its children)\n"
+    "  GP_NCCL_LIB         the NCCL library to load (docs/training.md)\n"
+    "  GP_ATTN_IMPL, GP_ATTN_DETERMINISTIC\n"
+    "                      the attention kernels to use (docs/attention.md)\n"
+    "\n";
+
+#if GP_LUA_SYSTEM_ALLOC
+/* Lua's objects on malloc instead of LuaJIT's own allocator (the sanitizer
+ * build, make asan): LeakSanitizer scans malloc'd blocks for pointers, so the
+ * C objects that Lua objects hold (tensors behind ffi.gc) are not reported
+ * as leaks, and AddressSanitizer checks accesses to Lua's heap too. LuaJIT
+ * allows a custom allocator in its 64-bit (GC64) builds. */
+static void *system_alloc(void *ud, void *ptr, size_t osize, size_t nsize) {
+  (void)ud, (void)osize;
+  if (nsize == 0) {
+    free(ptr);
+    return NULL;
+  }
+  return realloc(ptr, nsize);
+}
+
+static int panic(lua_State *L) {
+  fprintf(stderr, "gpush: unprotected error in a call to the Lua API (%s)\n", lua_tostring(L, -1));
+  return 0;
+}
+#endif
 
 static int traceback(lua_State *L) {
   const char *msg = lua_tostring(L, 1);
@@ -58,8 +93,11 @@ static int docall(lua_State *L, int nargs) {
   return rc;
 }
 
+/* Code from outside (files, stdin, -e, the prompt) is loaded as text only
+ * ("t"): LuaJIT does not verify bytecode, so a damaged or hostile chunk of it
+ * could crash the process instead of giving an error. */
 static int dostring(lua_State *L, const char *code, const char *name) {
-  if (luaL_loadbuffer(L, code, strlen(code), name) != 0) {
+  if (luaL_loadbufferx(L, code, strlen(code), name, "t") != 0) {
     fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
     lua_pop(L, 1);
     return 1;
@@ -69,17 +107,41 @@ static int dostring(lua_State *L, const char *code, const char *name) {
 
 int luaopen_gpush_json(lua_State *L);
 
-/* directory of lua/ : $GPUSH_HOME/lua, else <dir of the executable>/../lua */
-static void set_paths(lua_State *L) {
-  char exe[PATH_MAX] = {0}, root[PATH_MAX + 8];
+/* the root of the checkout or install: $GPUSH_HOME, else <dir of the executable>/.. */
+static void root_dir(char *root, size_t size) {
+  char exe[PATH_MAX] = {0};
   const char *home = getenv("GPUSH_HOME");
   if (home) {
-    snprintf(root, sizeof root, "%s", home);
+    snprintf(root, size, "%s", home);
   } else {
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) exe[n] = 0;
-    snprintf(root, sizeof root, "%s/..", dirname(exe));
+    snprintf(root, size, "%s/..", dirname(exe));
   }
+}
+
+static void print_usage(FILE *f) {
+  char root[PATH_MAX + 8];
+  root_dir(root, sizeof root);
+  fputs(usage, f);
+  fprintf(f,
+          "Learn more: the examples in %s/examples (gpush examples/01_tensors.lua, ...), the docs in %s/docs\n"
+          "(docs/README.md: the map), and help() at the prompt.\n",
+          root, root);
+}
+
+/* directory of lua/ : $GPUSH_HOME/lua, else <dir of the executable>/../lua;
+ * the globals GPUSH_ROOT (that directory) and GPUSH_EXE (this binary: tests
+ * run it again, so a sanitizer build tests itself) */
+static void set_paths(lua_State *L) {
+  char root[PATH_MAX + 8], exe[PATH_MAX] = {0};
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = 0;
+    lua_pushstring(L, exe);
+    lua_setglobal(L, "GPUSH_EXE");
+  }
+  root_dir(root, sizeof root);
   lua_getglobal(L, "package");
   lua_pushfstring(L, "%s/lua/?.lua;%s/lua/?/init.lua;", root, root);
   lua_getfield(L, -2, "path");
@@ -101,6 +163,19 @@ static void set_paths(lua_State *L) {
   lua_pushcfunction(L, gp_luaopen_repl);
   lua_setfield(L, -2, "gpush.tools.repl_c");
   lua_pop(L, 2);
+}
+
+/* require looks next to the script first: <dir>/?.lua;<dir>/?/init.lua */
+static void script_dir_first(lua_State *L, const char *script) {
+  char buf[PATH_MAX];
+  snprintf(buf, sizeof buf, "%s", script);
+  const char *dir = dirname(buf);
+  lua_getglobal(L, "package");
+  lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;", dir, dir);
+  lua_getfield(L, -2, "path");
+  lua_concat(L, 2);
+  lua_setfield(L, -2, "path");
+  lua_pop(L, 1);
 }
 
 static void make_arg(lua_State *L, char **argv, int argc, int script) {
@@ -180,15 +255,16 @@ int main(int argc, char **argv) {
     if (!strcmp(a, "-e") || !strcmp(a, "--device")) i++;
     else if (!strcmp(a, "-") || a[0] != '-') break;
   }
-  /* a rank under the launcher: its lines reach the launcher as they are printed */
-  if (getenv("GPUSH_LAUNCHED")) setvbuf(stdout, NULL, _IOLBF, 0);
+  /* stdout to a pipe or a file (a rank under the launcher, `make run | tee log`)
+   * is line-buffered, as on a terminal: each line is seen as it is printed */
+  if (getenv("GPUSH_LAUNCHED") || !isatty(1)) setvbuf(stdout, NULL, _IOLBF, 0);
   int interactive = 0, script = 0, ran_e = 0;
   const char *exprs[64];
   int nexpr = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      fputs(usage, stdout);
+      print_usage(stdout);
       return 0;
     } else if (!strcmp(a, "--version") || !strcmp(a, "-v")) {
       char info[512];
@@ -215,29 +291,40 @@ int main(int argc, char **argv) {
       script = i;
       break;
     } else {
-      fprintf(stderr, "gpush: unknown option %s\n%s", a, usage);
+      fprintf(stderr, "gpush: unknown option %s\n", a);
+      print_usage(stderr);
       return 2;
     }
   }
-  if (device && strcmp(device, "cpu") && strcmp(device, "cuda")) {
-    fprintf(stderr, "gpush: --device must be cpu or cuda, not '%s'\n", device);
+  if (device && strcmp(device, "cpu") && strcmp(device, "cuda") &&
+      !(!strncmp(device, "cuda:", 5) && device[5] && strspn(device + 5, "0123456789") == strlen(device + 5))) {
+    fprintf(stderr, "gpush: --device must be cpu, cuda or cuda:N, not '%s'\n", device);
     return 2;
   }
 
+#if GP_LUA_SYSTEM_ALLOC
+  lua_State *L = lua_newstate(system_alloc, NULL);
+  if (L) lua_atpanic(L, panic);
+#else
   lua_State *L = luaL_newstate();
+#endif
   if (!L) {
     fprintf(stderr, "gpush: cannot create the Lua state\n");
     return 1;
   }
   luaL_openlibs(L);
+  /* os.exit closes the state first (LuaJIT's os.exit(code, true)): finalizers
+   * run and free what Lua objects hold (tensors, files), so nothing is left
+   * behind, and a leak checker sees none */
+  if (luaL_dostring(L, "local exit = os.exit; os.exit = function(code, close) return exit(code, close ~= false) end"))
+    lua_pop(L, 1);
   set_paths(L);
   make_arg(L, argv, argc, script ? script : argc - 1);
 
   /* gp preloaded as a global; the default device as asked */
   char boot[256];
-  snprintf(boot, sizeof boot,
-           "gp = require 'gpush'; help = gp.help; %s",
-           device ? (strcmp(device, "cpu") ? "gp.set_device('cuda')" : "gp.set_device('cpu')") : "");
+  snprintf(boot, sizeof boot, "gp = require 'gpush'; help = gp.help; %s%s%s", device ? "gp.set_device('" : "",
+           device ? device : "", device ? "')" : "");
   if (dostring(L, boot, "=(gpush)") != 0) {
     lua_close(L);
     return 1;
@@ -247,7 +334,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < nexpr && rc == 0; i++, ran_e = 1) rc = dostring(L, exprs[i], "=(command line)");
   if (rc == 0 && script) {
     const char *path = strcmp(argv[script], "-") ? argv[script] : NULL;
-    if (luaL_loadfile(L, path) != 0) {
+    if (path) script_dir_first(L, path);
+    if (luaL_loadfilex(L, path, "t") != 0) {
       fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
       rc = 1;
     } else {
@@ -257,7 +345,7 @@ int main(int argc, char **argv) {
     }
   } else if (rc == 0 && !ran_e && !interactive) {
     if (isatty(0)) interactive = 1;
-    else if (luaL_loadfile(L, NULL) != 0) {
+    else if (luaL_loadfilex(L, NULL, "t") != 0) {
       fprintf(stderr, "gpush: %s\n", lua_tostring(L, -1));
       rc = 1;
     } else {

@@ -27,6 +27,7 @@ gp.generate = gp.models.generate
 gp.optim = require 'gpush.train.optim'
 gp.data = require 'gpush.train.data'
 gp.train = require 'gpush.train.logger'
+for k, v in pairs(require 'gpush.train.state') do gp.train[k] = v end -- save_state, load_state, resume_args
 gp.dist = require 'gpush.train.dist'
 
 gp.titans = require 'gpush.experiments.titans'
@@ -41,5 +42,9 @@ gp.args = require 'gpush.tools.args'
 local nn, titans = gp.nn, gp.titans
 nn.GPT = gp.models.GPT
 nn.NeuralMemory, nn.MACBlock, nn.SWABlock, nn.TitansLM = titans.NeuralMemory, titans.MACBlock, titans.SWABlock, titans.TitansLM
+
+-- a mistyped name (gp.zeross) is an error that suggests the real one; gp.debug
+-- (full tracebacks at the prompt) reads as nil until set
+require('gpush.core.suggest').strict(gp, 'gp', {debug = true})
 
 return gp

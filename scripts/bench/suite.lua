@@ -218,7 +218,9 @@ local function run_ce(c)
   return ms, of_copy(c.bytes, ms) -- logits read, dlogits written
 end
 
--- GPT-2 small (124M parameters) and the default train_gpt.lua config
+-- GPT-2 small (124M parameters) and the default train_gpt.lua config (with the
+-- vocabulary of 51 that data/corpus.txt's bytes gave; train_gpt's default is now
+-- --vocab printable, 97: V51 keeps the rows comparable with BENCHMARKS.md)
 local GPT2 = S({vocab = 50304, block = 1024, n_embd = 768, n_layer = 12, n_head = 12, batch = 8},
                {vocab = 64, block = 32, n_embd = 48, n_layer = 2, n_head = 2, batch = 2})
 local GPT2_NAME = S('GPT-2 small', 'tiny GPT')

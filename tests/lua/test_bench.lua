@@ -4,7 +4,7 @@
 local T = require 'lib'
 
 local root = GPUSH_ROOT or '.'
-local exe = root .. '/build/gpush'
+local exe = T.exe
 local suite = root .. '/scripts/bench/suite.lua'
 
 -- every row label the suite prints (one per workload shape)
@@ -127,4 +127,12 @@ T.test('suite with the PyTorch peer (where torch is importable)', function()
     T.ok(tonumber(r[5]), label .. ': eager ' .. r[5] .. '\n' .. out)
     T.ok(tonumber(r[7]), label .. ': ratio ' .. r[7])
   end
+end)
+
+T.test('models bench (scripts/bench/models.lua) runs on a fixture model and prints its rows', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/models.lua --model ' .. root ..
+    '/tests/fixtures/models/llama_gqa --dtype f32 --prompt-len 16 --batches 1,2 --max-new 4 --reps 1 --no-torch')
+  T.eq(rc, 0, out)
+  T.ok(out:find('gpush prefill 16 tokens', 1, true), out)
+  T.ok(out:find('gpush decode batch 2:', 1, true), out)
 end)

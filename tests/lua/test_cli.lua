@@ -2,7 +2,7 @@
 -- --version, --help, and a script error's traceback and exit status.
 local T = require 'lib'
 
-local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+local exe = T.exe
 local tmp = os.tmpname()
 
 -- run a shell command; returns its output and exit status
@@ -63,11 +63,55 @@ T.test('--device, --version, --help and bad options', function()
   out, rc = sh(exe .. ' --help')
   T.eq(rc, 0); T.ok(out:find('usage', 1, true))
   out, rc = sh(exe .. ' --device tpu -e 1')
-  T.eq(rc, 2); T.ok(out:find('cpu or cuda', 1, true))
+  T.eq(rc, 2); T.ok(out:find('cpu, cuda or cuda:N', 1, true), out)
+  out, rc = sh(exe .. " --device cuda:x -e 1")
+  T.eq(rc, 2); T.ok(out:find('cuda:N', 1, true), out)
   out, rc = sh(exe .. ' --bogus')
   T.eq(rc, 2); T.ok(out:find('unknown option', 1, true))
   if not gp.cuda_available() then
     out, rc = sh(exe .. " --device cuda -e 'print(1)'")
     T.eq(rc, 1); T.ok(out:find('cuda', 1, true), out)
+  end
+end)
+
+T.test('stdout to a pipe is line-buffered: each line arrives as it is printed', function()
+  write(tmp, "print('first')\nos.execute('sleep 4')\nprint('last')\n")
+  local f = io.popen(exe .. ' ' .. tmp)
+  local t0 = gp.train.now()
+  local first = f:read('*l')
+  local dt = gp.train.now() - t0
+  local rest = f:read('*a')
+  f:close()
+  T.eq(first, 'first')
+  T.eq(rest, 'last\n')
+  T.ok(dt < 3, string.format('the first line came after %.1f s, with the script sleeping 4 s after it', dt))
+end)
+
+T.test('require finds a module next to the script, from any directory', function()
+  local dir = sh('mktemp -d'):gsub('%s+$', '')
+  write(dir .. '/mymod.lua', 'return {x = 7}\n')
+  write(dir .. '/main.lua', "print(require('mymod').x)\n")
+  local out, rc = sh('cd / && ' .. exe .. ' ' .. dir .. '/main.lua')
+  T.eq(rc, 0, out); T.eq(out, '7\n')
+  os.execute('rm -rf ' .. dir)
+end)
+
+T.test('--help lists the environment variables and points to examples/ and docs/', function()
+  local out, rc = sh(exe .. ' --help')
+  T.eq(rc, 0)
+  -- every variable gpush reads (grep getenv in src/ and os.getenv in lua/)
+  for _, v in ipairs {'GPUSH_HOME', 'GPUSH_HISTORY', 'GPUSH_CACHE', 'GPUSH_CUDA_DEVICE', 'GPUSH_DIST_TIMEOUT', 'LOCAL_RANK',
+                      'MASTER_ADDR', 'GP_NCCL_LIB', 'GP_ATTN_IMPL', '/examples', '/docs', 'help()'} do
+    T.ok(out:find(v, 1, true), v .. ' in ' .. out)
+  end
+end)
+
+T.test('without a GPU, the reason is said plainly (no "insufficient driver version")', function()
+  if gp.cuda_available() then T.skip('a GPU is present') end
+  for _, cmd in ipairs {' --version', " -e 'gp.zeros{2}:cuda()'", " -e \"gp.zeros{2}:to('cuda:0')\"", ' --device cuda:0 -e 1'} do
+    local out = sh(exe .. cmd)
+    T.ok(not out:find('insufficient', 1, true), cmd .. ': ' .. out)
+    T.ok(out:find('no CUDA driver is installed', 1, true) or out:find('no CUDA GPU is visible', 1, true)
+      or out:find('without CUDA', 1, true), cmd .. ': ' .. out)
   end
 end)

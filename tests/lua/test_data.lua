@@ -17,7 +17,14 @@ T.test('vocabularies, encode and decode', function()
   T.eq(all.vocab_size, 256)
   T.same(all:encode('a'), {97})
   T.eq(all:decode(all:encode(TEXT)), TEXT)
-  T.raises(function() data.text {text = 'x', vocab = 'words'} end, 'vocab')
+  -- printable: the printable ASCII, tab and newline, and any other byte of the text
+  local pr = data.text {text = 'ab\xc3\xa9', vocab = 'printable'}
+  T.eq(pr.vocab_size, 95 + 2 + 2)
+  T.eq(pr:decode(pr:encode('ROMEO:\tHi ~\n')), 'ROMEO:\tHi ~\n')
+  T.eq(pr:decode(pr:encode('\xc3\xa9')), '\xc3\xa9')
+  T.same(pr:encode('\t\n '), {0, 1, 2})
+  T.raises(function() pr:encode('\r') end, 'byte 13')
+  T.raises(function() data.text {text = 'x', vocab = 'words'} end, 'vocab', 'printable')
   T.raises(function() data.text {} end, 'needs text')
   -- the unigram entropy in nats
   local u = data.text {text = 'aab'}

@@ -142,15 +142,22 @@ T.test('generate (cuda): greedy tokens equal the CPU ones; sampling runs', funct
 end)
 
 T.test('scripts/sample.lua: a train_gpt.lua checkpoint and --random, streamed, tokens/s', function()
-  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local exe = T.exe
   local ck = os.tmpname() .. '.safetensors'
   local out, rc = T.sh(exe .. ' --device cpu scripts/train_gpt.lua --iters 2 --n-embd 16 --n-layer 1 --n-head 2 --block 16' ..
     ' --batch 2 --eval-every 0 --eval-iters 1 --quiet --out ' .. ck)
   T.eq(rc, 0, out)
   out, rc = T.sh(exe .. " --device cpu scripts/sample.lua --ckpt " .. ck .. " --max-new 6 --greedy 'the '")
-  os.remove(ck)
   T.eq(rc, 0, out)
   T.ok(out:find('the ', 1, true) and out:find('6 tokens in', 1, true) and out:find('tokens/s', 1, true), out)
+  -- the README's prompt: 'R' is not in data/corpus.txt, but the default vocabulary (printable) has it
+  out, rc = T.sh(exe .. " --device cpu scripts/sample.lua --ckpt " .. ck .. " --max-new 4 'ROMEO:'")
+  T.eq(rc, 0, out)
+  T.ok(out:find('ROMEO:', 1, true), out)
+  -- a byte outside the vocabulary is a clear error that says which vocabularies have it
+  out, rc = T.sh(exe .. " --device cpu scripts/sample.lua --ckpt " .. ck .. " --max-new 4 'caf\xc3\xa9'")
+  os.remove(ck)
+  T.ok(rc ~= 0 and out:find('byte 195', 1, true) and out:find('--vocab bytes', 1, true), out)
   out, rc = T.sh(exe .. " --device cpu scripts/sample.lua --random --n-embd 16 --n-layer 1 --n-head 2 --block 32" ..
     " --max-new 5 --n 3 --top-k 40 --top-p 0.9 --temperature 0.8 'ab' 'c'")
   T.eq(rc, 0, out)

@@ -281,8 +281,12 @@ end)
 
 T.test('matmul: bad input names the op and the shapes', function()
   local a, b = cpu {2, 3}, cpu {4, 5}
-  T.raises(function() return a:matmul(b) end, 'matmul: a is (2,3) but b is (4,5)')
-  T.raises(function() return gp.matmul(cpu {3, 2, 3}, cpu {3, 4, 5}) end, 'matmul: a is (3,2,3) but b is (3,4,5)')
+  T.raises(function() return a:matmul(b) end, "matmul: inner dimensions differ: a is (2,3), b is (4,5); a's last dim must equal b's first")
+  T.raises(function() return a:matmul(cpu {2, 3}) end,
+    "matmul: inner dimensions differ: a is (2,3), b is (2,3); a's last dim must equal b's first")
+  T.raises(function() return gp.matmul(cpu {3, 2, 3}, cpu {3, 4, 5}) end,
+    "matmul: inner dimensions differ: a is (3,2,3), b is (3,4,5); a's last dim must equal b's second-to-last")
+  T.raises(function() return cpu {2, 3}:matmul(cpu {4}) end, "a is (2,3), b is (4); a's last dim must equal b's only dim")
   T.raises(function() return gp.matmul(cpu {3, 2, 3}, cpu {2, 3, 5}) end, 'batch sizes differ')
   T.raises(function() return a:matmul(cpu({3, 5}, 'bf16')) end, 'matmul: a is f32 but b is bf16')
   T.raises(function() return gp.randint(0, 3, {2, 3}):matmul(gp.randint(0, 3, {3, 2})) end, 'a float dtype')

@@ -50,16 +50,19 @@ T.test('models: state_dict() gives back the checkpoint\'s names, shapes and valu
   end
 end)
 
-T.test('models: a saved state_dict loads back (the fine-tuned model transformers can read)', function()
-  local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
-  local dir = os.tmpname()
-  os.remove(dir)
-  os.execute('mkdir -p ' .. dir .. ' && cp ' .. root .. '/llama_gqa/config.json ' .. dir .. '/')
-  gp.save(dir .. '/model.safetensors', m:state_dict(), {format = 'pt'})
-  local m2 = gp.models.load(dir, {dtype = 'f32', device = 'cpu'})
-  local e = expected('llama_gqa')
-  T.ok(T.relnorm(m2(e.ids), e.logits) < 1e-4)
-  os.execute('rm -rf ' .. dir)
+T.test('models: gp.models.save writes a directory that loads back (the fine-tuned model transformers can read)', function()
+  for _, name in ipairs {'llama_gqa', 'gpt2'} do
+    local m = gp.models.load(root .. '/' .. name, {dtype = 'f32', device = 'cpu'})
+    local dir = os.tmpname()
+    os.remove(dir)
+    gp.models.save(m, dir)
+    local m2 = gp.models.load(dir, {device = 'cpu'})
+    T.eq(m2.lm_head.weight.dtype, 'f32', name .. ': saved in the dtype of its weights')
+    local e = expected(name)
+    T.ok(T.relnorm(m2(e.ids), e.logits) < 1e-4, name)
+    os.execute('rm -rf ' .. dir)
+  end
+  T.raises(function() gp.models.save(gp.nn.Linear(2, 2), '/tmp/x') end, 'models.save', 'Hugging Face config')
 end)
 
 -- a copy of a fixture with config.json changed by edit(config)
@@ -114,4 +117,37 @@ T.test('models: a BERT encoder equals transformers\' hidden states (padding mask
     T.ok(T.relnorm(emb:narrow(1, 1, 2), e.embed) < 1e-4, device .. ' embed')
     T.ok(T.relnorm(emb:narrow(1, 3, 1), e.embed:narrow(1, 1, 1)) < 1e-6, device .. ' the same text, the same row')
   end
+end)
+
+T.test('models: a llama GGUF (llama.cpp\'s q/k row permutation, F16, F32 and Q8_0 tensors) equals the same weights from safetensors', function()
+  local path = root .. '/llama_gqa.gguf' -- written by make_gguf.py from the llama_gqa fixture
+  local g, tok, cfg = gp.models.load(path, {dtype = 'f32', device = 'cpu'})
+  T.eq(cfg.num_key_value_heads, 2)
+  T.eq(tok.vocab_size, 128)
+  local hf = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
+  -- the two Q8_0 tensors: the HF model takes their dequantized values, then both hold the same numbers
+  local f = gp.gguf.open(path)
+  local sd = hf:state_dict()
+  gp.no_grad(function()
+    sd['model.layers.0.mlp.up_proj.weight']:copy_(f:read('blk.0.ffn_up.weight', {dtype = 'f32', device = 'cpu'}))
+    sd['model.layers.1.self_attn.v_proj.weight']:copy_(f:read('blk.1.attn_v.weight', {dtype = 'f32', device = 'cpu'}))
+  end)
+  f:close()
+  local e = expected('llama_gqa')
+  T.ok(T.relnorm(g(e.ids), hf(e.ids)) < 1e-6, 'the GGUF and the safetensors model')
+  T.ok(T.relnorm(g(e.ids), e.logits) < 2e-2, 'within Q8_0 rounding of transformers')
+end)
+
+T.test('scripts/perplexity.lua scores every token once (windows overlapping by half)', function()
+  local txt = os.tmpname()
+  local f = assert(io.open(txt, 'w'))
+  f:write(('the quick brown fox jumps over the lazy dog. '):rep(6))
+  f:close()
+  local out, rc = T.sh(string.format('%s/build/gpush %s/scripts/perplexity.lua --model %s/llama_gqa.gguf --file %s --tokens 100 --window 32',
+    GPUSH_ROOT or '.', GPUSH_ROOT or '.', root, txt))
+  os.remove(txt)
+  T.eq(rc, 0, out)
+  local n = tonumber(out:match('over (%d+) tokens'))
+  local total = tonumber(out:match('on the last (%d+) tokens'))
+  T.eq(n, total - 1, out)
 end)

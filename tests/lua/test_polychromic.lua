@@ -181,7 +181,7 @@ T.test('polychromic: a few steps of every objective on a tiny model', function()
 end)
 
 T.test('scripts/polychromic.lua --compare (tiny): both objectives, the report table and the step times', function()
-  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local exe = T.exe
   local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
   local out, rc = T.sh(exe .. ' --device cpu ' .. script ..
     ' --compare --steps 2 --pretrain-steps 4 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1')
@@ -194,7 +194,7 @@ T.test('scripts/polychromic.lua --compare (tiny): both objectives, the report ta
 end)
 
 T.test('scripts/polychromic.lua --set-div pair --floor 0 (tiny), additive\'s defaults, and bad values', function()
-  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local exe = T.exe
   local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
   local base = exe .. ' --device cpu ' .. script .. ' --steps 2 --pretrain-steps 4 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1'
   local out, rc = T.sh(base .. ' --compare --set-div pair --floor 0')
@@ -213,4 +213,60 @@ T.test('scripts/polychromic.lua --set-div pair --floor 0 (tiny), additive\'s def
     T.ok(o2:find(c[2], 1, true), c[2] .. ' in ' .. o2)
     T.ok(not o2:find('pretraining', 1, true), c[1] .. ': the error comes before pretraining')
   end
+end)
+
+T.test('scripts/polychromic.lua on the CPU by default: base, rl and poly in one table, then a verdict', function()
+  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
+  local base = exe .. ' --device cpu ' .. script .. ' --steps 2 --pretrain-steps 4 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1'
+  local out, rc = T.sh(base)
+  T.eq(rc, 0, out)
+  for _, row in ipairs {'\nbase ', '\nrl ', '\npoly ', 'poly vs rl:', '\nverdict: poly kept ', 'pass@3'} do
+    T.ok(out:find(row, 1, true), row .. ' in ' .. out)
+  end
+  T.ok(out:find('verdict: poly kept [^\n]* rl %([^\n]*; the base [^\n]*mean reward'), out)
+  T.ok(out:find('verdict: [^\n]*\n?$'), 'the verdict is the last line: ' .. out)
+  -- one objective: --objective, or --no-compare; its verdict is against the base
+  for _, flag in ipairs {'--objective poly', '--no-compare'} do
+    out, rc = T.sh(base .. ' ' .. flag)
+    T.eq(rc, 0, out)
+    T.ok(not out:find('\nrl ', 1, true) and out:find('\npoly ', 1, true), flag .. ': ' .. out)
+    T.ok(out:find('verdict: poly kept [^\n]* the base %('), flag .. ': ' .. out)
+  end
+end)
+
+T.test('scripts/polychromic.lua --load-adapters evaluates what --save-adapters wrote, on the same base', function()
+  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
+  local dir = T.sh('mktemp -d'):gsub('%s+$', '')
+  local base = exe .. ' --device cpu ' .. script ..
+    ' --steps 3 --pretrain-steps 150 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1 --eval-n 4'
+  local out, rc = T.sh(base .. ' --objective poly --save-base ' .. dir .. '/base.st --save-adapters ' .. dir .. '/a.st --json ' ..
+    dir .. '/j1')
+  T.eq(rc, 0, out)
+  out, rc = T.sh(base .. ' --checkpoint ' .. dir .. '/base.st --load-adapters ' .. dir .. '/a.st --json ' .. dir .. '/j2')
+  T.eq(rc, 0, out)
+  T.ok(out:find('evaluated without fine-tuning', 1, true) and out:find('\nadapters ', 1, true), out)
+  T.ok(not out:find('fine-tuning LoRA', 1, true), 'no fine-tuning: ' .. out)
+  local j1, j2 = gp.data.jsonl(dir .. '/j1')[1], gp.data.jsonl(dir .. '/j2')[1]
+  for _, k in ipairs {'mean_reward', 'pass_at_n', 'set_diversity', 'distinct_valid'} do
+    T.eq(j2.adapters.eval[k], j1.poly.eval[k], k .. ': the loaded adapters evaluate as the fine-tuned ones did')
+  end
+  -- adapters of another base, or with --compare: clear errors
+  out, rc = T.sh(base .. ' --n-embd 16 --pretrain-steps 2 --load-adapters ' .. dir .. '/a.st')
+  T.ok(rc ~= 0 and out:find('n_embd 32, this base has 16', 1, true), out)
+  out, rc = T.sh(base .. ' --compare --load-adapters ' .. dir .. '/a.st')
+  T.ok(rc ~= 0 and out:find('does not combine with --compare', 1, true), out)
+  os.execute('rm -rf ' .. dir)
+end)
+
+T.test('make run | cat: the first progress line arrives within seconds (stdout is line-buffered in a pipe)', function()
+  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
+  local t0 = gp.train.now()
+  -- head exits after one line; the job then ends at its next line (SIGPIPE)
+  local out = T.sh('timeout 120 sh -c "' .. exe .. ' ' .. script .. ' | head -n 1"')
+  local dt = gp.train.now() - t0
+  T.ok(out:find('^pretraining the base'), out)
+  T.ok(dt < 15, string.format('the first line took %.1f s', dt))
 end)

@@ -274,3 +274,83 @@ T.test('kernels are listed and documented', function()
   T.ok(buf[1]:find('out = a + b', 1, true))
   T.ok(buf[2]:find('zeros', 1, true))
 end)
+
+T.test('t[i] and t[i] = v: 1-based positions along dim 1, as in Torch7', function()
+  local t = gp.arange(6, {device = 'cpu'}):view(2, 3)
+  T.same(t[1]:totable(), {0, 1, 2})                  -- a view of the first row
+  T.same(t[-1]:totable(), {3, 4, 5})                 -- negative counts from the end
+  T.eq(t[2][3], 5)                                   -- a 1-d tensor's element is a number
+  T.eq(t[1][-1], 2)
+  local row = t[2]
+  row[1] = 30                                        -- writes through the view
+  T.eq(t[2][1], 30)
+  t[1] = 7                                           -- a number fills the slice
+  T.same(t:totable(), {{7, 7, 7}, {30, 4, 5}})
+  t[-1] = gp.tensor({1, 2, 3}, {dtype = 'i64', device = 'cpu'})  -- a tensor is copied in
+  T.same(t:totable(), {{7, 7, 7}, {1, 2, 3}})
+  local b = gp.ones({2, 2, 2}, {device = 'cpu'})
+  b[2] = gp.zeros({2}, {device = 'cpu'})             -- broadcast into the (2,2) slice
+  T.same(b:sum(1):totable(), {{1, 1}, {1, 1}})
+  -- never a silent nil: out of range, 0, a fraction, a 0-dim tensor, a bad value
+  T.raises(function() return t[3] end, 't[3]', 'out of range', 'dim 1 of size 2', '(2,3)')
+  T.raises(function() return t[-3] end, 't[-3]', 'out of range')
+  T.raises(function() return t[0] end, 't[0]', '1-based')
+  T.raises(function() return t[1.5] end, 'integer')
+  T.raises(function() t[5] = 1 end, 't[5]', 'out of range')
+  T.raises(function() t[1] = 'x' end, 't[1] = v', 'string')
+  T.raises(function() return gp.tensor(3, {device = 'cpu'})[1] end, '0-dim', 'item')
+  -- fields and methods are unchanged; unknown names are errors that suggest the real one
+  T.same(t.shape, {2, 3}); T.eq(t.dtype, 'i64'); T.eq(t.device, 'cpu'); T.eq(t.ndim, 2)
+  T.eq(t.grad, nil)
+  T.raises(function() return t:tranpose(1, 2) end, "no method or field 'tranpose'", "did you mean 'transpose'")
+  T.raises(function() return t.shap end, "'shap'", "'shape'")
+  T.raises(function() return t.zzzzzz end, "no method or field 'zzzzzz'")
+  T.raises(function() t.shape = {6} end, 'shape', 'cannot be assigned')
+  t.note = 'a user field'                            -- other fields may be set
+  T.eq(t.note, 'a user field')
+end)
+
+T.test('t[i] is differentiable (a select) and in-place writes are guarded', function()
+  local x = gp.randn({3, 2}, {device = 'cpu'}):requires_grad()
+  local y = (x[2] * 3):sum()
+  y:backward()
+  T.same(x.grad:totable(), {{0, 0}, {3, 3}, {0, 0}})
+  T.raises(function() x[1] = 0 end, 'in-place', 'requires grad')
+end)
+
+T.test('did you mean: gp fields and kernels', function()
+  T.raises(function() return gp.zeross {2} end, "gp: no field 'zeross'", "did you mean 'gp.zeros'")
+  T.raises(function() return gp.k.rms_nrom end, "gp.k: no field 'rms_nrom'", 'gp.k.rms_norm')
+  T.eq(gp.debug, nil) -- optional: reads as nil until set
+  local s = require 'gpush.core.suggest'
+  T.eq(s.distance('tranpose', 'transpose'), 1)
+  T.eq(s.distance('trasnpose', 'transpose'), 1) -- a swap of neighbours
+  T.eq(s.distance('abc', 'xyz'), 3)
+  T.same(#s.closest('qqqqqq', {'zeros', 'ones'}), 0)
+end)
+
+T.test('device strings: cuda:N names the GPU in use', function()
+  local t = gp.ones({2}, {device = 'cpu'})
+  T.raises(function() return t:to('tpu') end, 'to', "unknown dtype 'tpu'")
+  T.raises(function() return t:to('cuda:x') end, 'to', "unknown device 'cuda:x'", 'cuda:N')
+  T.raises(function() return gp.zeros({2}, {device = 'cuda:y'}) end, 'zeros', "unknown device 'cuda:y'")
+  T.eq(t:to('cpu').device, 'cpu')
+  if gp.cuda_available() then
+    local n = gp.C.gp_cuda_current_device()
+    T.eq(t:to('cuda:' .. n).device, 'cuda')
+    T.eq(gp.zeros({2}, {device = 'cuda:' .. n}).device, 'cuda')
+    T.eq(t:to {device = 'cuda:' .. n, dtype = 'bf16'}.device, 'cuda')
+    T.raises(function() return t:to('cuda:' .. (n + 1)) end, 'cuda:' .. (n + 1), 'this process uses cuda:' .. n,
+      'GPUSH_CUDA_DEVICE')
+  else
+    T.raises(function() return t:to('cuda:0') end, 'to', 'cuda')
+    T.raises(function() gp.set_device('cuda:0') end, 'set_device', 'cuda')
+  end
+end)
+
+T.test('printing shows requires_grad, and the op of a result', function()
+  local x = gp.ones({2}, {device = 'cpu'}):requires_grad()
+  T.ok(tostring(x):find('requires_grad=true)', 1, true), tostring(x))
+  T.ok(tostring(x * 2):find('grad_fn=mul)', 1, true), tostring(x * 2))
+  T.ok(not tostring(gp.ones {2}):find('grad', 1, true))
+end)

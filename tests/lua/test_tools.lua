@@ -246,3 +246,58 @@ test('repl: incomplete chunks ask for more; values print', function()
   T.eq(select(2, repl.compile('1 +* 2')) ~= 'more', true)
   T.eq(repl.format({1, 2, a = 'x'}), '{1, 2, a = "x"}')
 end)
+
+test('repl: locals persist (a line starting with local declares session globals); =expr', function()
+  local repl = require 'gpush.tools.repl'
+  T.eq(repl.rewrite_locals('local y = 5'), 'y = 5')
+  T.eq(repl.rewrite_locals('  local a, b = 1, 2; print(a)'), '  a, b = 1, 2; print(a)')
+  T.eq(repl.rewrite_locals('local function f(x) return x end'), 'function f(x) return x end')
+  T.eq(repl.rewrite_locals('local z'), 'z = nil ')
+  T.eq(repl.rewrite_locals('do local q = 1 end'), 'do local q = 1 end') -- inside a block: stays local
+  T.eq(repl.rewrite_locals('localx = 1'), 'localx = 1')
+  assert(repl.compile('local repl_y_ = 5'))()
+  T.eq(rawget(_G, 'repl_y_'), 5)
+  T.eq(assert(repl.compile('=repl_y_ + 1'))(), 6)
+  rawset(_G, 'repl_y_', nil)
+end)
+
+test('repl: errors point at stdin and show the typed code\'s frames only (all with gp.debug)', function()
+  local repl = require 'gpush.tools.repl'
+  local function run(src)
+    local f = assert(repl.compile(src))
+    local ok, e = xpcall(f, function(e) return repl.error_text(e, 2) end)
+    T.ok(not ok)
+    return e
+  end
+  -- an expression whose error is raised inside gpush (no tail call hides the typed line)
+  local e = run("gp.zeros{'3'}")
+  T.ok(e:find("^stdin:1: zeros: size '3'"), e)
+  T.ok(not e:find('lua/gpush/', 1, true) and not e:find('traceback', 1, true), e)
+  e = run("error('boom')")
+  T.ok(e:find('^stdin:1: boom'), e)
+  -- a function typed at the prompt: its frame is kept, gpush's are not
+  assert(repl.compile('function repl_f_(t) local r = t:matmul(t); return r end'))()
+  e = run('repl_f_(gp.zeros{2,3})')
+  T.ok(e:find('^stdin:1: matmul: inner dimensions differ'), e)
+  T.ok(e:find("in function 'repl_f_'", 1, true), e)
+  T.ok(not e:find('lua/gpush/', 1, true), e)
+  gp.debug = true
+  e = run('repl_f_(gp.zeros{2,3})')
+  gp.debug = nil
+  T.ok(e:find('lua/gpush/', 1, true), 'gp.debug = true shows every frame: ' .. e)
+  rawset(_G, 'repl_f_', nil)
+end)
+
+test('help(t) of a tensor lists its methods by group, every method once', function()
+  local help = require 'gpush.tools.help'
+  local t = gp.zeros {2, 3}
+  local s = help.tensor_methods(t)
+  T.ok(s:find('(2,3)', 1, true), s)
+  for _, g in ipairs {'views', 'reductions', 'autograd', 'arithmetic'} do T.ok(s:find(g, 1, true), g .. ' in ' .. s) end
+  for name, f in pairs(gp.Tensor) do
+    if type(f) == 'function' then
+      local n = select(2, s:gsub('%f[%w_]' .. name:gsub('_', '%%_') .. '%f[^%w_]', ''))
+      T.ok(n >= 1, name .. ' missing from help(t)')
+    end
+  end
+end)

@@ -81,12 +81,58 @@ sleep 0.2
 keys Enter
 check 'Up recalls the last line' '^123$' 2
 
+# a line that begins with local declares a global of the session; =expr prints
+text 'local yy = 5'; keys Enter
+text 'yy'; keys Enter
+check 'local x = ... persists to the next line' '^5$'
+text '=yy * 2'; keys Enter
+check '=expr prints the value' '^10$'
+
+# one error prefix (stdin:LINE:) whether the error comes from Lua or from gpush,
+# and tracebacks with the typed code's frames only
+text "gp.zeros{'3'}"; keys Enter
+check 'a gpush error points at stdin' "^stdin:1: zeros: size '3' at dim 1 is a string"
+text 'function ff(t) local r = t:matmul(t); return r end'; keys Enter
+text 'ff(gp.zeros{2,3})'; keys Enter
+check 'a traceback shows the typed function' "in function 'ff'"
+check 'the error says the rule' "^stdin:1: matmul: inner dimensions differ"
+if screen | grep -q 'lua/gpush/'; then
+  fail=$((fail + 1)); echo "FAIL  repl: gpush's own frames are in a traceback without gp.debug"; screen | sed 's/^/    | /'
+else
+  pass=$((pass + 1)); echo "ok    repl: gpush's own frames are left out of tracebacks"
+fi
+text 'gp.debug = true'; keys Enter
+text 'ff(gp.zeros{2,3})'; keys Enter
+check 'gp.debug = true shows every frame' 'lua/gpush/core/ops/matmul.lua'
+text 'gp.debug = nil'; keys Enter
+
+# tensors: requires_grad in printing, help(t) by group, a mistyped method
+text 'xg = gp.ones{2}:requires_grad()'; keys Enter
+text 'xg'; keys Enter
+check 'printing shows requires_grad' 'requires_grad=true\)'
+text 'help(xg)'; keys Enter
+check 'help(t) lists the methods by group' '^  views +view reshape'
+text 'xg:tranpose(1, 2)'; keys Enter
+check 'a mistyped method suggests the real one' "did you mean 'transpose'"
+
+# a chunk left unfinished with Ctrl-C stays out of the history
+text 'function abandoned_fn()'; keys Enter
+check 'an unfinished chunk continues' '^>> ?$'
+keys C-c
+text '6 * 7'; keys Enter
+check 'the prompt goes on after Ctrl-C at >>' '^42$' 2
+
 keys C-d
 sleep 0.5
 if grep -q '100 + 23' "$GPUSH_HISTORY" 2>/dev/null && grep -q 'sq(7)' "$GPUSH_HISTORY"; then
   pass=$((pass + 1)); echo "ok    repl: history is saved to \$GPUSH_HISTORY"
 else
   fail=$((fail + 1)); echo "FAIL  repl: history file $GPUSH_HISTORY"; cat "$GPUSH_HISTORY" 2>/dev/null
+fi
+if grep -q 'abandoned_fn\|never run' "$GPUSH_HISTORY" 2>/dev/null; then
+  fail=$((fail + 1)); echo "FAIL  repl: a line dropped with Ctrl-C is in the history"; cat "$GPUSH_HISTORY"
+else
+  pass=$((pass + 1)); echo "ok    repl: lines dropped with Ctrl-C stay out of the history"
 fi
 if screen | grep -q 'never run'; then
   if screen | grep -q '^never run'; then fail=$((fail + 1)); echo "FAIL  repl: a line dropped by Ctrl-C ran"; fi

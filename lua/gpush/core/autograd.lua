@@ -169,7 +169,7 @@ local function accumulate(grads, a, g)
     return
   end
   if not needs(a) then return end
-  if type(g) == 'table' and g.slice then
+  if type(g) == 'table' and not is_tensor(g) and g.slice then
     g = slice_grad(grads, a, g)
     if g == nil then return end
   end

@@ -17,7 +17,7 @@ local K = kernels.k
 local function opts_of(o, op)
   o = o or {}
   if type(o) ~= 'table' then raise(op .. ': options must be a table like {dtype=, device=}') end
-  return o.dtype and rt.dtype(o.dtype, op) or nil, o.device or state.device
+  return o.dtype and rt.dtype(o.dtype, op) or nil, o.device and tensor.device_name(o.device, op) or state.device
 end
 
 -- nested Lua tables -> shape and row-major values
@@ -26,13 +26,17 @@ local function flatten(data, op)
   if type(data) == 'boolean' then return {}, {data and 1 or 0} end
   if type(data) ~= 'table' then raise(op .. ': expected a number or a nested table of numbers, got ' .. type(data)) end
   local shape, d = {}, data
-  while type(d) == 'table' do
+  while type(d) == 'table' and not is_tensor(d) do
     shape[#shape + 1] = #d
     d = d[1]
     if #shape > 8 then raise(op .. ': more than 8 levels of nesting') end
   end
   local vals = {}
   local function walk(x, depth, path)
+    if is_tensor(x) then
+      raise(string.format('%s: %s is a tensor; gp.stack joins tensors (or t:item() for a number)', op,
+        path == '' and 'the data' or 'element ' .. path))
+    end
     if depth > #shape then
       if type(x) == 'boolean' then x = x and 1 or 0 end
       if type(x) ~= 'number' then raise(string.format('%s: element %s is a %s, not a number', op, path, type(x))) end
@@ -111,11 +115,22 @@ function gp.arange(a, b, step, opts)
     raise('arange: usage gp.arange(n) or gp.arange(start, stop[, step]) with step ~= 0')
   end
   local n = math.max(0, math.ceil((stop - start) / step))
+  if n ~= n or n >= 2^53 then -- inf, NaN or beyond exact integers: never start building it
+    raise(string.format('arange: %s values from %s to %s by %s are too many', tostring(n), tostring(start),
+      tostring(stop), tostring(step)))
+  end
   local dtype, device = opts_of(opts, 'arange')
   local int = start == math.floor(start) and step == math.floor(step)
-  local vals = {}
-  for i = 1, n do vals[i] = start + (i - 1) * step end
-  return from_values({n}, vals, dtype or (int and 'i64' or 'f32'), device, 'arange')
+  -- the tensor first (too large fails here, at once), then the values a block at a time
+  local t = empty({n}, dtype or (int and 'i64' or 'f32'), device, 'arange')
+  local block = math.min(n, 65536)
+  local buf = ffi.new('double[?]', math.max(block, 1))
+  for i0 = 0, n - 1, block do
+    local m = math.min(block, n - i0)
+    for i = 0, m - 1 do buf[i] = start + (i0 + i) * step end
+    rt.call(C.gp_from_doubles, m == n and t.c or t:narrow(1, i0 + 1, m).c, buf, m)
+  end
+  return t
 end
 doc(gp.arange, 'gp.arange(n) / gp.arange(start, stop, step)', 'evenly spaced values in [start, stop) (i64 for integer arguments)')
 
@@ -200,14 +215,17 @@ function gp.where(mask, a, b)
     if x.device ~= dev then raise(string.format('where: %s is on %s but mask is on %s', name, x.device, dev)) end
     return x:to(dt)
   end
+  if mask.dtype ~= 'u8' then
+    raise(string.format('where: mask must be a bool (u8) tensor, got %s; make one with a comparison (x:gt(0)) or mask:ne(0)',
+      mask.dtype))
+  end
   a, b = as_t(a, 'a'), as_t(b, 'b')
-  if mask.dtype ~= 'u8' then mask = mask:ne(0) end
   local s = tensor.broadcast_shapes('where', tensor.broadcast_shapes('where', mask.shape, a.shape), b.shape)
   local out = empty(s, dt, dev, 'where')
   K.where(out, mask, a, b)
   return out
 end
-doc(gp.where, 'gp.where(mask, a, b)', 'mask ? a : b elementwise (a, b tensors or numbers)')
+doc(gp.where, 'gp.where(mask, a, b)', 'mask ? a : b elementwise (mask a bool (u8) tensor as comparisons give; a, b tensors or numbers)')
 
 
 return gp

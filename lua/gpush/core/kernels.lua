@@ -89,5 +89,7 @@ for _, k in ipairs(M.list) do
   tensor.K[k.name] = k.fn
   docs[k.fn] = {usage = M.usage(k), doc = k.doc, kernel = k}
 end
+-- gp.k.rms_nrom: an error that suggests gp.k.rms_norm
+require('gpush.core.suggest').strict(M.k, 'gp.k')
 
 return M

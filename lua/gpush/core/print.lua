@@ -73,7 +73,11 @@ function M.format(t)
   if #shape == 0 then body = strs[1] or '?'
   elseif n == 0 then body = '[]'
   else body = build(1, string.rep(' ', #prefix)) end
-  return string.format('%s%s, shape=%s, dtype=%s, device=%s)', prefix, body, tensor.shape_str(shape), t.dtype, t.device)
+  -- autograd, as PyTorch shows it: a leaf that requires grad, or the op that made it
+  local node, grad = rawget(t, '_node'), ''
+  if node then grad = ', grad_fn=' .. tostring(node.name)
+  elseif rawget(t, '_rg') then grad = ', requires_grad=true' end
+  return string.format('%s%s, shape=%s, dtype=%s, device=%s%s)', prefix, body, tensor.shape_str(shape), t.dtype, t.device, grad)
 end
 
 tensor.mt.__tostring = M.format

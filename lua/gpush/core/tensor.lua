@@ -4,6 +4,7 @@
 local ffi = require 'ffi'
 local rt = require 'gpush.core.runtime'
 local dtype = require 'gpush.core.dtype'
+local suggest = require 'gpush.core.suggest'
 local C = rt.C
 local DT, DTNAME, DEV, DEVNAME, ELSIZE, FLOAT = dtype.DT, dtype.DTNAME, dtype.DEV, dtype.DEVNAME, dtype.ELSIZE, dtype.FLOAT
 local raise, call = rt.raise, rt.call
@@ -16,9 +17,35 @@ local state = {device = nil}   -- default device, set by init
 M.state = state
 
 local box = ffi.new('gp_tensor*[1]')
-local shape_buf = ffi.new('int64_t[8]')
-local stride_buf = ffi.new('int64_t[8]')
-local perm_buf = ffi.new('int[8]')
+-- the most dims a tensor has (GP_MAX_DIMS: the length of gp_tensor.shape)
+local MAX_DIMS = ffi.sizeof(ffi.new('gp_tensor').shape) / ffi.sizeof('int64_t')
+M.MAX_DIMS = MAX_DIMS
+local shape_buf = ffi.new('int64_t[?]', MAX_DIMS)
+local stride_buf = ffi.new('int64_t[?]', MAX_DIMS)
+local perm_buf = ffi.new('int[?]', MAX_DIMS)
+
+-- an integer argument, exactly representable (|v| < 2^53): fractions are an
+-- error, never truncated, and nothing out of range reaches an int64_t
+local function int_arg(op, what, v)
+  if type(v) ~= 'number' or v ~= math.floor(v) or v >= 2^53 or v <= -2^53 then
+    raise(string.format('%s: %s must be an integer, got %s', op, what, tostring(v)))
+  end
+  return v
+end
+M.int_arg = int_arg
+
+-- the sizes (and strides) of a new geometry into the C buffers: at most
+-- MAX_DIMS of them, every one an integer
+local function fill_dims(op, s, st)
+  if #s > MAX_DIMS then
+    raise(string.format('%s: the result would have %d dims; at most %d are supported', op, #s, MAX_DIMS))
+  end
+  for i = 1, #s do
+    shape_buf[i - 1] = int_arg(op, 'size ' .. i, s[i])
+    if st then stride_buf[i - 1] = int_arg(op, 'stride ' .. i, st[i]) end
+  end
+  return #s
+end
 
 local function is_tensor(x) return getmetatable(x) == mt end
 M.is_tensor = is_tensor
@@ -57,10 +84,15 @@ local function parse_shape(op, ...)
     end
     rest = select(i, ...)
   end
-  if #s > 8 then raise(string.format('%s: %d dims given; at most 8 are supported', op, #s)) end
+  if #s > MAX_DIMS then raise(string.format('%s: %d dims given; at most %d are supported', op, #s, MAX_DIMS)) end
   for i = 1, #s do
     local v = s[i]
-    if type(v) ~= 'number' or v ~= math.floor(v) then
+    if type(v) == 'string' then
+      raise(string.format("%s: size '%s' at dim %d is a string, not a number (write %s, or convert with tonumber)", op, v, i,
+        tonumber(v) and v or 'an integer'))
+    elseif type(v) ~= 'number' then
+      raise(string.format('%s: size at dim %d is a %s, not a number', op, i, type(v)))
+    elseif v ~= math.floor(v) or v >= 2^53 or v <= -2^53 then
       raise(string.format('%s: size %s at dim %d is not an integer', op, tostring(v), i))
     end
   end
@@ -68,10 +100,30 @@ local function parse_shape(op, ...)
 end
 M.parse_shape = parse_shape
 
+-- a device spelling -> 'cpu' or 'cuda'. 'cuda:N' names the GPU this process
+-- uses (one per process: GPUSH_CUDA_DEVICE or LOCAL_RANK picks it); another N
+-- is an error. Without a usable GPU, 'cuda:N' is 'cuda' (which then says why).
+local function device_name(name, op)
+  if DEV[name] then return name end
+  local n = type(name) == 'string' and name:match('^cuda:(%d+)$')
+  if n then
+    n = tonumber(n)
+    if C.gp_cuda_available() == 1 then
+      local cur = C.gp_cuda_current_device()
+      if n ~= cur then
+        raise(string.format('%s: %s asked for, but this process uses cuda:%d (gpush uses one GPU per process: pick GPU %d with GPUSH_CUDA_DEVICE=%d or CUDA_VISIBLE_DEVICES=%d)',
+          op, name, cur, n, n, n))
+      end
+    end
+    return 'cuda'
+  end
+  raise(string.format("%s: unknown device '%s' (cpu, cuda or cuda:N)", op, tostring(name)))
+end
+M.device_name = device_name
+local function is_device(x) return DEV[x] ~= nil or (type(x) == 'string' and x:match('^cuda:%d+$') ~= nil) end
+
 local function device_of(name, op)
-  local d = DEV[name]
-  if not d then raise(string.format("%s: unknown device '%s' (cpu or cuda)", op, tostring(name))) end
-  return d
+  return DEV[device_name(name, op)]
 end
 
 local function numel_of(s)
@@ -86,8 +138,7 @@ local function empty(shape, dt_name, device, op)
   local dt = DT[rt.dtype(dt_name, op)]
   local dev = device_of(device, op)
   if dev == 1 and C.gp_cuda_available() ~= 1 then raise(op .. ': device cuda asked for but ' .. rt.last_error()) end
-  local n = #shape
-  for i = 1, n do shape_buf[i - 1] = shape[i] end
+  local n = fill_dims(op, shape)
   local rc = C.gp_tensor_empty(box, dt, dev, n, shape_buf)
   if rc ~= 0 then rt.fail(rc, C.gp_tensor_empty, box, dt, dev, n, shape_buf) end
   local c = ffi.gc(box[0], C.gp_tensor_free)
@@ -117,6 +168,19 @@ M.dim0 = dim0
 ---------------------------------------------------------------------------
 -- fields
 
+-- the fields besides the methods: computed ones, then raw ones that may be
+-- absent (nil when so); any other name is an error with a suggestion
+M.fields = {'shape', 'dtype', 'device', 'ndim', 'c', 'grad'}
+local index_get, index_set -- t[i] and t[i] = v, below
+
+local function no_such(t, k)
+  local names = {}
+  for n in pairs(Tensor) do names[#names + 1] = n end
+  for _, n in ipairs(M.fields) do names[#names + 1] = n end
+  raise(string.format("tensor: no method or field '%s'%s (help(t) lists the methods)", tostring(k),
+    suggest.hint(k, names)))
+end
+
 mt.__index = function(t, k)
   local m = Tensor[k]
   if m ~= nil then return m end
@@ -125,7 +189,19 @@ mt.__index = function(t, k)
   elseif k == 'device' then return DEVNAME[t.c.device]
   elseif k == 'ndim' then return t.c.ndim
   end
-  return nil
+  local ty = type(k)
+  if ty == 'number' then return index_get(t, k) end
+  -- .grad before backward, and internal fields (_rg, _node, ...) not set
+  if k == 'grad' or (ty == 'string' and k:byte(1) == 95) then return nil end
+  no_such(t, k)
+end
+
+local READONLY = {shape = 'view or reshape', dtype = 'to', device = 'to', ndim = 'view or reshape'}
+mt.__newindex = function(t, k, v)
+  if type(k) == 'number' then return index_set(t, k, v) end
+  local how = READONLY[k]
+  if how then raise(string.format('tensor: t.%s cannot be assigned (make a new tensor with t:%s)', k, how)) end
+  rawset(t, k, v)
 end
 
 function Tensor:size(d)
@@ -165,8 +241,8 @@ function Tensor:contiguous()
 end
 
 local function to_device(t, dev)
+  dev = device_name(dev, 'to')
   if DEVNAME[t.c.device] == dev then return t end
-  device_of(dev, 'to')
   local src = t:contiguous()
   local out = empty(shape_of(t), DTNAME[t.c.dtype], dev, 'to')
   call(C.gp_transfer, out.c, src.c)
@@ -186,17 +262,18 @@ M.to_dtype = to_dtype
 function Tensor:to(a, b)
   if type(a) == 'table' and not is_tensor(a) then
     local r = self
+    local dev = a.device and device_name(a.device, 'to')
     -- to the cpu: move first, then cast (f64 exists on the cpu only)
-    if a.device == 'cpu' then r = to_device(r, a.device) end
+    if dev == 'cpu' then r = to_device(r, dev) end
     if a.dtype then r = to_dtype(r, a.dtype) end
-    if a.device and a.device ~= 'cpu' then r = to_device(r, a.device) end
+    if dev and dev ~= 'cpu' then r = to_device(r, dev) end
     return r
   end
   local r = self
   for _, x in ipairs {a, b} do
     if is_tensor(x) then
       r = to_device(to_dtype(r, x.dtype), x.device)
-    elseif DEV[x] then
+    elseif is_device(x) or (type(x) == 'string' and x:match('^cuda')) then
       r = to_device(r, x)
     elseif x ~= nil then
       r = to_dtype(r, x)
@@ -271,16 +348,14 @@ end
 function Tensor:view(...)
   local s = parse_shape('view', ...)
   local a = alias(self)
-  for i = 1, #s do shape_buf[i - 1] = s[i] end
-  call(C.gp_view, a.c, self.c, #s, shape_buf)
+  call(C.gp_view, a.c, self.c, fill_dims('view', s), shape_buf)
   return a
 end
 
 function Tensor:reshape(...)
   local s = parse_shape('reshape', ...)
   local a = alias(self)
-  for i = 1, #s do shape_buf[i - 1] = s[i] end
-  if C.gp_view(a.c, self.c, #s, shape_buf) == 0 then return a end
+  if C.gp_view(a.c, self.c, fill_dims('reshape', s), shape_buf) == 0 then return a end
   return self:clone():view(s)
 end
 
@@ -324,30 +399,70 @@ function Tensor:narrow(d, start, length)
   local d0 = dim0(self, d, 'narrow')
   local size = tonumber(self.c.shape[d0])
   if type(start) ~= 'number' or type(length) ~= 'number' then raise('narrow: start and length must be numbers') end
+  int_arg('narrow', 'start', start)
+  int_arg('narrow', 'length', length)
   local s0 = start < 0 and size + start or start - 1
   local a = alias(self)
   call(C.gp_narrow, a.c, self.c, d0, s0, length)
   return a
 end
 
+-- a 1-based position along a dim of `size` entries (negative counts from the
+-- end), checked; `what` names the call in errors
+local function position(what, i, size, d, t)
+  if type(i) ~= 'number' or i ~= math.floor(i) then
+    raise(string.format('%s: the position must be an integer, got %s%s', what, type(i) == 'number' and '' or (type(i) .. ' '),
+      tostring(i)))
+  end
+  local p = i < 0 and size + i + 1 or i
+  if i == 0 or p < 1 or p > size then
+    raise(string.format('%s: position %d is out of range for dim %d of size %d (1..%d, or -%d..-1 from the end; positions are 1-based) of a tensor of shape %s',
+      what, i, d, size, size, size, shape_str(shape_of(t))))
+  end
+  return p
+end
+
+-- select(dim, i): the i-th slice along dim (1-based, negative from the end), one dim fewer
 function Tensor:select(d, i)
-  local r = self:narrow(d, i, 1)
-  return r:squeeze(d < 0 and d or d)
+  local d0 = dim0(self, d, 'select')
+  local p = position('select', i, tonumber(self.c.shape[d0]), d0 + 1, self)
+  return self:narrow(d0 + 1, p, 1):squeeze(d0 + 1)
+end
+
+-- t[i]: the i-th slice along dim 1 (a view), or the i-th number of a 1-d
+-- tensor, as in Torch7; t[i] = v fills that slice with a number or copies a
+-- tensor into it (broadcasting)
+local function slice1(t, i)
+  local what = 't[' .. tostring(i) .. ']'
+  if t.c.ndim == 0 then raise(what .. ': a 0-dim tensor has no positions to index (t:item() reads its value)') end
+  local p = position(what, i, tonumber(t.c.shape[0]), 1, t)
+  return Tensor.select(t, 1, p), what
+end
+function index_get(t, i)
+  local s = slice1(t, i)
+  if t.c.ndim == 1 then return s:item() end
+  return s
+end
+function index_set(t, i, v)
+  local s, what = slice1(t, i)
+  if type(v) == 'number' then s:fill_(v)
+  elseif type(v) == 'boolean' then s:fill_(v and 1 or 0)
+  elseif is_tensor(v) then s:copy_(v)
+  else raise(string.format('%s = v: v must be a number or a tensor, got %s', what, type(v))) end
 end
 
 function Tensor:expand(...)
   local s = parse_shape('expand', ...)
   local a = alias(self)
-  for i = 1, #s do shape_buf[i - 1] = s[i] end
-  call(C.gp_expand, a.c, self.c, #s, shape_buf)
+  call(C.gp_expand, a.c, self.c, fill_dims('expand', s), shape_buf)
   return a
 end
 function Tensor:expand_as(o) return self:expand(shape_of(o)) end
 
 local function restride(t, s, st, op)
+  local n = fill_dims(op, s, st) -- before the alias: a 9th dim is an error, not a write past the buffers
   local a = alias(t)
-  for i = 1, #s do shape_buf[i - 1] = s[i]; stride_buf[i - 1] = st[i] end
-  call(C.gp_as_strided, a.c, t.c, #s, shape_buf, stride_buf, t.c.offset)
+  call(C.gp_as_strided, a.c, t.c, n, shape_buf, stride_buf, t.c.offset)
   return a
 end
 

@@ -114,6 +114,7 @@ function M.load(path, opts)
   g:close()
   if not ok then raise(string.format('models.load: %s: %s', path, tostring(res):gsub('^.-:%d+: ', ''):gsub('^models%.load: ', ''))) end
   res[1].generation_config = {bos_token_id = res[3].bos_token_id, eos_token_id = res[3].eos_token_id}
+  res[1].hf_config = res[3]
   return res[1]:eval(), res[2], res[3]
 end
 

@@ -28,7 +28,14 @@ local function read_json(path)
   f:close()
   local ok, v = pcall(gp.json.decode, s)
   if not ok or type(v) ~= 'table' then raise('models.load: ' .. path .. ' is not a JSON object: ' .. tostring(v)) end
-  return v
+  -- a null field is an absent one (as transformers reads it)
+  local function strip(t)
+    for k, x in pairs(t) do
+      if x == gp.json.null then t[k] = nil elseif type(x) == 'table' then strip(x) end
+    end
+    return t
+  end
+  return strip(v)
 end
 M.read_json = read_json
 
@@ -88,6 +95,7 @@ function M.load_dir(dir, opts)
   if not ok2 then raise(string.format('models.load: %s: %s', table.concat(files, ', '), tostring(err):gsub('^.-:%d+: ', ''))) end
   local gpath = dir .. '/generation_config.json'
   model.generation_config = exists(gpath) and read_json(gpath) or {}
+  model.hf_config = c
   local tok = exists(dir .. '/tokenizer.json') and text.tokenizer.load(dir) or nil
   if exists(dir .. '/modules.json') then return M.sentence(dir, model:eval(), tok), tok, c end
   return model:eval(), tok, c

@@ -43,6 +43,34 @@ function M.path(name)
 end
 gp.doc(M.path, "gp.models.path('smollm2')", 'the file or directory of a model `make models` fetched, by its short name')
 
+-- the architectures entry of a config.json, by model_type
+local CLASS = {llama = 'LlamaForCausalLM', mistral = 'MistralForCausalLM', qwen2 = 'Qwen2ForCausalLM', gpt2 = 'GPT2LMHeadModel',
+               bert = 'BertModel'}
+local DTNAME = {f32 = 'float32', bf16 = 'bfloat16', f16 = 'float16'}
+
+-- write model (loaded by gp.models.load) as a Hugging Face directory transformers loads:
+-- config.json (its config, the dtype of its weights) and model.safetensors (state_dict(): the checkpoint's names and layout)
+function M.save(model, dir)
+  local c = type(model) == 'table' and rawget(model, 'hf_config')
+  if not c then raise('models.save: the model has no Hugging Face config (load it with gp.models.load)') end
+  local st = os.execute("mkdir -p '" .. dir:gsub("'", "'\\''") .. "'")
+  if st ~= 0 and st ~= true then raise('models.save: cannot make the directory ' .. dir) end
+  local sd = model:state_dict()
+  local cfg = {}
+  for k, v in pairs(c) do cfg[k] = v end
+  local any = next(sd) and sd[next(sd)]
+  cfg.torch_dtype = any and DTNAME[any.dtype] or cfg.torch_dtype
+  cfg.dtype = cfg.torch_dtype
+  cfg.architectures = cfg.architectures or {CLASS[cfg.model_type]}
+  local f, err = io.open(dir .. '/config.json', 'w')
+  if not f then raise('models.save: ' .. tostring(err)) end
+  f:write(gp.json.encode(cfg))
+  f:close()
+  gp.save(dir .. '/model.safetensors', sd, {format = 'pt'})
+  return dir
+end
+gp.doc(M.save, "gp.models.save(model, 'dir')", "a Hugging Face directory of a loaded model: config.json and model.safetensors (state_dict()'s names and layout), for transformers' from_pretrained")
+
 local function is_dir(path)
   local f = io.open(path .. '/.', 'rb')
   if f then f:close() return true end

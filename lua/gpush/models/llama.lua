@@ -26,12 +26,16 @@ local function config_of(c)
   end
   local d, H = need('hidden_size'), need('num_attention_heads')
   local hd = c.head_dim or d / H
+  -- transformers 5 writes rope_parameters {rope_type, rope_theta, factor, ...}; earlier ones rope_theta and rope_scaling
+  local rp = c.rope_parameters
+  local scaling = c.rope_scaling
+  if rp and (rp.rope_type or rp.type or 'default') ~= 'default' then scaling = scaling or rp end
   local cfg = {
     model_type = c.model_type or 'llama', vocab_size = need('vocab_size'), hidden_size = d,
     intermediate_size = need('intermediate_size'), num_hidden_layers = need('num_hidden_layers'),
     num_attention_heads = H, num_key_value_heads = c.num_key_value_heads or H, head_dim = hd,
     max_position_embeddings = c.max_position_embeddings or 2048, rms_norm_eps = c.rms_norm_eps or 1e-6,
-    rope_theta = c.rope_theta or 10000, rope_scaling = c.rope_scaling, tie_word_embeddings = c.tie_word_embeddings == true,
+    rope_theta = c.rope_theta or (rp and rp.rope_theta) or 10000, rope_scaling = scaling, tie_word_embeddings = c.tie_word_embeddings == true,
     attention_bias = c.attention_bias == true, hidden_act = c.hidden_act or 'silu', sliding_window = c.sliding_window,
     bos_token_id = c.bos_token_id, eos_token_id = c.eos_token_id,
   }

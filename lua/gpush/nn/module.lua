@@ -247,7 +247,7 @@ function Module:load_state_dict(sd, opts)
   opts = opts or {}
   if type(sd) ~= 'table' then raise('load_state_dict: needs a table {name = tensor}, got ' .. type(sd)) end
   local strict = opts.strict ~= false
-  local own = self:state_dict()
+  local own = Module.state_dict(self) -- the module's own names (a subclass that renames in state_dict translates sd first)
   local missing, unexpected, bad = {}, {}, {}
   for name, t in pairs(own) do
     local v = sd[name]

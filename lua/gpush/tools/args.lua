@@ -6,7 +6,8 @@
 --     {'bf16', false, 'train in bf16'},             -- --bf16 / --no-bf16 (a flag)
 --     {'out', nil, 'checkpoint path', type = 'string'},  -- no default: give the type
 --   }, {usage = 'gpush scripts/x.lua [flags]'})
---   o.iters, o.bf16, o.out      -- '-' in names becomes '_' in keys; o._rest: positional arguments
+--   o.iters, o.bf16, o.out      -- '-' in names becomes '_' in keys; o._rest: positional arguments;
+--                               -- o._given[key]: the flag was on the command line
 --
 -- `--name value` and `--name=value`; `--help` (or -h) prints every flag with
 -- its default and exits (opts.exit = false returns nil, the help text instead).
@@ -69,7 +70,7 @@ function M.parse(argv, spec, opts)
   opts = opts or {}
   argv = argv or {}
   local flags, byname = normalize(spec)
-  local o = {_rest = {}}
+  local o = {_rest = {}, _given = {}} -- _given: the keys set on the command line (not defaults)
   for _, f in ipairs(flags) do o[key_of(f.name)] = f.default end
   local i = 1
   while i <= #argv do
@@ -91,6 +92,7 @@ function M.parse(argv, spec, opts)
         neg = f ~= nil
       end
       if not f then raise(string.format('args: unknown flag --%s (see --help)', name)) end
+      o._given[key_of(f.name)] = true
       if f.type == 'flag' then
         if val ~= nil then
           if val == 'true' or val == '1' or val == 'yes' then o[key_of(f.name)] = not neg

@@ -1,8 +1,11 @@
 -- The interactive prompt: readline editing with persistent history
 -- (~/.gpush_history, or $GPUSH_HISTORY), multi-line chunks while the input is
--- incomplete, expressions print their values (tensors pretty-printed), tab
--- completion of globals, fields and methods (t:tr<TAB>), Ctrl-C stops running
--- code (and clears the line at the prompt), errors never leave the prompt.
+-- incomplete, expressions (and `=expr`) print their values (tensors
+-- pretty-printed), `local x = ...` at the start of a line makes a session
+-- global, tab completion of globals, fields and methods (t:tr<TAB>), Ctrl-C
+-- stops running code (and drops the line at the prompt, history included),
+-- errors print as stdin:LINE: message with the typed code's frames only (all
+-- with gp.debug = true) and never leave the prompt.
 -- The C half (readline, the SIGINT hook, the completion callback) is src/repl.c.
 local M = {}
 
@@ -52,11 +55,34 @@ end
 ---------------------------------------------------------------------------
 -- compiling: as an expression first, then as statements; 'more' when incomplete
 
+-- Locals persist between lines the way Torch's th keeps them: a chunk whose
+-- first statement is `local x = ...` (or `local a, b = ...`, `local x`,
+-- `local function f`) declares globals of the session instead; locals inside
+-- blocks and functions stay local.
+function M.rewrite_locals(src)
+  local lead, rest = src:match('^(%s*)local%s+(.*)$')
+  if not lead then return src end
+  if rest:match('^function[%s(]') then return lead .. rest end
+  local names, tail = rest:match('^([%a_][%w_]*[%w_%s,]*)(.*)$')
+  if not names then return src end
+  if tail:match('^=') then return lead .. rest end
+  -- `local x` alone (maybe `; more`): x = nil
+  names = names:gsub('%s+$', '')
+  return lead .. names .. ' = nil ' .. tail
+end
+
+-- An expression is compiled inside a call, `return (function(...) return ...
+-- end)(EXPR)`, so that the chunk's own frame stays on the stack while EXPR
+-- runs (`return f(x)` would be a tail call): errors raised in gpush then
+-- point at stdin:LINE like every other error typed at the prompt.
+-- (text only: LuaJIT does not verify bytecode, which could crash the process)
 local function compile(src)
-  local f = loadstring('return ' .. src, '=stdin')
+  if src:sub(1, 1) == '=' then src = src:sub(2) end -- '=expr', as in Lua 5.1's prompt
+  src = M.rewrite_locals(src)
+  local f = load('return (function(...) return ... end)(' .. src .. '\n)', '=stdin', 't')
   if f then return f end
   local err
-  f, err = loadstring(src, '=stdin')
+  f, err = load(src, '=stdin', 't')
   if f then return f end
   if err:find('<eof>', 1, true) then return nil, 'more' end
   return nil, err
@@ -133,15 +159,42 @@ end
 -- run a compiled chunk: Ctrl-C raises 'interrupted' inside it. Code typed at
 -- the prompt runs in the interpreter (jit.off) so that the hook can always
 -- stop it: a JIT-compiled loop never looks at hooks.
+-- gpush's own frames, C functions and the JIT's builtins: left out of
+-- tracebacks unless gp.debug is set
+local function internal_frame(line)
+  return line:find('lua/gpush/', 1, true) or line:find('^%s*%[C%]:') or line:find('^%s*%[builtin#')
+    or line:find('^%s*gp%.k%.') or line:find('^%s*%(tail call%)') or line:find('^%s*%.%.%.')
+end
+
+-- the message and the traceback of an error at the prompt: the frames of the
+-- code typed (and of scripts), down to the prompt's own; gpush's frames too
+-- with gp.debug = true; no traceback when only the typed line is left
+function M.error_text(e, level)
+  local msg
+  if type(e) == 'string' or type(e) == 'number' then msg = tostring(e)
+  else
+    local mt = getmetatable(e)
+    msg = (mt and mt.__tostring) and tostring(e) or '(error object is a ' .. type(e) .. ' value)'
+  end
+  -- Ctrl-C (src/repl.c's hook raises 'interrupted'): one word, after the ^C the terminal echoed
+  if msg == 'interrupted' or msg:match('^[^\n]*:%d+: interrupted$') then return '\ninterrupted' end
+  local gp = rawget(_G, 'gp')
+  local full = type(gp) == 'table' and rawget(gp, 'debug')
+  local tb = debug.traceback('', (level or 1) + 1)
+  tb = tb:gsub('\n%s*%[C%]: in function \'xpcall\'.*$', '')
+  local frames = {}
+  for line in tb:gmatch('\n([^\n]*)') do
+    if line ~= 'stack traceback:' and (full or not internal_frame(line)) then frames[#frames + 1] = line end
+  end
+  if #frames == 0 or (not full and #frames == 1 and frames[1]:find('^%s*stdin:%d+: in main chunk')) then return msg end
+  return msg .. '\nstack traceback' .. (full and '' or ' (gp.debug = true shows gpush\'s frames too)') .. ':\n' ..
+    table.concat(frames, '\n')
+end
+
 local function run_chunk(c, f)
   jit.off(f, true)
   if c then c.run_begin() end
-  local res = {xpcall(f, function(e)
-    if tostring(e):find('interrupted', 1, true) then return '\ninterrupted' end
-    local tb = debug.traceback(tostring(e), 2)
-    tb = tb:gsub('\n%s*%[C%]: in function \'xpcall\'.*$', ''):gsub('\n%s*%[builtin#%d+%]:[^\n]*', '')
-    return (tb:gsub('\nstack traceback:$', ''))
-  end)}
+  local res = {xpcall(f, function(e) return M.error_text(e, 2) end)}
   if c then c.run_end() end
   if res[1] then
     local ok, err = pcall(show, unpack(res, 2, table.maxn(res)))
@@ -173,21 +226,32 @@ function M.run()
     if line ~= false then
       local src = line
       local f, err = compile(src)
+      local dropped = false
       while not f and err == 'more' do
         local more = read('>> ')
-        if not more then break end
+        -- Ctrl-C (false) drops the unfinished chunk, kept out of the history;
+        -- the end of input (nil) ends it: its syntax error is printed
+        if more == false then dropped = true; break end
+        if more == nil then
+          local _, e = loadstring(src, '=stdin')
+          print(e)
+          dropped = true
+          break
+        end
         src = src .. '\n' .. more
         f, err = compile(src)
       end
-      if tty and src:find('%S') then
-        local entry = src:find('--', 1, true) and src or src:gsub('\n', ' ')
-        c.add_history(entry)
-        if hist then c.append_history(hist) end
-      end
-      if f then
-        run_chunk(tty and c or nil, f)
-      elseif err ~= 'more' and src:find('%S') then
-        print(err)
+      if not dropped then
+        if tty and src:find('%S') then
+          local entry = src:find('--', 1, true) and src or src:gsub('\n', ' ')
+          c.add_history(entry)
+          if hist then c.append_history(hist) end
+        end
+        if f then
+          run_chunk(tty and c or nil, f)
+        elseif err ~= 'more' and src:find('%S') then
+          print(err)
+        end
       end
     end
   end

@@ -33,8 +33,10 @@ local Text = {}
 Text.__index = Text
 M.Text = Text
 
--- opts: text= or path=; vocab = 'present' (the bytes that occur, default) or
--- 'bytes' (all 256); val_fraction (0.1; the last part of the text); device
+-- opts: text= or path=; vocab = 'present' (the bytes that occur, default),
+-- 'printable' (the printable ASCII, tab and newline, and any other byte that
+-- occurs: whatever a user types can be encoded) or 'bytes' (all 256);
+-- val_fraction (0.1; the last part of the text); device
 function M.text(opts)
   local op = 'data.text'
   if type(opts) == 'string' then opts = {text = opts} end
@@ -54,11 +56,15 @@ function M.text(opts)
   local stoi, itos = {}, {}
   if vocab == 'bytes' then
     for b = 0, 255 do stoi[b] = b; itos[b] = b end
-  elseif vocab == 'present' then
+  elseif vocab == 'present' or vocab == 'printable' then
     local k = 0
-    for b = 0, 255 do if counts[b] > 0 then stoi[b] = k; itos[k] = b; k = k + 1 end end
+    for b = 0, 255 do
+      if counts[b] > 0 or (vocab == 'printable' and (b == 9 or b == 10 or (b >= 32 and b <= 126))) then
+        stoi[b] = k; itos[k] = b; k = k + 1
+      end
+    end
   else
-    raise(op .. ": vocab must be 'present' or 'bytes'")
+    raise(op .. ": vocab must be 'present', 'printable' or 'bytes'")
   end
   local V = vocab == 'bytes' and 256 or 0
   if V == 0 then for _ in pairs(itos) do V = V + 1 end end
@@ -247,7 +253,7 @@ doc(M.Text.encode, 'ds:encode(s)', 'a string -> a list of 0-based ids')
 doc(M.Text.decode, 'ds:decode(ids)', 'a list or tensor of ids -> a string')
 doc(M.read_file, 'gp.data.read_file(path)', 'the bytes of a file as a string')
 doc(M.write_jsonl, 'gp.data.write_jsonl(path, list)', 'write a list of values, one JSON line each')
-doc(M.text, "gp.data.text{path=FILE | text=STRING, vocab='present'|'bytes', val_fraction=0.1}",
+doc(M.text, "gp.data.text{path=FILE | text=STRING, vocab='present'|'printable'|'bytes', val_fraction=0.1}",
   'a byte-level dataset: vocab_size, encode, decode, batch(split, B, T) -> x, y (i64 on the device), unigram_entropy')
 doc(M.facts_text, 'gp.data.facts_text{entities=1000, bytes=400000, seed=1}',
   'a synthetic encyclopedia: fixed facts about invented creatures in seeded sentences (a capacity test; moe.lua\'s default data)')

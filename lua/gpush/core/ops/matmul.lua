@@ -52,7 +52,8 @@ local function operands(op, a, b, out_given)
   local sa, sb = a.shape, b.shape
   local na, nb = #sa, #sb
   local function mismatch()
-    raise(string.format('%s: a is %s but b is %s', op, shape_str(sa), shape_str(sb)))
+    raise(string.format("%s: inner dimensions differ: a is %s, b is %s; a's last dim must equal b's %s", op, shape_str(sa),
+      shape_str(sb), nb == 1 and 'only dim' or (nb == 2 and 'first' or 'second-to-last')))
   end
   local same = function(t) return t end
   if na == 1 and nb == 2 then

@@ -1,6 +1,5 @@
-/* attention_wg.cuh: the Hopper (sm_90a) flash attention kernels at head dim
- * 64 (forward also 128), bf16/f16, included by attention.cu inside its namespace (they use its
- * AttnP, KvTiles, load_tile, ex2, acc_to_a and pack2).
+/* attention_wg.cu: the Hopper (sm_90a) flash attention kernels at head dim
+ * 64 (forward also 128), bf16/f16; the tile machinery is attention_tc.cuh's.
  *
  * The same algorithms as the mma.sync kernels, with the products on wgmma:
  * a warpgroup (4 warps) owns 64 rows of a tile and issues m64nNk16 products
@@ -14,14 +13,20 @@
  * B) with the k-th 16-column slice at +32 bytes, or an MN-major B operand
  * (V in O += P V) with the k-th 16-row slice at +2048 bytes. */
 
+#include "attention_tc.cuh"
+#include "wgmma.cuh"
+
 /* the kernels' bodies exist in the sm_90a pass only (GP_WG: in the others,
- * and in the host pass, they are empty; the host launches them only on a
+ * and in the host pass, they are empty; the dispatch launches them only on a
  * compute capability 9.0 device of a build with sm_90a code, GP_SM90A) */
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define GP_WG 1
 #else
 #define GP_WG 0
 #endif
+
+namespace gp_attn {
+namespace {
 
 #if GP_WG
 /* the descriptors of a [rows][64] swizzled tile at shared address a */
@@ -96,7 +101,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
 #pragma unroll
   for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
   const float sl2 = P.scale * LOG2E;
-  const int wrow = wgi * 64 + warp * 16; /* the warp's first row in the tile */
+  const int wrow = wgi * 64 + warp * 16;            /* the warp's first row in the tile */
   const uint32_t qa = smem_u32(Qs + wgi * 64 * 64); /* the warpgroup's rows in each column half */
 
   /* one key tile; MK: 0 no mask, 1 mask */
@@ -146,15 +151,14 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) wg::mma<D, T>::template rs<1>(&o[0][0], pa[kk], wg::desc(va + kk * 2048, BN * 128, 1024), 1);
+    for (int kk = 0; kk < BN / 16; kk++)
+      wg::mma<D, T>::template rs<1>(&o[0][0], pa[kk], wg::desc(va + kk * 2048, BN * 128, 1024), 1);
     wg::commit();
     wg::wait<0>();
   };
   for (int t = 0; t < n_tiles; t++) {
-    if (tile_masked(P, pmin, pmax, kt.j0(t), BN))
-      tile(std::integral_constant<int, 1>(), t);
-    else
-      tile(std::integral_constant<int, 0>(), t);
+    if (tile_masked(P, pmin, pmax, kt.j0(t), BN)) tile(std::integral_constant<int, 1>(), t);
+    else tile(std::integral_constant<int, 0>(), t);
   }
   cp_async_wait<0>();
 
@@ -173,16 +177,17 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
  * (red.global.add.v4.f32, in the accumulator's fragment order so that each
  * warp's adds are 512 contiguous bytes); k_attn_bwd_dq_store converts. */
 template <typename T, int NWG, int BQ, int MINB, bool DQ>
-__global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int BH) {
+__global__ void __launch_bounds__(NWG * 128, MINB)
+    k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int BH) {
   static_assert(!DQ || BQ == 64, "the fused dQ needs query tiles of 64");
 #if GP_WG
   constexpr int D = 64, NTH = NWG * 128, BNK = 64 * NWG, NQ = BQ / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
   T *Ks = (T *)align1k(attn_smem);
   T *Vs = Ks + BNK * D;
-  T *Qs = Vs + BNK * D;     /* 2 stages */
-  T *Gs = Qs + 2 * BQ * D; /* 2 stages */
-  T *Ds = Gs + 2 * BQ * D; /* DQ: dS^T of each warpgroup, [64 keys][64 queries] */
+  T *Qs = Vs + BNK * D;                            /* 2 stages */
+  T *Gs = Qs + 2 * BQ * D;                         /* 2 stages */
+  T *Ds = Gs + 2 * BQ * D;                         /* DQ: dS^T of each warpgroup, [64 keys][64 queries] */
   float *Ls = (float *)(Ds + (DQ ? BNK * BQ : 0)); /* 2 stages of BQ */
   float *Dl = Ls + 2 * BQ;                         /* 2 stages of BQ */
   const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
@@ -259,7 +264,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
     for (int kk = 0; kk < BQ / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; kk++) wg::mma<D, T>::template rs<1>(&dv[0][0], pa[kk], wg_mnmajor(ga + kk * 2048), 1);
+    for (int kk = 0; kk < BQ / 16; kk++)
+      wg::mma<D, T>::template rs<1>(&dv[0][0], pa[kk], wg_mnmajor(ga + kk * 2048), 1);
     wg::commit();
     wg::wait<1>();
 
@@ -274,7 +280,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
     for (int kk = 0; kk < BQ / 16; kk++) acc_to_a<T>(da[kk], dp, kk);
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < BQ / 16; kk++) wg::mma<D, T>::template rs<1>(&dk[0][0], da[kk], wg_mnmajor(qa + kk * 2048), 1);
+    for (int kk = 0; kk < BQ / 16; kk++)
+      wg::mma<D, T>::template rs<1>(&dk[0][0], da[kk], wg_mnmajor(qa + kk * 2048), 1);
     wg::commit();
     if constexpr (DQ) {
       /* dS^T (rows: keys, columns: queries) to shared memory; dQ = dS K
@@ -293,7 +300,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
       wg::fence();
 #pragma unroll
       for (int kk = 0; kk < 64 / 16; kk++)
-        wg::mma<D, T>::template ss<1, 1>(&dq[0][0], wg_mnmajor(smem_u32(Dw) + kk * 2048), wg_mnmajor(ka + kk * 2048), kk > 0);
+        wg::mma<D, T>::template ss<1, 1>(&dq[0][0], wg_mnmajor(smem_u32(Dw) + kk * 2048), wg_mnmajor(ka + kk * 2048),
+                                         kk > 0);
       wg::commit();
       wg::wait<0>();
       float *dst = P.dqa + ((int64_t)bh * ((P.T + 63) >> 6) + (i0 >> 6)) * 4096 + (threadIdx.x & 127) * 4;
@@ -308,14 +316,13 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
     __syncthreads(); /* the next iteration loads into this stage (DQ: and writes Ds) */
   };
   for (int t = 0; t < n_qt; t++) {
-    if (q_masked(ilo + t * BQ))
-      tile(std::integral_constant<int, 1>(), t);
-    else
-      tile(std::integral_constant<int, 0>(), t);
+    if (q_masked(ilo + t * BQ)) tile(std::integral_constant<int, 1>(), t);
+    else tile(std::integral_constant<int, 0>(), t);
   }
   cp_async_wait<0>();
 
-  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bh, P.H), P.sdk.r, j0 + wrow, P.S, dk, P.scale, lane); /* q was not scaled */
+  store_acc_rows<T, DT>((T *)P.dk + head_at(P.sdk, bh, P.H), P.sdk.r, j0 + wrow, P.S, dk, P.scale,
+                        lane); /* q was not scaled */
   store_acc_rows<T, DT>((T *)P.dv + head_at(P.sdv, bh, P.H), P.sdv.r, j0 + wrow, P.S, dv, 1.f, lane);
 #endif
 }
@@ -323,8 +330,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dkdv_wg(AttnP P, c
 /* the fused backward's dQ: one CTA a tile of 64 rows of P.dqa (fragment
  * order: float4 j of thread tid is at (j 128 + tid) 4, holding the
  * accumulator entries d[4j .. 4j + 3] of that thread) to dq, times scale */
-template <typename T>
-__global__ void __launch_bounds__(128) k_attn_bwd_dq_store(AttnP P, int n_mt) {
+template <typename T> __global__ void __launch_bounds__(128) k_attn_bwd_dq_store(AttnP P, int n_mt) {
   const int bh = blockIdx.x / n_mt, mt = blockIdx.x % n_mt;
   const float4 *src = (const float4 *)(P.dqa + (int64_t)blockIdx.x * 4096);
   float a[8][4];
@@ -333,8 +339,8 @@ __global__ void __launch_bounds__(128) k_attn_bwd_dq_store(AttnP P, int n_mt) {
     const float4 f = src[j * 128 + threadIdx.x];
     a[j][0] = f.x, a[j][1] = f.y, a[j][2] = f.z, a[j][3] = f.w;
   }
-  store_acc_rows<T, 8>((T *)P.dq + head_at(P.sdq, bh, P.H), P.sdq.r, mt * 64 + (threadIdx.x >> 5) * 16, P.T, a,
-                       P.scale, threadIdx.x & 31);
+  store_acc_rows<T, 8>((T *)P.dq + head_at(P.sdq, bh, P.H), P.sdq.r, mt * 64 + (threadIdx.x >> 5) * 16, P.T, a, P.scale,
+                       threadIdx.x & 31);
 }
 
 /* backward, dq: NWG warpgroups, 64 queries each (BM = 64 NWG, the longest
@@ -424,16 +430,15 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
     for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(da[kk], s, kk);
     wg::fence();
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++) wg::mma<D, T>::template rs<1>(&acc[0][0], da[kk], wg_mnmajor(ka + kk * 2048), 1);
+    for (int kk = 0; kk < BN / 16; kk++)
+      wg::mma<D, T>::template rs<1>(&acc[0][0], da[kk], wg_mnmajor(ka + kk * 2048), 1);
     wg::commit();
     wg::wait<0>();
     __syncthreads(); /* the next iteration loads into this stage */
   };
   for (int t = 0; t < n_tiles; t++) {
-    if (tile_masked(P, pmin, pmax, kt.j0(t), BN))
-      tile(std::integral_constant<int, 1>(), t);
-    else
-      tile(std::integral_constant<int, 0>(), t);
+    if (tile_masked(P, pmin, pmax, kt.j0(t), BN)) tile(std::integral_constant<int, 1>(), t);
+    else tile(std::integral_constant<int, 0>(), t);
   }
   cp_async_wait<0>();
 
@@ -441,3 +446,55 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
 #endif
 }
 
+template <typename T, int D, int NWG, int BN, int MINB, int NS> int launch_fwd_wg(const AttnP &P, int64_t BH) {
+  constexpr int BM = 64 * NWG;
+  static bool attr = false; /* per instantiation */
+  return launch_fwd_tiles(k_attn_fwd_wg<T, D, NWG, BN, MINB, NS>, P, BH, BM, NWG * 128,
+                          (BM + 2 * NS * BN) * D * (int)sizeof(T) + 1024, attr);
+}
+
+/* the wgmma backward at D 64: dk/dv by NWG1 warpgroups of 64 keys (query
+ * tiles of BQ), dq by NWG2 warpgroups of 64 queries (key tiles of BN) */
+template <typename T, int NWG1, int BQ, int MINB1, int NWG2, int BN, int MINB2>
+int launch_bwd_wg(const AttnP &P, int64_t BH) {
+  constexpr int BNK = 64 * NWG1, BM = 64 * NWG2;
+  static bool a1 = false, a2 = false; /* per instantiation */
+  return launch_bwd_kernels<T, 64, false>(P, BH, k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1, false>, NWG1 * 128,
+                                          (2 * BNK + 4 * BQ) * 64 * (int)sizeof(T) + 4 * BQ * (int)sizeof(float) + 1024,
+                                          (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>, NWG2 * 128,
+                                          (2 * BM + 4 * BN) * 64 * (int)sizeof(T) + 1024, (P.T + BM - 1) / BM, a2);
+}
+
+/* the fused wgmma backward at D 64: dk/dv and the dQ atomics by NWG
+ * warpgroups of 64 keys, query tiles of 64 */
+template <typename T, int NWG, int MINB> int launch_bwd_wg_fused(const AttnP &P, int64_t BH) {
+  constexpr int BNK = 64 * NWG;
+  static bool a1 = false, unused = false; /* per instantiation */
+  return launch_bwd_kernels<T, 64, true>(P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true>, NWG * 128,
+                                         (3 * BNK + 4 * 64) * 64 * (int)sizeof(T) + 4 * 64 * (int)sizeof(float) + 1024,
+                                         (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_store<T>, 0, 0, 0, unused);
+}
+
+} // namespace
+
+int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
+  /* D 64: 2 warpgroups of 64 rows, key tiles of 64 in 3 stages, 2 CTAs an SM
+   * (the best of the tilings measured: BENCHMARKS.md); D 128: the same
+   * kernel, tiles as two 64-column halves, 1 CTA an SM (3 warpgroups
+   * measured slower) */
+  if (dtype == GP_BF16)
+    return D == 64 ? launch_fwd_wg<__nv_bfloat16, 64, 2, 64, 2, 3>(P, BH)
+                   : launch_fwd_wg<__nv_bfloat16, 128, 2, 64, 1, 3>(P, BH);
+  return D == 64 ? launch_fwd_wg<__half, 64, 2, 64, 2, 3>(P, BH) : launch_fwd_wg<__half, 128, 2, 64, 1, 3>(P, BH);
+}
+
+int bwd_wg(const AttnP &P, int64_t BH, int dtype, bool deterministic) {
+  /* deterministic: the two kernels; else dQ by atomics in the dk/dv kernel,
+   * 3 CTAs an SM (BENCHMARKS.md) */
+  if (dtype == GP_BF16)
+    return deterministic ? launch_bwd_wg<__nv_bfloat16, 1, 64, 2, 1, 64, 2>(P, BH)
+                         : launch_bwd_wg_fused<__nv_bfloat16, 1, 3>(P, BH);
+  return deterministic ? launch_bwd_wg<__half, 1, 64, 2, 1, 64, 2>(P, BH) : launch_bwd_wg_fused<__half, 1, 3>(P, BH);
+}
+
+} // namespace gp_attn

@@ -1,0 +1,103 @@
+/* attention.cuh: what the attention dispatch (attention.cu) and its
+ * implementations share: the launch parameters, and one entry point per
+ * implementation (each in its own .cu, compiled on its own):
+ *
+ *   attention_wg.cu      Hopper wgmma kernels (sm_90a): forward at D 64 and
+ *                        128, backward at D 64; bf16/f16
+ *   attention_mma.cu     mma.sync tensor-core kernels (sm_80 and later):
+ *                        forward and backward at D 64 and 128; bf16/f16
+ *   attention_plain.cu   plain tiled kernels: any float dtype, any alignment,
+ *                        D 32, 64, 128
+ *   attention_decode.cu  decode: split-K over the cache, then a combine
+ *
+ * The tensor-core paths need rows 16-byte aligned (attention.cu: rows16).
+ * Which head dims exist at all is kernels/attention.c's table
+ * (gp_attention_supported); each entry point takes what that allows. */
+#ifndef GP_ATTENTION_CUH
+#define GP_ATTENTION_CUH
+
+#include <stdint.h>
+
+#include "../src/cuda_internal.h"
+
+namespace gp_attn {
+
+/* element strides of a (B, H, R, D) operand on B, H and R (stride 1 on D) */
+struct Str {
+  int64_t b, h, r;
+};
+
+struct AttnP {
+  const void *q, *k, *v, *o, *dout;
+  void *out, *dq, *dk, *dv;
+  float *lse; /* contiguous (B, H, T) */
+  const float *lse_in;
+  float *dqa; /* the fused wgmma backward's f32 dQ accumulator (tiles of 64 rows, fragment order) */
+  /* so: out (forward) or o (backward) */
+  Str sq, sk, sv, so, sg, sdq, sdk, sdv;
+  int H, T, S;
+  float scale;
+  int win, ng, causal;
+};
+
+struct DecP {
+  const void *q, *kc, *vc, *lens;
+  void *out;
+  float *part; /* [BH, nsplit, D + 2]: acc (unnormalized), max (log2 units), sum */
+  int lens64, H, C, chunk, nsplit;
+  float scale;
+  int win, ng;
+};
+
+/* element offset of head bh = b * H + h */
+__device__ __forceinline__ int64_t head_at(const Str &s, int bh, int H) {
+  return (int64_t)(bh / H) * s.b + (int64_t)(bh % H) * s.h;
+}
+inline Str strides(const gp_tensor *t) { return Str{t->stride[0], t->stride[1], t->stride[2]}; }
+
+/* key j visible to the query at position p */
+__device__ __forceinline__ bool vis(int p, int j, int win, int ng, int causal) {
+  if (causal && j > p) return false;
+  if (win > 0 && p - j >= win && j >= ng) return false;
+  return true;
+}
+
+constexpr unsigned FULL = 0xffffffffu; /* every lane of a warp */
+constexpr float LOG2E = 1.4426950408889634f;
+
+/* ex2.approx.ftz: one MUFU op (exp2f adds a range fix-up around it) */
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/* Entry points: BH = B * H heads, dtype the operands' (GP_F32 ...), D the
+ * head dim; each launches on the current stream and returns a status (the
+ * caller checks the launch). */
+
+/* attention_wg.cu: bf16/f16, D 64 or 128, P.scale > 0 (the row max is taken
+ * on the raw scores) */
+int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D);
+/* bf16/f16, D 64; deterministic: dk/dv and dq in two kernels (every element
+ * written once), else dQ by f32 atomics inside the dk/dv kernel */
+int bwd_wg(const AttnP &P, int64_t BH, int dtype, bool deterministic);
+
+/* attention_mma.cu: bf16/f16, D 64 or 128, any scale (P.scale > 0: the row
+ * max on the raw scores; else on the scaled scores) */
+int fwd_mma(const AttnP &P, int64_t BH, int dtype, int D);
+int bwd_mma(const AttnP &P, int64_t BH, int dtype, int D);
+
+/* attention_plain.cu: f32/bf16/f16, D 32, 64 or 128, any alignment */
+int fwd_plain(const AttnP &P, int64_t BH, int dtype, int D);
+int bwd_plain(const AttnP &P, int64_t BH, int dtype, int D);
+/* zeros into a (B, H, R, D) operand at its strides (a backward with T = 0 or S = 0) */
+int zero_rows(const gp_tensor *t);
+
+/* attention_decode.cu: f32/bf16/f16, D 64 or 128; vec: q, kc and vc start
+ * 16-byte aligned */
+int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec);
+
+} // namespace gp_attn
+
+#endif
