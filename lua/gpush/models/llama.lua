@@ -183,13 +183,26 @@ local function check_ids(op, idx)
   end
 end
 
-function Llama:_run(idx, pos, cache)
+-- the final hidden states (after model.norm, before lm_head)
+function Llama:_body(idx, pos, cache)
   local x = self.model.embed_tokens(idx)
   local freqs = rawget(self, '_inv_freq')
   local inv_freq = freqs[x.device]
   if not inv_freq then inv_freq = freqs.cpu:to(x.device); freqs[x.device] = inv_freq end
   for i, layer in ipairs(self.model.layers) do x = layer(x, pos, inv_freq, cache, i) end
-  return self.lm_head(self.model.norm(x))
+  return self.model.norm(x)
+end
+
+function Llama:_run(idx, pos, cache) return self.lm_head(self:_body(idx, pos, cache)) end
+
+-- idx (B, T) -> the final hidden states (B, T, d) (model.norm applied; lm_head of them gives the logits)
+function Llama:hidden(idx)
+  check_ids('Llama:hidden', idx)
+  if idx:size(2) > self.config.max_position_embeddings then
+    raise(string.format('Llama:hidden: the sequence has %d tokens but max_position_embeddings is %d', idx:size(2),
+      self.config.max_position_embeddings))
+  end
+  return self:_body(idx, 0)
 end
 
 -- idx (B, T) 0-based token ids -> logits (B, T, vocab); with targets (B, T) also the mean cross-entropy
@@ -238,6 +251,7 @@ gp.doc(Llama, 'gp.models.Llama(config, {dtype=\'f32\', device=gp.device(), init=
   'scaling), grouped-query attention, SwiGLU; parameters named as in Hugging Face checkpoints; model(ids[, targets])')
 gp.doc(Llama.forward_cached, 'llama:forward_cached(idx_new, cache, pos=cache:len())',
   'logits (B, Tnew, V) of tokens at positions pos..; appends every layer\'s rotated keys and values to the cache')
+gp.doc(Llama.hidden, 'llama:hidden(idx)', 'the final hidden states (B, T, d) of ids (B, T): after model.norm, before lm_head (logits = llama.lm_head(h))')
 gp.doc(Llama.new_cache, 'llama:new_cache(batch, capacity, dtype, device)', 'a gp.KVCache with the model\'s KV heads per layer')
 
 Llama.config_of = config_of

@@ -140,11 +140,30 @@ function L.apply(model, opts)
   opts = opts or {}
   local targets = opts.targets or L.default_targets
   if type(targets) == 'string' then targets = {targets} end
-  local found = {}
+  local found, names = {}, {}
   nn.walk(model, '', function(kind, name, v, owner, key)
-    if kind == 'module' and is_linear(v) and matches(name, targets) then found[#found + 1] = {owner, key, v} end
+    if kind == 'module' and is_linear(v) then
+      names[#names + 1] = name
+      if matches(name, targets) then found[#found + 1] = {owner, key, v} end
+    end
   end)
-  if #found == 0 then raise('lora.apply: no nn.Linear of the model matches the targets ' .. table.concat(targets, ', ')) end
+  local function listed()
+    local shown = {unpack(names, 1, math.min(#names, 8))}
+    return #names == 0 and 'none' or table.concat(shown, ', ') .. (#names > 8 and string.format(', ... (%d)', #names) or '')
+  end
+  if #found == 0 then
+    raise('lora.apply: no nn.Linear of the model matches the targets ' .. table.concat(targets, ', ') .. '; its Linears: ' .. listed())
+  end
+  -- targets given by name: each must name a module of the model (a misspelt one would silently adapt less)
+  if opts.targets then
+    for _, pat in ipairs(targets) do
+      local hit = false
+      for _, nm in ipairs(names) do if nm:find(pat) then hit = true; break end end
+      if not hit then
+        raise(string.format("lora.apply: the target '%s' matches no nn.Linear of the model; its Linears: %s", pat, listed()))
+      end
+    end
+  end
   model:requires_grad_(false)
   for _, f in ipairs(found) do
     local owner, key, lin = f[1], f[2], f[3]
@@ -229,7 +248,7 @@ function L.without(model, fn, ...)
 end
 
 doc(L.apply, "gp.lora.apply(model, {rank=8, alpha=2*rank, dropout=0, targets={'attn%.qkv$', ...}})",
-  'wrap the model\'s nn.Linear (and nn.Linear4) modules whose dotted names match a target pattern (default: attention and MLP) in nn.LoRA, freeze every other parameter; returns the adapter parameters')
+  'wrap the model\'s nn.Linear (and nn.Linear4) modules whose dotted names match a target pattern (default: attention and MLP) in nn.LoRA, freeze every other parameter; returns the adapter parameters. Given targets must each match a Linear (an error names the one that does not and lists the model\'s Linears)')
 doc(L.parameters, 'gp.lora.parameters(model)', 'the lora_A and lora_B tensors of every LoRA module (what the optimizer trains)')
 doc(L.modules, 'gp.lora.modules(model)', 'a list of {dotted.name, LoRA module}')
 doc(L.state_dict, 'gp.lora.state_dict(model)', '{name = tensor} of the adapters only')
