@@ -1,6 +1,7 @@
 -- polychromic.lua: set-level RL fine-tuning with LoRA (gp.polychromic).
 --
 --   gpush scripts/polychromic.lua                      -- built-in task; on the CPU rl and poly side by side (as --compare), on a GPU poly
+--                                                         (on a GPU with SmolLM2 fetched: --model smollm2; --tiny keeps the built-in task)
 --   gpush scripts/polychromic.lua --compare            -- rl and poly, same seeds and steps, side by side
 --   gpush scripts/polychromic.lua --objective poly     -- poly alone (--no-compare: the same)
 --   gpush scripts/polychromic.lua --save-base b.st --save-adapters a.st, then --checkpoint b.st --load-adapters a.st
