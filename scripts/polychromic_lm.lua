@@ -19,6 +19,7 @@ return function(o)
     return on_gpu and gpu or cpu
   end
   if o.base ~= 'nf4' and o.base ~= 'bf16' then error('--base must be nf4 or bf16, got ' .. o.base) end
+  if o.embed_nf4 and o.base ~= 'nf4' then error('--embed-nf4 quantizes the embedding of an NF4 base; it does not combine with --base ' .. o.base) end
   local steps = pick('steps', 2, 60)
   local n = pick('n', 2, 8)
   local B = pick('prompts_per_step', 1, 8)
@@ -81,12 +82,13 @@ return function(o)
   end
 
   if o.base == 'nf4' then gp.nn.quantize_linears(model, {kind = 'nf4', block = o.block}) end
+  if o.embed_nf4 then gp.nn.quantize_embeddings(model, {kind = 'nf4', block = o.block}) end
   gp.lora.apply(model, {rank = rank, alpha = alpha, dropout = o.lora_dropout})
   local encoder = gp.models.load(o.encoder)
   if not encoder.embed then error('--encoder: ' .. o.encoder .. ' is not a sentence encoder (a sentence-transformers directory)') end
   local mem = L.base_memory(model)
   print(string.format('frozen base: %s, %.1f MiB for %.1fM parameters = %.3f bytes a parameter%s; LoRA rank %d on every attention and MLP linear',
-    o.base == 'nf4' and ('NF4 block ' .. o.block) or dtype, mem.bytes / 1048576, mem.params / 1e6, mem.bytes_per_param,
+    o.base == 'nf4' and ('NF4 block ' .. o.block .. (o.embed_nf4 and ', the embedding and head too' or '')) or dtype, mem.bytes / 1048576, mem.params / 1e6, mem.bytes_per_param,
     mem.quant_bytes_per_param and string.format(' (the NF4 linears: %.4f)', mem.quant_bytes_per_param) or '', rank))
 
   local fopts = {steps = steps, n = n, prompts_per_step = B, eval_n = eval_n, max_new = max_new, temperature = o.temperature,
@@ -114,7 +116,7 @@ return function(o)
     local plen = 0
     for _, p in ipairs(bench_prompts) do plen = plen + #tok:encode(p) end
     local m = gp.memory()
-    print(gp.json.encode({impl = 'gpush', base = o.base, dtype = dtype, device = gp.device(), prompts = B, n = n,
+    print(gp.json.encode({impl = 'gpush', base = o.base .. (o.embed_nf4 and '+embedding' or ''), dtype = dtype, device = gp.device(), prompts = B, n = n,
       max_new = max_new, epochs = epochs, rank = rank, steps = o.bench_steps, s_per_step = median('s'),
       generation_s = median('generation_s'), diversity_s = median('diversity_s'), update_s = median('update_s'),
       reply_tokens = median('reply_tokens'), prompt_tokens = plen / B, peak_mib = m.peak / 1048576,

@@ -402,6 +402,53 @@ T.test('QLoRA on a Llama-family model: every projection quantized, adapters trai
   T.eq(#out.lists[1], 3)
 end)
 
+T.test('nn.quantize_embeddings: q:rows, nn.Embedding4 and the tied head on one quantized weight; the whole base 4-bit', function()
+  gp.manual_seed(11)
+  local cfg = {vocab_size = 48, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1, num_attention_heads = 2,
+               num_key_value_heads = 1, max_position_embeddings = 32, tie_word_embeddings = true}
+  local m = gp.models.Llama(cfg, cpu)
+  local ids = gp.tensor({{0, 5, 47, 5}, {9, 3, 2, 1}}, {dtype = 'i64', device = 'cpu'})
+  local q = gp.quantize(m.model.embed_tokens.weight:detach(), {block = 16})
+  -- q:rows: the dequantized rows, (idx shape..., in), in f32 and bf16
+  local ref = q:dequantize():index_select(1, ids:view {8}):view {2, 4, 32}
+  T.eq(T.relnorm(q:rows(ids), ref), 0)
+  T.eq(T.relnorm(q:rows(ids:view {8}, 'bf16'):float(), q:dequantize('bf16'):float():index_select(1, ids:view {8})), 0)
+  T.eq(q:rows(gp.zeros({0}, {dtype = 'i64', device = 'cpu'})):size(1), 0)
+  nn.quantize_linears(m, {block = 16})
+  nn.quantize_embeddings(m, {block = 16})
+  T.ok(getmetatable(m.model.embed_tokens) == nn.Embedding4._imt)
+  T.ok(getmetatable(m.lm_head) == nn.Linear4._imt)
+  T.ok(m.lm_head.weight == m.model.embed_tokens.weight, 'the tied head shares the quantized weight')
+  T.eq(T.relnorm(m.model.embed_tokens(ids), ref), 0)
+  -- the model equals the dense model over the dequantized weights
+  local d = gp.models.Llama(cfg, cpu)
+  gp.no_grad(function()
+    d.model.embed_tokens.weight:copy_(q:dequantize())
+    for i, layer in ipairs(m.model.layers) do
+      for _, part in ipairs {{'self_attn', {'q_proj', 'k_proj', 'v_proj', 'o_proj'}}, {'mlp', {'gate_proj', 'up_proj', 'down_proj'}}} do
+        for _, nm in ipairs(part[2]) do d.model.layers[i][part[1]][nm].weight:copy_(layer[part[1]][nm].weight:dequantize()) end
+      end
+      d.model.layers[i].input_layernorm.weight:copy_(layer.input_layernorm.weight)
+      d.model.layers[i].post_attention_layernorm.weight:copy_(layer.post_attention_layernorm.weight)
+    end
+  end)
+  T.ok(T.relnorm(m(ids), d(ids)) < 1e-5, 'the quantized model is its dequantized self')
+  -- adapters still train over the whole 4-bit base; the base is 0.5 + 4/16 bytes a parameter but for the norms
+  gp.lora.apply(m, {rank = 2})
+  local mem = gp.polychromic.lm.base_memory(m)
+  -- 10752 weights at 0.75 bytes (the embedding and head once, 7 projections), 96 norm weights in f32
+  T.eq(mem.params, 10752 + 96)
+  T.near(mem.bytes_per_param, (10752 * 0.75 + 96 * 4) / (10752 + 96), 1e-12)
+  local out = gp.generate(m, {{1, 2, 3}}, {max_new = 2, greedy = true})
+  T.eq(#out.lists[1], 2)
+  -- bad input
+  T.raises(function() q:rows(gp.tensor({1.5}, cpu)) end, 'QuantizedWeight:rows: idx must be an i64 or i32 tensor', 'f32')
+  T.raises(function() nn.Embedding4(gp.zeros({2, 16}, cpu)) end, 'Embedding4: needs a quantized weight')
+  T.raises(function() nn.quantize_embeddings(nn.Linear(4, 4, cpu)) end, 'quantize_embeddings: the model has no token embedding')
+  T.raises(function() nn.quantize_embeddings(gp.models.Llama(cfg, cpu), {block = 64}) end,
+    'quantize_embeddings: model.embed_tokens.weight is (48,32): block 64 does not divide its rows')
+end)
+
 T.test('QLoRA: a quantized model moved to the GPU computes what it computed on the CPU (cuda)', function()
   T.cuda()
   local m = nn.quantize_linears(tiny_gpt(), {block = 16})

@@ -56,6 +56,62 @@ doc(Linear4, 'nn.Linear4(q, bias)',
   'y = x @ q:dequantize()^T + bias over a frozen quantized weight q (gp.quantize), through gp.nf4_linear; the bias is frozen too; state_dict: weight.nf4, weight.absmax, bias')
 doc(Linear4.from_linear, "nn.Linear4.from_linear(linear, {kind='nf4', block=64})", "an nn.Linear's weight quantized (and its bias) as a Linear4")
 
+-- found: {owner, key, module, name} entries; an error naming the first weight whose rows the block does not divide
+local function check_blocks(op, found, block)
+  for _, f in ipairs(found) do
+    local w = f[3].weight
+    if type(block) == 'number' and w:size(2) % block ~= 0 then
+      raise(string.format('%s: %s.weight is %s: block %s does not divide its rows', op, f[4], shape_str(w.shape), tostring(block)))
+    end
+  end
+end
+
+-- an embedding table over a frozen quantized weight (vocab, dim): a lookup dequantizes only the rows it reads
+local Embedding4 = nn.Module:extend('Embedding4')
+nn.Embedding4 = Embedding4
+
+function Embedding4:init(q)
+  if not gp.is_quantized(q) then raise('Embedding4: needs a quantized weight (gp.quantize(w)), got ' .. type(q)) end
+  self.num_embeddings, self.embedding_dim = q.shape[1], q.shape[2]
+  self.weight = q
+end
+
+function Embedding4:forward(idx) return self.weight:rows(idx) end
+
+function Embedding4:extra_repr()
+  return string.format('%d x %d, %s block %d', self.num_embeddings, self.embedding_dim, self.weight.kind, self.weight.block)
+end
+doc(Embedding4, 'nn.Embedding4(q)', 'an embedding table over a frozen quantized weight q (vocab, dim): emb(idx) = q:rows(idx), only the rows looked up dequantized; state_dict: weight.nf4, weight.absmax')
+
+-- the token embedding of a model (an nn.Embedding named embed_tokens or wte) quantized, and a head tied to it
+-- (an nn.Linear holding the same tensor) made a Linear4 over the same quantized weight
+function nn.quantize_embeddings(model, opts)
+  if not nn.is_module(model) then raise('quantize_embeddings: needs a module, got ' .. type(model)) end
+  opts = opts or {}
+  local q = {kind = opts.kind or 'nf4', block = opts.block or 64}
+  local emb, heads = {}, {}
+  nn.walk(model, '', function(kind, name, v, owner, key)
+    if kind ~= 'module' then return end
+    local mt = getmetatable(v)
+    if mt == nn.Embedding._imt and (key == 'embed_tokens' or key == 'wte') then emb[#emb + 1] = {owner, key, v, name}
+    elseif mt == nn.Linear._imt then heads[#heads + 1] = {owner, key, v, name} end
+  end)
+  if #emb == 0 then raise('quantize_embeddings: the model has no token embedding (an nn.Embedding named embed_tokens or wte)') end
+  check_blocks('quantize_embeddings', emb, q.block)
+  for _, e in ipairs(emb) do
+    local w = e[3].weight
+    local qw = gp.quantize(w:detach(), q)
+    rawset(e[1], e[2], Embedding4(qw))
+    for _, h in ipairs(heads) do
+      if h[3].weight == w then rawset(h[1], h[2], Linear4(qw, h[3].bias and h[3].bias:detach() or nil)) end
+    end
+  end
+  collectgarbage('collect')
+  return model
+end
+doc(nn.quantize_embeddings, "gp.nn.quantize_embeddings(model, {kind='nf4', block=64})",
+  'replace the token embedding (an nn.Embedding named embed_tokens or wte) by a frozen nn.Embedding4 over its quantized weight, and a head tied to it (an nn.Linear holding the same tensor) by an nn.Linear4 over the same quantized weight; with quantize_linears the whole frozen base of a Llama with a tied head is 4-bit')
+
 local function matches(name, targets)
   for _, pat in ipairs(targets) do if name:find(pat) then return true end end
   return false
@@ -80,14 +136,7 @@ function nn.quantize_linears(model, opts)
     raise('quantize_linears: no nn.Linear of the model matches the targets ' .. table.concat(targets, ', '))
   end
   local q = {kind = opts.kind or 'nf4', block = opts.block or 64}
-  -- every target checked before any is replaced
-  for _, f in ipairs(found) do
-    local w = f[3].weight
-    if type(q.block) == 'number' and w:size(2) % q.block ~= 0 then
-      raise(string.format('quantize_linears: %s.weight is %s: block %s does not divide its rows', f[4], shape_str(w.shape),
-        tostring(q.block)))
-    end
-  end
+  check_blocks('quantize_linears', found, q.block) -- every target checked before any is replaced
   local dropped = 0
   for _, f in ipairs(found) do
     local owner, key, lin = f[1], f[2], f[3]

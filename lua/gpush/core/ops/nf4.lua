@@ -139,6 +139,34 @@ function Q:dequantize(dt)
   return gp.no_grad(dequant_rows, self, 0, self.shape[1], out)
 end
 
+-- the rows idx (an integer tensor of row numbers, 0-based, any shape) dequantized: (idx's shape..., in),
+-- reading only those rows' codes and absmax (an embedding lookup over a quantized table)
+function Q:rows(idx, dt)
+  dt = dt or self.dtype
+  if not is_tensor(idx) or (idx.dtype ~= 'i64' and idx.dtype ~= 'i32') then
+    raise('QuantizedWeight:rows: idx must be an i64 or i32 tensor of row numbers, got ' ..
+      (is_tensor(idx) and (idx.dtype .. ' ' .. shape_str(idx.shape)) or type(idx)))
+  end
+  if idx.device ~= self.device then
+    raise(string.format('QuantizedWeight:rows: idx is on %s but the weight is on %s', idx.device, self.device))
+  end
+  if not FLOAT[dt] then raise(string.format('QuantizedWeight:rows: %s is not a float dtype', tostring(dt))) end
+  local I, block = self.shape[2], self.block
+  local flat = idx:contiguous():view {idx:numel()}
+  local n = flat:size(1)
+  local shape = {}
+  for i = 1, idx:dim() do shape[i] = idx:size(i) end
+  shape[#shape + 1] = I
+  local out = empty(shape, dt, self.device, 'nf4 rows')
+  if n == 0 then return out end
+  return gp.no_grad(function()
+    local d, a = self.data:index_select(1, flat), self.absmax:index_select(1, flat)
+    local nb = n * I / block
+    K.nf4_dequantize(out:view {nb, block}, d:view {nb, block / 2}, a:view {nb})
+    return out
+  end)
+end
+
 -- q:to('cuda'), q:to('bf16') (the compute dtype), q:to{device=, dtype=}
 function Q:to(a, b)
   local dev, dt = self.device, self.dtype
@@ -158,6 +186,7 @@ function Q:cpu() return self:to('cpu') end
 
 doc(Q.dequantize, 'q:dequantize(dtype=q.dtype)', 'the weight (out, in) as a float tensor: code * absmax of every element, rounded once to dtype')
 doc(Q.to, "q:to('cuda' | 'bf16' | {device=, dtype=})", 'the quantized weight on another device (the codes and absmax moved) or with another compute dtype; q itself when nothing changes')
+doc(Q.rows, 'q:rows(idx, dtype=q.dtype)', 'the rows idx (i64/i32 row numbers, any shape) dequantized, (idx shape..., in): an embedding lookup that reads only those rows\' codes and absmax')
 doc(Q.cuda, 'q:cuda()', 'q:to(\'cuda\')')
 doc(Q.cpu, 'q:cpu()', 'q:to(\'cpu\')')
 doc(Q.numel, 'q:numel()', 'the number of weights (out * in)')
