@@ -449,6 +449,19 @@ T.test('nn.quantize_embeddings: q:rows, nn.Embedding4 and the tied head on one q
     'quantize_embeddings: model.embed_tokens.weight is (48,32): block 64 does not divide its rows')
 end)
 
+T.test('nf4: q:rows on the GPU equals the CPU bit for bit, f32 and bf16 (cuda)', function()
+  T.cuda()
+  gp.manual_seed(12)
+  local q = gp.quantize(gp.randn({300, 128}, cpu), {block = 64})
+  local idx = gp.tensor({{0, 299, 7}, {7, 150, 1}}, {dtype = 'i64', device = 'cpu'})
+  local qc = q:to('cuda')
+  for _, dt in ipairs {'f32', 'bf16'} do
+    local a, b = q:rows(idx, dt):float(), qc:rows(idx:to('cuda'), dt):float():cpu()
+    T.eq((a - b):abs():max():item(), 0, dt)
+  end
+  T.raises(function() qc:rows(idx) end, 'QuantizedWeight:rows: idx is on cpu but the weight is on cuda')
+end)
+
 T.test('QLoRA: a quantized model moved to the GPU computes what it computed on the CPU (cuda)', function()
   T.cuda()
   local m = nn.quantize_linears(tiny_gpt(), {block = 16})
