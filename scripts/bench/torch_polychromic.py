@@ -217,11 +217,19 @@ def make_static_cache():
 
 
 step_forward = None
+static_cache = None
 
 
 @torch.no_grad()
 def gen_loop():
-    cache = make_static_cache()
+    # one cache for every call, reset in place (as generate keeps its static cache): the compiled step sees the
+    # same buffers each time, so its CUDA graph is recorded once
+    global static_cache
+    if static_cache is None:
+        static_cache = make_static_cache()
+    else:
+        static_cache.reset()
+    cache = static_cache
     full_mask = torch.cat([mask_r, torch.ones(R, MAX_NEW, dtype=mask_r.dtype, device=dev)], 1)
     pos = (mask_r.cumsum(1) - 1).clamp(min=0)
     out = eager_forward(input_ids=ids_r, attention_mask=full_mask, position_ids=pos, past_key_values=cache,
