@@ -32,6 +32,9 @@ return function(o)
   local lr = pick('lr', 3e-4, 3e-4)
   local epochs = pick('epochs', 1, 1)
   if n < 2 then error('--n must be at least 2 (a set needs pairs)') end
+  if steps < 1 or B < 1 or eval_prompts < 1 or nseeds < 1 then
+    error('--steps, --prompts-per-step, --eval-prompts and --seeds must be at least 1')
+  end
   local modes = {'base', 'rl', 'poly'}
   if o.objective ~= '' then
     if o.objective ~= 'rl' and o.objective ~= 'poly' and o.objective ~= 'additive' then

@@ -49,6 +49,7 @@ local function device_of(m)
   return m:parameters()[1].device
 end
 P.device_of = device_of
+doc(P.device_of, 'gp.polychromic.device_of(policy)', "the device of a policy's weights (nn.GPT's token embedding, a Llama's head, else its first parameter)")
 
 ---------------------------------------------------------------------------
 -- tokenizer: the characters of the task's language
@@ -311,6 +312,7 @@ local function scored_targets(ro)
   return ro.targets:narrow(2, from, ro.T - from)
 end
 P.scored_targets = scored_targets
+doc(P.scored_targets, 'gp.polychromic.scored_targets(rollout)', 'the target columns of a rollout that can be scored, rollout.from .. T-1 (all of them for models without :hidden): what token_logp and the PPO mask take')
 
 -- default embedder: mean-pooled final hidden states of the frozen base over
 -- the reply positions, centered over the batch (the common direction of all
