@@ -357,7 +357,7 @@ def step(gen):
     model.train()
     for _ in range(cfg["epochs"]):
         opt.zero_grad(set_to_none=True)
-        logits = eager_forward(input_ids=full[:, :-1], logits_to_keep=K).logits
+        logits = eager_forward(input_ids=full[:, :-1], logits_to_keep=K, use_cache=False).logits
         logp = -F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none",
                                 ignore_index=-100).view(R, K)
         if old is None:
