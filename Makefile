@@ -209,7 +209,8 @@ check:
 bench:
 	$(Q)$(BUILD)/gpush scripts/bench/suite.lua $(BENCH_ARGS)
 
-# polychromic RL fine-tuning with its defaults: on the GPU when one is usable,
+# polychromic RL fine-tuning with its defaults: on the GPU when one is usable
+# (QLoRA on SmolLM2 when `make models` fetched it, else the character task),
 # else a small CPU configuration comparing base, rl and poly (about a minute)
 run: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush

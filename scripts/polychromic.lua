@@ -1,12 +1,14 @@
 -- polychromic.lua: set-level RL fine-tuning with LoRA (gp.polychromic).
 --
 --   gpush scripts/polychromic.lua                      -- built-in task; on the CPU rl and poly side by side (as --compare), on a GPU poly
+--                                                         (on a GPU with SmolLM2 fetched: --model smollm2; --tiny keeps the built-in task)
 --   gpush scripts/polychromic.lua --compare            -- rl and poly, same seeds and steps, side by side
 --   gpush scripts/polychromic.lua --objective poly     -- poly alone (--no-compare: the same)
 --   gpush scripts/polychromic.lua --save-base b.st --save-adapters a.st, then --checkpoint b.st --load-adapters a.st
 --   gpush scripts/polychromic.lua --compare --set-div pair --floor 0  -- the paper's all-pairs product
 --   gpush scripts/polychromic.lua --objective rl --steps 200 --n 8
 --   gpush scripts/polychromic.lua --data pairs.jsonl --reward reward.lua --checkpoint base.safetensors
+--   gpush scripts/polychromic.lua --model smollm2     -- QLoRA on SmolLM2 with MiniLM diversity (the GPU default; scripts/polychromic_lm.lua)
 --   gpush scripts/polychromic.lua --help
 --
 -- Without --checkpoint a character-level GPT is pretrained on the task's
@@ -61,11 +63,35 @@ local o = gp.args.parse(arg, {
   {'seed', 1234, 'random seed'},
   {'log-every', 10, 'print a line every N steps'},
   {'json', '', 'append the final metrics as a JSON line to this file'},
+  -- the real-model experiment (issue 20): --model smollm2
+  {'model', '', 'the reply model: smollm2 (or a Llama-family .gguf or Hugging Face directory) for the real-model experiment, toy for the character model (default: smollm2 on a GPU when fetched, else toy)'},
+  {'tiny', nil, 'the character-model task (the same as --model toy)', type = 'flag'},
+  {'base', 'nf4', 'real model: the frozen base: nf4 (the linears re-quantized to NF4, QLoRA) or bf16 (dense; f32 on the CPU)'},
+  {'block', 64, 'real model: NF4 block size'},
+  {'embed-nf4', nil, 'real model, --base nf4: quantize the token embedding and the head tied to it too (the whole base 4-bit)', type = 'flag'},
+  {'seeds', 0, 'real model: seeds to average over (0: 3 on the GPU, 1 on the CPU); seed, seed+1, ...'},
+  {'eval-prompts', 0, 'real model: held-out prompts (0: 32 on the GPU, 2 on the CPU)'},
+  {'max-words', 25, 'real model: the word limit of a reply'},
+  {'encoder', 'all-minilm-l6-v2', 'real model: the sentence encoder of the diversity (a sentence-transformers directory or short name)'},
+  {'text', '', 'real model: the text whose lines make the prompts (default: the Shakespeare corpus of make models)'},
+  {'log', '', 'real model: write a JSONL line per step and per evaluation of every run here'},
+  {'bench-step', nil, 'real model: time the polychromic step (generation, reward, encoder, update) on fixed prompts and print seconds a step as JSON', type = 'flag'},
+  {'bench-steps', 5, 'real model: timed steps of --bench-step (after 2 warm-up steps)'},
+  {'save-hf', '', 'real model: write the dense model as a Hugging Face directory here (with polychromic_bench.json: the bench prompts and settings, for scripts/bench/torch_polychromic.py) and exit'},
 }, {usage = 'gpush scripts/polychromic.lua [flags]',
-    description = 'Set-level RL fine-tuning with LoRA: polychromic, additive, rl or sft objective on a built-in task.'})
+    description = 'Set-level RL fine-tuning with LoRA: polychromic, additive, rl or sft objective on a built-in task or, with --model smollm2, QLoRA on a real instruct model.'})
 
 if o.device ~= '' then gp.set_device(o.device) end
 local on_gpu = gp.device() == 'cuda'
+
+-- the real-model experiment unless the toy is asked for (or the model is not fetched)
+if o.model == '' then
+  local fetched = pcall(gp.models.path, 'smollm2')
+  o.model = (on_gpu and fetched and not o.tiny) and 'smollm2' or 'toy'
+end
+if o.tiny and o.model ~= 'toy' then error('--tiny is the character model; it does not combine with --model ' .. o.model) end
+local script_dir = (arg and arg[0] or 'scripts/polychromic.lua'):match('^(.*)/[^/]*$') or '.'
+if o.model ~= 'toy' then return dofile(script_dir .. '/polychromic_lm.lua')(o) end
 local loading = o.load_adapters ~= ''
 if loading and o.compare then error('--load-adapters evaluates saved adapters; it does not fine-tune, so it does not combine with --compare') end
 -- the CPU default (make run without a GPU): rl and poly beside the base

@@ -32,6 +32,7 @@ gp.dist = require 'gpush.train.dist'
 
 gp.titans = require 'gpush.experiments.titans'
 gp.polychromic = require 'gpush.experiments.polychromic'
+gp.polychromic.lm = require 'gpush.experiments.polychromic_lm'
 
 gp.help = require('gpush.tools.help').help
 gp.profile = require('gpush.tools.profile').profile

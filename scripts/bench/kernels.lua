@@ -93,6 +93,14 @@ local BENCH = {
   {'topk', {'f32', 'bf16'}, star = {S(65536, 64)}, syms = {N = 1024, K = 64}},
   {'sort', {'f32', 'bf16'}, star = {S(65536, 64)}, syms = {N = 1024}},
   {'multinomial', {'f32'}, syms = {N = S(4096, 16), V = S(50304, 1000)}},
+  -- NF4 (blocks of 64); the GEMV's bytes are its arguments': N K / 2 + 4 N K / 64 + M K e + M N e
+  {'nf4_quantize', {'bf16', 'f32'}, syms = {N = NMEM / 64, B = 64, H = 32}},
+  {'nf4_dequantize', {'bf16', 'f32'}, syms = {N = NMEM / 64, B = 64, H = 32}},
+  {'nf4_gemv', {'bf16'}, syms = {M = 1, N = S(4096, 64), K = S(4096, 128), H = S(2048, 64), G = S(64, 2)}, label = 'nf4_gemv m=1'},
+  {'nf4_gemv', {'bf16'}, syms = {M = 1, N = S(14336, 64), K = S(4096, 128), H = S(2048, 64), G = S(64, 2)},
+   label = 'nf4_gemv m=1 wide'},
+  {'nf4_gemv', {'bf16'}, syms = {M = 8, N = S(4096, 64), K = S(4096, 128), H = S(2048, 64), G = S(64, 2)}, label = 'nf4_gemv m=8'},
+  {'nf4_gemv', {'bf16'}, syms = {M = 32, N = S(4096, 64), K = S(4096, 128), H = S(2048, 64), G = S(64, 2)}, label = 'nf4_gemv m=32'},
 }
 
 local shape_str = require('gpush.core.tensor').shape_str

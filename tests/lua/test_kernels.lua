@@ -230,6 +230,32 @@ KCASES.rope = {
   {name = '1000x4x64', shape = {1}, syms = {T = 1000, H = 4, D = 64, E = 32, P = 4096}, big = true},
 }
 KTOL.rope = {f32 = 1e-4}
+-- nf4: N blocks of B = 2H values (quantize, dequantize), from one block of 16 to
+-- blocks of 4096; the GEMV: x (M, K) over q (N, H = K/2) with absmax (N, G =
+-- K/B): the 16-byte path (K % 32 == 0) and the byte path (K % 32 == 16),
+-- every tile of rows (1, 2, 4, 8, 16, 32), two tiles (M = 33), split K
+local NF4_BLOCKS = {
+  {name = '1 block of 16', shape = {1}, syms = {N = 1, B = 16, H = 8}},
+  {name = '7 blocks of 64', shape = {1}, syms = {N = 7, B = 64, H = 32}},
+  {name = '33 blocks of 256', shape = {1}, syms = {N = 33, B = 256, H = 128}},
+  {name = '3 blocks of 4096', shape = {1}, syms = {N = 3, B = 4096, H = 2048}},
+  {name = '20000 blocks of 64', shape = {1}, syms = {N = 20000, B = 64, H = 32}, big = true},
+}
+KCASES.nf4_quantize, KCASES.nf4_dequantize = NF4_BLOCKS, NF4_BLOCKS
+KCASES.nf4_gemv = {
+  {name = '1x1x16 block 16', shape = {1}, syms = {M = 1, N = 1, K = 16, H = 8, G = 1}},
+  {name = '7x33x96 block 32', shape = {1}, syms = {M = 7, N = 33, K = 96, H = 48, G = 3}},
+  {name = '3x17x48 block 16', shape = {1}, syms = {M = 3, N = 17, K = 48, H = 24, G = 3}},
+  {name = '5x20x272 block 16', shape = {1}, syms = {M = 5, N = 20, K = 272, H = 136, G = 17}},
+  {name = '1x300x576 block 64', shape = {1}, syms = {M = 1, N = 300, K = 576, H = 288, G = 9}},
+  {name = '2x129x1024 block 64', shape = {1}, syms = {M = 2, N = 129, K = 1024, H = 512, G = 16}},
+  {name = '12x40x768 block 256', shape = {1}, syms = {M = 12, N = 40, K = 768, H = 384, G = 3}},
+  {name = '32x65x512 block 128', shape = {1}, syms = {M = 32, N = 65, K = 512, H = 256, G = 4}},
+  {name = '33x31x256 block 64', shape = {1}, syms = {M = 33, N = 31, K = 256, H = 128, G = 4}},
+  {name = '1x1000x4096 block 64', shape = {1}, syms = {M = 1, N = 1000, K = 4096, H = 2048, G = 64}, big = true},
+  {name = '16x513x1536 block 64', shape = {1}, syms = {M = 16, N = 513, K = 1536, H = 768, G = 24}, big = true},
+}
+KTOL.nf4_gemv = {f32 = 1e-4}
 
 -- per kernel (by name or family): fix up the inputs make_args drew (args on the cpu)
 local KFILL = {}
@@ -256,6 +282,24 @@ end
 -- those of unit-scale keys (a softmax that is not one-hot: every key's value counts)
 KFILL.attn_decode_q = function(_, args)
   for i = 5, 6 do args[i]:copy_(args[i]:abs() * 0.02) end
+end
+
+-- nf4: packed codes are any bytes; the weights to quantize get an all-zero
+-- block, exact zeros and a block of values so small (denormal in f32) that
+-- 1 / absmax overflows
+local function random_bytes(t)
+  local r = gp.empty(t.shape, {dtype = 'i32', device = 'cpu'})
+  gp.k.randint(r, 0, 256)
+  t:copy_(r)
+end
+KFILL.nf4_dequantize = function(_, args) random_bytes(args[2]) end
+KFILL.nf4_gemv = function(_, args) random_bytes(args[3]) end
+KFILL.nf4_quantize = function(_, args)
+  local w = args[3]
+  local n, b = w:size(1), w:size(2)
+  w:narrow(1, 1, 1):narrow(2, 1, math.min(3, b)):zero_()
+  if n >= 2 then w:narrow(1, 2, 1):zero_() end
+  if n >= 3 then w:narrow(1, 3, 1):mul_(1e-40) end
 end
 
 local function rand_fill(dst, positive)

@@ -31,6 +31,7 @@ require 'gpush.core.ops.moe'        -- moe_router, moe_ffn, ...
 require 'gpush.core.ops.titans'     -- titans_coef
 require 'gpush.core.ops.diversity'  -- set_diversity, distinct_n
 require 'gpush.core.ops.rope'       -- rope, rope_inv_freq
+require 'gpush.core.ops.nf4'        -- quantize (NF4), nf4_linear
 
 -- checkpoints and JSON
 local checkpoint = require 'gpush.core.checkpoint'

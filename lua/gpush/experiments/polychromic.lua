@@ -42,6 +42,15 @@ P.defaults = {n = 4, max_new = 8, temperature = 0.9, top_p = 0.9, prompts_per_st
               adv_norm = 'batch', eval_n = 8}
 local DEF = P.defaults
 
+-- the device of a policy: nn.GPT's token embedding, a Llama's head, else its first parameter
+local function device_of(m)
+  local w = (m.wte and m.wte.weight) or (m.lm_head and m.lm_head.weight)
+  if w then return w.device end
+  return m:parameters()[1].device
+end
+P.device_of = device_of
+doc(P.device_of, 'gp.polychromic.device_of(policy)', "the device of a policy's weights (nn.GPT's token embedding, a Llama's head, else its first parameter)")
+
 ---------------------------------------------------------------------------
 -- tokenizer: the characters of the task's language
 
@@ -184,7 +193,7 @@ function P.pretrain(model, task, tok, opts)
   opts = opts or {}
   local steps, B, lr = opts.steps or 300, opts.batch or 32, opts.lr or 3e-3
   local T = model.config.block_size
-  local dev = model.wte.weight.device
+  local dev = device_of(model)
   local opt = optim.AdamW(model, {lr = lr, weight_decay = 0.01})
   local sched = optim.schedule.cosine {lr = lr, min_lr = lr / 10, warmup = math.min(20, math.floor(steps / 10)), max_steps = steps}
   local rand = opts.rand or math.random
@@ -261,11 +270,16 @@ function P.rollout(policy, tok, prompts, opts)
     for j = 1, Tm - 1 do t[j] = (j >= pl and j < #row) and row[j + 1] or -100 end
     full[i], tgt[i], pool[i] = f, t, m
   end
-  local dev = policy.wte.weight.device
+  local dev = device_of(policy)
   ro.full = gp.tensor(full, {dtype = 'i64', device = dev})
   ro.targets = gp.tensor(tgt, {dtype = 'i64', device = dev})
   ro.pool = gp.tensor(pool, {dtype = 'f32', device = dev})
   ro.T = Tm
+  -- the first target column that can be scored (the shortest prompt's last position): a model with
+  -- :hidden (the Llama family) computes its head over columns from there on only (token_logp)
+  local pmin = math.huge
+  for i = 1, R do pmin = math.min(pmin, ro.plens[i]) end
+  ro.from = policy.hidden and pmin or 1
   return ro
 end
 doc(P.rollout, string.format('gp.polychromic.rollout(policy, tok, prompts, {n=%d, max_new=%d, temperature=%g, top_p=%g})',
@@ -273,13 +287,32 @@ doc(P.rollout, string.format('gp.polychromic.rollout(policy, tok, prompts, {n=%d
   'sample n replies per prompt in one gp.generate call; returns replies (prompt-major), the padded rows full (R, T), targets (R, T-1) (-100 off the reply) and the reply mask pool (R, T)')
 
 -- per-token log-probabilities (R, T-1) of the targets (0 where ignored), with grad
+-- targets (R, K) with K < T-1: the last K columns only (a model with :hidden, whose head then runs on K positions)
 function P.token_logp(model, full, targets)
-  local T = full:size(2)
-  local logits = model(full:narrow(2, 1, T - 1))
+  local T, K = full:size(2), targets:size(2)
+  local x = full:narrow(2, 1, T - 1)
+  local logits
+  if K == T - 1 then
+    logits = model(x)
+  elseif K < T - 1 and model.hidden then
+    logits = model.lm_head(model:hidden(x):narrow(2, T - K, K))
+  else
+    raise(string.format('polychromic.token_logp: targets have %d columns for rows of %d tokens (T-1 = %d, or fewer with a model that has :hidden)',
+      K, T, T - 1))
+  end
   return -gp.cross_entropy(logits, targets, {reduction = 'none'})
 end
 doc(P.token_logp, 'gp.polychromic.token_logp(model, full, targets)',
-  'teacher-forced log p of every target token (R, T-1), 0 where the target is -100; differentiable')
+  'teacher-forced log p of every target token (R, T-1), 0 where the target is -100; differentiable. Targets of K < T-1 columns score the last K positions only (models with :hidden, e.g. the Llama family: the head runs on those K)')
+
+-- the scored target columns of a rollout: ro.from .. T-1
+local function scored_targets(ro)
+  local from = ro.from or 1
+  if from <= 1 then return ro.targets end
+  return ro.targets:narrow(2, from, ro.T - from)
+end
+P.scored_targets = scored_targets
+doc(P.scored_targets, 'gp.polychromic.scored_targets(rollout)', 'the target columns of a rollout that can be scored, rollout.from .. T-1 (all of them for models without :hidden): what token_logp and the PPO mask take')
 
 -- default embedder: mean-pooled final hidden states of the frozen base over
 -- the reply positions, centered over the batch (the common direction of all
@@ -327,7 +360,7 @@ function P.ngram_embed(policy, ro, opts)
     end
     rows[i] = row
   end
-  return gp.tensor(rows, {dtype = 'f32', device = policy.wte.weight.device})
+  return gp.tensor(rows, {dtype = 'f32', device = device_of(policy)})
 end
 doc(P.ngram_embed, 'gp.polychromic.ngram_embed(policy, rollout, {ngrams={2,3}, dim=512})',
   "reply embeddings (R, dim): the 0/1 presence of each reply's token n-grams (boundaries included), hashed; 1 - cos is an n-gram set distance in [0, 1]")
@@ -353,7 +386,7 @@ function P.exact_embed(policy, ro, opts)
     h = (h * 1000003 + BOUND) % 4294967291
     bucket[i] = {h % dim}
   end
-  local dev = policy.wte.weight.device
+  local dev = device_of(policy)
   local idx = gp.tensor(bucket, {dtype = 'i64', device = dev})
   return gp.zeros({R, dim}, {device = dev}):scatter_add(2, idx, gp.ones({R, 1}, {device = dev}))
 end
@@ -552,6 +585,36 @@ end
 doc(P.ppo_loss, string.format('gp.polychromic.ppo_loss(logp, old_logp, adv, mask, {clip=%g, kl=%g, base_logp=})', DEF.clip, DEF.kl),
   'the PPO clipped surrogate -mean over reply tokens of min(ratio A, clip(ratio) A) with ratio = exp(logp - old), plus kl times the k3 estimate of KL(policy || base)')
 
+-- the set diversity of the valid replies: per prompt, the mean pair distance
+-- 1 - cos(e_i, e_j) over the pairs of its replies with reward > thr (0.5);
+-- returns the mean over the B prompts (a prompt with fewer than 2 valid
+-- replies counts 0) and the mean over the prompts with at least 2 (nil if none)
+function P.valid_set_diversity(emb, rewards, B, n, thr)
+  thr = thr or 0.5
+  local e = emb:float():cpu():totable()
+  local function cos(a, b)
+    local ab, aa, bb = 0, 0, 0
+    for k = 1, #a do ab, aa, bb = ab + a[k] * b[k], aa + a[k] * a[k], bb + b[k] * b[k] end
+    return ab / math.max(math.sqrt(aa * bb), 1e-12)
+  end
+  local total, with2, nwith2 = 0, 0, 0
+  for b = 1, B do
+    local v = {}
+    for i = (b - 1) * n + 1, b * n do if rewards[i] > thr then v[#v + 1] = e[i] end end
+    if #v >= 2 then
+      local d, np = 0, 0
+      for i = 1, #v do
+        for j = i + 1, #v do d, np = d + 1 - cos(v[i], v[j]), np + 1 end
+      end
+      d = d / np
+      total, with2, nwith2 = total + d, with2 + d, nwith2 + 1
+    end
+  end
+  return total / B, nwith2 > 0 and with2 / nwith2 or nil
+end
+doc(P.valid_set_diversity, 'gp.polychromic.valid_set_diversity(emb, rewards, B, n, thr=0.5)',
+  'the MiniLM-style set diversity of the valid replies: per prompt the mean 1 - cos over pairs of its replies with reward > thr; returns the mean over prompts (0 for fewer than 2 valid) and the mean over prompts with at least 2 valid')
+
 ---------------------------------------------------------------------------
 -- evaluation: k samples for each eval prompt
 
@@ -590,7 +653,9 @@ doc(P.evaluate, string.format('gp.polychromic.evaluate(policy, tok, task, {eval_
 
 -- o: objective, n, temperature, top_p, steps, prompts_per_step, lambda, kl,
 -- clip, lr, epochs, adv_norm, subset_size, max_subsets, floor, valid_only,
--- set_div ('pair' | 'distinct'), max_new, seed, embed (function(policy, rollout) -> (R, D); default base_embed), log (function(line))
+-- set_div ('pair' | 'distinct'), max_new, seed, embed (function(policy, rollout) -> (R, D); default base_embed), log (function(line)),
+-- on_step (function(record) after every step), prompt_list (the same B prompts every step), valid_diversity (records
+-- valid_set_diversity too)
 function P.finetune(policy, tok, task, o)
   local say = o.log or function() end
   local rng_state = o.seed or 1
@@ -606,7 +671,7 @@ function P.finetune(policy, tok, task, o)
   local hist = {}
   for step = 1, o.steps do
     local prompts = {}
-    for b = 1, B do prompts[b] = task.prompts[rand(#task.prompts)] end
+    for b = 1, B do prompts[b] = o.prompt_list and o.prompt_list[b] or task.prompts[rand(#task.prompts)] end
     local t0 = logger.now()
     local rec = {step = step}
     if o.objective == 'sft' then
@@ -627,7 +692,7 @@ function P.finetune(policy, tok, task, o)
         for j = 1, Tm - 1 do t[j] = (j >= pl and j < #ids) and ids[j + 1] or -100 end
         full[b], tgt[b] = f, t
       end
-      local dev = policy.wte.weight.device
+      local dev = device_of(policy)
       local ft, tt = gp.tensor(full, {dtype = 'i64', device = dev}), gp.tensor(tgt, {dtype = 'i64', device = dev})
       gp.sync()
       local t1 = logger.now()
@@ -659,11 +724,13 @@ function P.finetune(policy, tok, task, o)
         max_subsets = o.max_subsets, lambda = o.lambda, floor = o.floor, valid_only = o.valid_only, set_div = o.set_div,
         rand = rand})
       local sdiv = gp.set_diversity(emb:float():view {B, n, emb:size(2)}):mean():item()
+      if o.valid_diversity then rec.valid_diversity = P.valid_set_diversity(emb, rewards, B, n) end
       adv = P.normalize(adv, B, n, o.adv_norm or DEF.adv_norm)
       local base_logp
+      local tg = scored_targets(ro)
       if (o.kl or DEF.kl) > 0 then
         base_logp = gp.no_grad(function()
-          return lora.without(policy, function() return P.token_logp(policy, ro.full, ro.targets) end)
+          return lora.without(policy, function() return P.token_logp(policy, ro.full, tg) end)
         end)
       end
       gp.sync()
@@ -671,14 +738,14 @@ function P.finetune(policy, tok, task, o)
       times.diversity = times.diversity + (t2 - t1)
       times.kernel = times.kernel + (st.kernel_s or 0)
       -- update: PPO epochs over the batch; old log-probs from the first pass
-      local dev = policy.wte.weight.device
+      local dev = device_of(policy)
       local at = gp.tensor(adv, {dtype = 'f32', device = dev})
-      local mask = ro.targets:ne(-100):float()
+      local mask = tg:ne(-100):float()
       local old, loss
       policy:train()
       for _ = 1, o.epochs or DEF.epochs do
         opt:zero_grad()
-        local logp = P.token_logp(policy, ro.full, ro.targets)
+        local logp = P.token_logp(policy, ro.full, tg)
         if not old then old = logp:detach() end
         loss = P.ppo_loss(logp, old, at, mask, {clip = o.clip, kl = o.kl, base_logp = base_logp})
         loss:backward()
@@ -686,12 +753,18 @@ function P.finetune(policy, tok, task, o)
         opt:step()
       end
       rec.loss = loss:item()
-      times.update = times.update + (logger.now() - t2)
+      local t3 = logger.now()
+      times.update = times.update + (t3 - t2)
+      rec.generation_s, rec.diversity_s, rec.update_s, rec.s = t1 - t0, t2 - t1, t3 - t2, t3 - t0
+      local toks = 0
+      for i = 1, ro.R do toks = toks + ro.lens[i] end
+      rec.reply_tokens = toks / ro.R
       rec.reward = sr / ro.R
       rec.set_diversity = sdiv
       rec.distinct = nd / B
     end
     hist[#hist + 1] = rec
+    if o.on_step then o.on_step(rec) end
     if o.log_every and (step % o.log_every == 0 or step == o.steps) then
       say(string.format('  %s step %d/%d: loss %.4f%s%s', o.objective, step, o.steps, rec.loss,
         rec.reward and string.format(', reward %.3f', rec.reward) or '',
@@ -704,6 +777,6 @@ end
 doc(P.defaults, 'gp.polychromic.defaults', 'the default options of rollout, advantages, ppo_loss, evaluate and finetune')
 doc(P.finetune, string.format("gp.polychromic.finetune(policy, tok, task, {objective='poly', steps=, n=%d, prompts_per_step=%d, lr=%g, epochs=%d, set_div='%s', ...})",
   DEF.n, DEF.prompts_per_step, DEF.lr, DEF.epochs, DEF.set_div),
-  'fine-tune the LoRA adapters of policy with the objective (set_div, floor, valid_only, subset_size, max_subsets as in advantages); returns {history, times = {generation, diversity, update, kernel} in seconds}')
+  'fine-tune the LoRA adapters of policy with the objective (set_div, floor, valid_only, subset_size, max_subsets as in advantages); on_step(record) after each step (loss, reward, set_diversity, distinct, the step\'s seconds and its parts), prompt_list: the same prompts every step; returns {history, times = {generation, diversity, update, kernel} in seconds}')
 
 return P

@@ -17,7 +17,7 @@ local M = {
 
 -- the models `make models` fetches, by short name: where they land under models_dir()
 M.NAMES = {smollm2 = 'smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', ['all-minilm-l6-v2'] = 'all-minilm-l6-v2',
-           shakespeare = 'shakespeare/shakespeare.txt'} -- (the last a text: gp.models.path only)
+           shakespeare = 'shakespeare/shakespeare.txt'} -- the last a text, not a model (gp.models.path only)
 
 -- $GPUSH_CACHE/models (default ~/.cache/gpush/models)
 function M.dir() return (rt.cache_dir() or '.') .. '/models' end
@@ -42,7 +42,7 @@ function M.path(name)
   if not exists(p) then raise(string.format("models: '%s' is not fetched (%s is missing): run `make models`", name, p)) end
   return p
 end
-gp.doc(M.path, "gp.models.path('smollm2')", 'the file or directory of a model `make models` fetched, by its short name')
+gp.doc(M.path, "gp.models.path('smollm2')", 'the file or directory of a model `make models` fetched, by its short name (also \'shakespeare\': the text)')
 
 -- the architectures entry of a config.json, by model_type
 local CLASS = {llama = 'LlamaForCausalLM', mistral = 'MistralForCausalLM', qwen2 = 'Qwen2ForCausalLM', gpt2 = 'GPT2LMHeadModel',
@@ -82,7 +82,10 @@ end
 function M.load(path, opts)
   if type(path) ~= 'string' then raise('models.load: the path must be a string (a model directory or a .gguf file)') end
   opts = opts or {}
-  if M.NAMES[path] and not is_dir(path) and not exists(path) then path = M.path(path) end
+  if M.NAMES[path] and not is_dir(path) and not exists(path) then
+    path = M.path(path)
+    if path:match('%.txt$') then raise(string.format("models.load: '%s' is a text, not a model (gp.models.path gives its file)", path)) end
+  end
   if is_dir(path) then return hf.load_dir(path, opts) end
   if path:match('%.gguf$') then return gguf.load(path, opts) end
   raise(string.format('models.load: %s is neither a model directory nor a .gguf file (nor a short name: gp.models.NAMES)', path))

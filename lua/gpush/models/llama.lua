@@ -204,13 +204,26 @@ local function check_ids(op, idx)
   end
 end
 
-function Llama:_run(idx, pos, cache, at)
+-- the final hidden states (after model.norm, before lm_head)
+function Llama:_body(idx, pos, cache, at)
   local x = self.model.embed_tokens(idx)
   local freqs = rawget(self, '_inv_freq')
   local inv_freq = freqs[x.device]
   if not inv_freq then inv_freq = freqs.cpu:to(x.device); freqs[x.device] = inv_freq end
   for i, layer in ipairs(self.model.layers) do x = layer(x, pos, inv_freq, cache, i, at) end
-  return self.lm_head(self.model.norm(x))
+  return self.model.norm(x)
+end
+
+function Llama:_run(idx, pos, cache, at) return self.lm_head(self:_body(idx, pos, cache, at)) end
+
+-- idx (B, T) -> the final hidden states (B, T, d) (model.norm applied; lm_head of them gives the logits)
+function Llama:hidden(idx)
+  check_ids('Llama:hidden', idx)
+  if idx:size(2) > self.config.max_position_embeddings then
+    raise(string.format('Llama:hidden: the sequence has %d tokens but max_position_embeddings is %d', idx:size(2),
+      self.config.max_position_embeddings))
+  end
+  return self:_body(idx, 0)
 end
 
 -- idx (B, T) 0-based token ids -> logits (B, T, vocab); with targets (B, T) also the mean cross-entropy
@@ -289,6 +302,7 @@ gp.doc(Llama.supports_device_positions, 'llama:supports_device_positions(cache)'
   'true when forward_cached can take a device position with this cache (a gp.KVCache, a head dim decode attention ' ..
   'takes): gp.generate then replays its decode step as a CUDA graph')
 gp.doc(Llama.new_cache, 'llama:new_cache(batch, capacity, dtype, device, kv_dtype=nil)', 'a gp.KVCache with the model\'s KV heads per layer (kv_dtype \'int8\' or \'fp8\': compressed)')
+gp.doc(Llama.hidden, 'llama:hidden(idx)', 'the final hidden states (B, T, d) of ids (B, T): after model.norm, before lm_head (logits = llama.lm_head(h))')
 
 Llama.config_of = config_of
 return Llama

@@ -8,4 +8,5 @@ require 'gpush.nn.attention'   -- attention, causal_mask, CausalSelfAttention
 require 'gpush.nn.moe'         -- MoE
 require 'gpush.nn.transformer' -- TransformerBlock
 require 'gpush.nn.lora'        -- LoRA (and gp.lora's helpers)
+require 'gpush.nn.quant'       -- Linear4, quantize_linears (NF4 bases for QLoRA)
 return nn

@@ -7,7 +7,9 @@
 --   gp.lora.load(model, 'adapters.safetensors')
 --   gp.lora.without(model, function() return model(x) end)  -- the frozen base
 --
--- y = x W^T + b + (alpha / rank) * dropout(x) A^T B^T with W (and b) frozen,
+-- y = x W^T + b + (alpha / rank) * dropout(x) A^T B^T with W (and b) frozen;
+-- W may be a quantized weight (an nn.Linear4 wrapped: QLoRA, the adapters in
+-- the base's compute dtype),
 -- A (rank, in) ~ U(-1/sqrt(in), 1/sqrt(in)), B (out, rank) = 0 at the start
 -- (so the adapted model starts as the base). The LoRA module keeps the
 -- Linear's own weight and bias tensors under the same names, so the model's
@@ -27,10 +29,15 @@ local doc = gp.doc
 local LoRA = nn.Module:extend('LoRA')
 nn.LoRA = LoRA
 
-local function is_linear(m) return nn.is_module(m) and getmetatable(m) == nn.Linear._imt end
+-- an nn.Linear, or an nn.Linear4 (a frozen quantized weight, nn/quant.lua: QLoRA)
+local function is_linear(m)
+  if not nn.is_module(m) then return false end
+  local mt = getmetatable(m)
+  return mt == nn.Linear._imt or (nn.Linear4 ~= nil and mt == nn.Linear4._imt)
+end
 
 function LoRA:init(linear, opts)
-  if not is_linear(linear) then raise('LoRA: needs an nn.Linear to wrap, got ' .. tostring(linear)) end
+  if not is_linear(linear) then raise('LoRA: needs an nn.Linear or nn.Linear4 to wrap, got ' .. tostring(linear)) end
   opts = opts or {}
   local r, alpha, p = opts.rank or 8, opts.alpha, opts.dropout or 0
   if type(r) ~= 'number' or r < 1 or r ~= math.floor(r) then raise('LoRA: rank must be a positive integer, got ' .. tostring(r)) end
@@ -38,9 +45,9 @@ function LoRA:init(linear, opts)
   if type(alpha) ~= 'number' then raise('LoRA: alpha must be a number, got ' .. tostring(alpha)) end
   self.in_features, self.out_features = linear.in_features, linear.out_features
   self.rank, self.alpha, self.scaling = r, alpha, alpha / r
-  local w = linear.weight
+  local w = linear.weight -- a tensor, or a quantized weight (frozen by nature)
   self.weight = w
-  w:requires_grad(false)
+  if is_tensor(w) then w:requires_grad(false) end
   if linear.bias then
     self.bias = linear.bias
     self.bias:requires_grad(false)
@@ -72,6 +79,10 @@ end
 
 function LoRA:merge()
   if self.merged then return self end
+  if not is_tensor(self.weight) then
+    raise(string.format('LoRA: cannot merge into a quantized (%s) weight: the sum would have to be quantized again; ' ..
+      'run with the adapters, or merge into a dense copy of the base', self.weight.kind))
+  end
   gp.no_grad(function()
     rawset(self, '_base', self.weight:clone())
     self.weight:add_(self:delta():to(self.weight.dtype))
@@ -97,7 +108,7 @@ function LoRA:extra_repr()
 end
 
 doc(LoRA, 'nn.LoRA(linear, {rank=8, alpha=2*rank, dropout=0})',
-  'wrap an nn.Linear: y = linear(x) + (alpha/rank) * dropout(x) A^T B^T; the Linear\'s weight and bias are frozen and kept under their names, only lora_A (rank, in) and lora_B (out, rank, zero at init) train')
+  'wrap an nn.Linear (or an nn.Linear4: QLoRA): y = linear(x) + (alpha/rank) * dropout(x) A^T B^T; the Linear\'s weight and bias are frozen and kept under their names, only lora_A (rank, in) and lora_B (out, rank, zero at init) train')
 doc(LoRA.merge, 'lora:merge()', 'add (alpha/rank) B A into the weight (keeps a copy for unmerge); forward then costs one matmul')
 doc(LoRA.unmerge, 'lora:unmerge()', 'restore the weight saved by merge() exactly')
 doc(LoRA.delta, 'lora:delta()', 'the low-rank update (alpha/rank) B A as an (out, in) tensor')
@@ -129,11 +140,30 @@ function L.apply(model, opts)
   opts = opts or {}
   local targets = opts.targets or L.default_targets
   if type(targets) == 'string' then targets = {targets} end
-  local found = {}
+  local found, names = {}, {}
   nn.walk(model, '', function(kind, name, v, owner, key)
-    if kind == 'module' and is_linear(v) and matches(name, targets) then found[#found + 1] = {owner, key, v} end
+    if kind == 'module' and is_linear(v) then
+      names[#names + 1] = name
+      if matches(name, targets) then found[#found + 1] = {owner, key, v} end
+    end
   end)
-  if #found == 0 then raise('lora.apply: no nn.Linear of the model matches the targets ' .. table.concat(targets, ', ')) end
+  local function listed()
+    local shown = {unpack(names, 1, math.min(#names, 8))}
+    return #names == 0 and 'none' or table.concat(shown, ', ') .. (#names > 8 and string.format(', ... (%d)', #names) or '')
+  end
+  if #found == 0 then
+    raise('lora.apply: no nn.Linear of the model matches the targets ' .. table.concat(targets, ', ') .. '; its Linears: ' .. listed())
+  end
+  -- targets given by name: each must name a module of the model (a misspelt one would silently adapt less)
+  if opts.targets then
+    for _, pat in ipairs(targets) do
+      local hit = false
+      for _, nm in ipairs(names) do if nm:find(pat) then hit = true; break end end
+      if not hit then
+        raise(string.format("lora.apply: the target '%s' matches no nn.Linear of the model; its Linears: %s", pat, listed()))
+      end
+    end
+  end
   model:requires_grad_(false)
   for _, f in ipairs(found) do
     local owner, key, lin = f[1], f[2], f[3]
@@ -218,7 +248,7 @@ function L.without(model, fn, ...)
 end
 
 doc(L.apply, "gp.lora.apply(model, {rank=8, alpha=2*rank, dropout=0, targets={'attn%.qkv$', ...}})",
-  'wrap the model\'s nn.Linear modules whose dotted names match a target pattern (default: attention and MLP) in nn.LoRA, freeze every other parameter; returns the adapter parameters')
+  'wrap the model\'s nn.Linear (and nn.Linear4) modules whose dotted names match a target pattern (default: attention and MLP) in nn.LoRA, freeze every other parameter; returns the adapter parameters. Given targets must each match a Linear (an error names the one that does not and lists the model\'s Linears)')
 doc(L.parameters, 'gp.lora.parameters(model)', 'the lora_A and lora_B tensors of every LoRA module (what the optimizer trains)')
 doc(L.modules, 'gp.lora.modules(model)', 'a list of {dotted.name, LoRA module}')
 doc(L.state_dict, 'gp.lora.state_dict(model)', '{name = tensor} of the adapters only')

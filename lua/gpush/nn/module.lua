@@ -126,6 +126,11 @@ local function walk(m, prefix, visit)
       visit('param', name, v, m, k)
     elseif is_tensor(v) then
       if buffers[k] then visit('buffer', name, v, m, k) end
+    elseif gp.is_quantized(v) then
+      -- a quantized weight (gp.quantize): its codes and block absmax are
+      -- buffers, name.nf4 (u8) and name.absmax (f32)
+      visit('buffer', name .. '.' .. v.kind, rawget(v, 'data'), v, 'data')
+      visit('buffer', name .. '.absmax', rawget(v, 'absmax'), v, 'absmax')
     elseif is_plain(v) then
       -- list elements are named 1, 2, ... (0, 1, ... when the module sets
       -- _index_base = 0, as checkpoints in Hugging Face's layout name them)
@@ -276,14 +281,34 @@ function Module:load_state_dict(sd, opts)
   return {missing = missing, unexpected = unexpected}
 end
 
+-- the device named by Module:to's arguments, if any
+local function target_device(a, b)
+  local dev
+  for i = 1, 2 do
+    local x = i == 1 and a or b
+    if is_tensor(x) then dev = x.device
+    elseif type(x) == 'table' then dev = x.device or dev
+    elseif x == 'cpu' or x == 'cuda' then dev = x end
+  end
+  return dev
+end
+
 -- move/cast every parameter and buffer: m:to('cuda'), m:to('f64'), m:to{device=, dtype=}.
 -- The tensors are replaced (tied ones stay tied); make optimizers after this.
+-- Buffers marked to keep their dtype (a quantized weight's codes and absmax)
+-- are only moved.
 function Module:to(a, b)
   local memo = {}
   gp.no_grad(function()
     walk(self, '', function(kind, _, v, owner, key)
       if kind ~= 'param' and kind ~= 'buffer' then return end
       local nt = memo[v]
+      if not nt and rawget(v, '_keep_dtype') then
+        local dev = target_device(a, b)
+        nt = dev and v:to(dev) or v
+        rawset(nt, '_keep_dtype', true)
+        memo[v] = nt
+      end
       if not nt then
         nt = v:to(a, b)
         if nt ~= v and kind == 'param' then

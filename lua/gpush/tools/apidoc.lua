@@ -32,7 +32,7 @@ M.SECTIONS = {
 -- the section of a usage line
 local OBJECT = {t = 'tensor', a = 'tensor', x = 'tensor', m = 'gp.nn', moe = 'gp.nn', lora = 'gp.nn', gpt = 'gp.models',
                 opt = 'gp.optim', ds = 'gp.data', ddp = 'gp.dist', cache = 'gp', g = 'gp', gguf = 'gp.gguf', tok = 'gp.tokenizer',
-                tpl = 'gp.tokenizer', llama = 'gp.models'}
+                tpl = 'gp.tokenizer', llama = 'gp.models', q = 'gp'}
 local function section_of(usage)
   local ns = usage:match('^gp%.([%a_]+)%.')
   if ns then return 'gp.' .. ns end

@@ -164,6 +164,7 @@ function Tensor:matmul(b) return mm('matmul', self, b) end
 doc(Tensor.matmul, 'a:matmul(b)', 'the matrix product a @ b (see gp.matmul)')
 
 function gp.linear(x, w, b)
+  if gp.is_quantized(w) then return gp.nf4_linear(x, w, b) end -- a quantized weight (ops/nf4.lua)
   if not is_tensor(x) then raise('linear: x must be a tensor') end
   if not is_tensor(w) then raise('linear: w must be a tensor') end
   if w:dim() ~= 2 then raise(string.format('linear: w must be 2-d (out, in), got %s', shape_str(w.shape))) end
@@ -178,7 +179,7 @@ function gp.linear(x, w, b)
   local y = mm('linear', #sx == 2 and x or x:reshape {rows, sx[#sx]}, w:t(), {bias = b})
   return y:view(oshape)
 end
-doc(gp.linear, 'gp.linear(x, w, b)', 'x @ w^T + b with w (out, in) like torch; x (..., in); b (out) or nil')
+doc(gp.linear, 'gp.linear(x, w, b)', 'x @ w^T + b with w (out, in) like torch; x (..., in); b (out) or nil; w may be a quantized weight (gp.quantize: then gp.nf4_linear)')
 
 -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2:
 -- two products, GELU in the first one's epilogue. With save (autograd's
@@ -326,6 +327,7 @@ end
 -- gp.linear(x, w, b): x (..., in) @ w^T + b, w (out, in)
 autograd.def_function('linear', function(g, a)
   local x, w, b = a[1], a[2], a[3]
+  if not is_tensor(w) then return gp._nf4_linear_backward(g, a) end -- a quantized weight
   local O, I = w:size(1), w:size(2)
   local rows = x:numel() / math.max(I, 1)
   local g2 = g[1]:reshape {rows, O}
