@@ -153,6 +153,7 @@ DEB_PKGS := ccache=4.8+really4.7.5-1 \
             libutf8proc2=2.8.0-1 \
             pkg-config=1.8.1-1 \
             lua-check=1.1.0-1 \
+            gnuplot-nox=5.4.4+dfsg1-2+b2 \
             tmux=3.3a-3
 deps:
 	@missing=""; for p in $(DEB_PKGS); do n=$${p%%=*}; \
