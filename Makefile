@@ -43,6 +43,16 @@ endif
 LUAJIT_INC ?= /usr/include/luajit-2.1
 LUAJIT_LIB ?= $(firstword $(wildcard /usr/lib/*/libluajit-5.1.a /usr/lib/libluajit-5.1.a /usr/local/lib/libluajit-5.1.a))
 
+# make asan: the CPU backend under AddressSanitizer, UndefinedBehaviorSanitizer
+# and LeakSanitizer (SAN=1; BUILD=build-asan NOCUDA=1); Lua's heap on malloc so
+# that LeakSanitizer sees the pointers Lua objects hold (src/main.c)
+SAN_FLAGS := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+ifeq ($(SAN),1)
+CFLAGS    += $(SAN_FLAGS)
+LDFLAGS   += $(SAN_FLAGS)
+CPPFLAGS  += -DGP_LUA_SYSTEM_ALLOC=1
+endif
+
 HAVE_CUDA := $(if $(NVCC),1,0)
 CPPFLAGS  += -Isrc -I$(LUAJIT_INC) -DGP_HAVE_CUDA=$(HAVE_CUDA) -D_GNU_SOURCE
 CFLAGS    ?= -O2 -g
@@ -74,7 +84,7 @@ OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
 endif
 TEST_SRC := $(wildcard tests/c/*.c)
 
-.PHONY: all deps test check lint docs models run bench fuzz clean headers
+.PHONY: all deps test check lint docs models run bench fuzz fuzz-ci asan sanitize clean headers
 all: $(BUILD)/gpush $(BUILD)/test_c
 
 # Objects depend on the flags they were compiled with: $(BUILD)/flags.c and
@@ -113,11 +123,11 @@ $(BUILD)/libgpush.a: $(OBJS)
 
 $(BUILD)/gpush: $(BUILD)/obj/src/main.o $(BUILD)/libgpush.a
 	@echo "  LINK  $@"
-	$(Q)$(CC) -Wl,-E -o $@ $< -Wl,--whole-archive $(BUILD)/libgpush.a -Wl,--no-whole-archive $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -Wl,-E -o $@ $< -Wl,--whole-archive $(BUILD)/libgpush.a -Wl,--no-whole-archive $(LDLIBS)
 
 $(BUILD)/test_c: $(TEST_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/libgpush.a
 	@echo "  LINK  $@"
-	$(Q)$(CC) -o $@ $^ -lcriterion $(LDLIBS)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
 
 # Every header compiles when it is the first thing a file includes: a file of
 # one #include line is compiled for each (C headers as C11 and as C++17, the
@@ -153,8 +163,10 @@ DEB_PKGS := ccache=4.8+really4.7.5-1 \
             libutf8proc2=2.8.0-1 \
             pkg-config=1.8.1-1 \
             lua-check=1.1.0-1 \
-            gnuplot-nox=5.4.4+dfsg1-2+b2 \
-            tmux=3.3a-3
+            tmux=3.3a-3 \
+            clang=1:14.0-55.7~deb12u1 \
+            libclang-rt-14-dev=1:14.0.6-12 \
+            gnuplot-nox=5.4.4+dfsg1-2+b2
 deps:
 	@missing=""; for p in $(DEB_PKGS); do n=$${p%%=*}; \
 	  dpkg-query -W -f='$${Status}' $$n 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \
@@ -204,24 +216,66 @@ run: deps
 	$(Q)$(MAKE) --no-print-directory $(BUILD)/gpush
 	$(Q)$(BUILD)/gpush scripts/polychromic.lua
 
-# libFuzzer harness of the GGUF reader and the dequant CPU references
-# (tests/fuzz/fuzz_gguf.c): clang with ASan and UBSan over the CPU-only library.
-# Run: build/fuzz_gguf -max_total_time=300 build/fuzz-corpus tests/fixtures/gguf
+# libFuzzer harnesses (tests/fuzz/) of every reader of outside input, built by
+# clang with ASan and UBSan over the CPU-only library: GGUF (and the dequant
+# CPU references), safetensors, JSON (src/json.c: checkpoint metadata,
+# tokenizer.json, config.json), and the Lua parsers of tokenizer.json and of
+# chat templates (tests/fuzz/fuzz_lua.c: the library in a Lua state, Lua's
+# line coverage fed to libFuzzer). Seeds: tests/fuzz/corpus/NAME and fixtures;
+# what a run finds goes to build/fuzz-corpus/NAME. One harness by hand:
+#   build/fuzz_safetensors -max_total_time=300 build/fuzz-corpus/safetensors tests/fuzz/corpus/safetensors
 FUZZ_CC    ?= clang
 FUZZ_FLAGS := -g -O1 -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_OBJS  := $(patsubst %.c,$(BUILD)/fuzz/obj/%.o,$(CORE_SRC) src/nocuda.c)
+FUZZ_NAMES := gguf safetensors json tokenizer jinja
+FUZZ_LIBS  := $(LUAJIT_LIB) -lreadline -lpcre2-8 -lcjson -lm -ldl -lpthread
+# the seeds of each harness (a harness reads every file of these folders)
+FUZZ_SEEDS_gguf        := tests/fixtures/gguf
+FUZZ_SEEDS_safetensors := tests/fuzz/corpus/safetensors
+FUZZ_SEEDS_json        := tests/fuzz/corpus/json
+FUZZ_SEEDS_tokenizer   := tests/fuzz/corpus/tokenizer
+FUZZ_SEEDS_jinja       := tests/fuzz/corpus/jinja
+FUZZ_SECONDS ?= 60
 $(BUILD)/fuzz/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	@echo "  FUZZCC $<"
 	$(Q)$(FUZZ_CC) -Isrc -I$(LUAJIT_INC) -DGP_HAVE_CUDA=0 -D_GNU_SOURCE -std=c11 -MMD -MP $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
 
-$(BUILD)/fuzz_gguf: tests/fuzz/fuzz_gguf.c $(FUZZ_OBJS)
+$(BUILD)/fuzz_gguf $(BUILD)/fuzz_safetensors $(BUILD)/fuzz_json: $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJS)
 	@echo "  LINK  $@"
-	$(Q)$(FUZZ_CC) -Isrc -DGP_HAVE_CUDA=0 $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(LUAJIT_LIB) -lreadline -lcjson -lm -ldl -lpthread
+	$(Q)$(FUZZ_CC) -Isrc -I$(LUAJIT_INC) -DGP_HAVE_CUDA=0 $(FUZZ_FLAGS) -fsanitize=fuzzer -o $@ $^ $(FUZZ_LIBS)
 
-fuzz: $(BUILD)/fuzz_gguf
-	@mkdir -p $(BUILD)/fuzz-corpus
-	@echo "  run: $(BUILD)/fuzz_gguf -max_total_time=300 $(BUILD)/fuzz-corpus tests/fixtures/gguf"
+# the Lua harness, once per target (FUZZ_TARGET picks the Lua entry in tests/fuzz/fuzz.lua)
+$(BUILD)/fuzz_tokenizer $(BUILD)/fuzz_jinja: $(BUILD)/fuzz_%: tests/fuzz/fuzz_lua.c $(BUILD)/gen/cdef.inc $(FUZZ_OBJS)
+	@echo "  LINK  $@"
+	$(Q)$(FUZZ_CC) -Isrc -I$(BUILD)/gen -I$(LUAJIT_INC) -DGP_HAVE_CUDA=0 -D_GNU_SOURCE -DFUZZ_TARGET='"$*"' -DFUZZ_ROOT='"$(CURDIR)"' $(FUZZ_FLAGS) \
+	  -fsanitize=fuzzer -Wl,-E -o $@ tests/fuzz/fuzz_lua.c $(FUZZ_OBJS) $(FUZZ_LIBS)
+
+fuzz: $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
+	@echo "  run one: $(BUILD)/fuzz_NAME -max_total_time=300 $(BUILD)/fuzz-corpus/NAME tests/fuzz/corpus/NAME"
+	@echo "  run all: make fuzz-ci FUZZ_SECONDS=60"
+
+# every harness for FUZZ_SECONDS each (CI: 60), from its seeds and the corpus
+# of earlier runs; a crash stops it and leaves crash-* in build/fuzz-out/NAME
+fuzz-ci: fuzz
+	$(Q)rc=0; $(foreach n,$(FUZZ_NAMES),tests/fuzz/run.sh $(BUILD) $(n) $(FUZZ_SECONDS) $(FUZZ_SEEDS_$(n)) || rc=1;) exit $$rc
+
+# make asan: the CPU build (build-asan) under ASan, UBSan and LSan, then every
+# CPU test (make check) with leak detection on; tests/sanitize/lsan.supp names
+# the third-party leaks it ignores
+ASAN_BUILD ?= build-asan
+asan:
+	$(Q)$(MAKE) --no-print-directory NOCUDA=1 SAN=1 BUILD=$(ASAN_BUILD) all
+	$(Q)ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1 \
+	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp:print_suppressions=0 \
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  $(MAKE) --no-print-directory NOCUDA=1 SAN=1 BUILD=$(ASAN_BUILD) check
+
+# make sanitize (a GPU machine, an existing build): the test suites under
+# compute-sanitizer's memcheck, racecheck, initcheck and synccheck, each
+# tool's summary printed (tests/sanitize/compute.sh)
+sanitize:
+	$(Q)tests/sanitize/compute.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

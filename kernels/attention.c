@@ -130,6 +130,7 @@ int gp_k_attn_fwd(gp_tensor *out, gp_tensor *lse, const gp_tensor *q, const gp_t
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
       for (int64_t i = 0; i < T; i++) {
+        GP_POLL_INTERRUPT("attn_fwd");
         int64_t p = i + S - T, qi = row_at(q, b, h, i), bh = b * H + h;
         double m = -INFINITY, l = 0;
         for (int64_t d = 0; d < D; d++) acc[d] = 0;
@@ -172,6 +173,7 @@ int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *
       int64_t bh = b * H + h;
       /* dq: row by row */
       for (int64_t i = 0; i < T; i++) {
+        GP_POLL_INTERRUPT("attn_bwd");
         int64_t p = i + S - T, qi = row_at(q, b, h, i), gi = row_at(dout, b, h, i);
         double Di = dot_d(pg, gi, po, row_at(out, b, h, i), dt, D), L = pl[bh * T + i];
         for (int64_t d = 0; d < D; d++) a[d] = 0;
@@ -187,6 +189,7 @@ int gp_k_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, const gp_tensor *
       }
       /* dk and dv: key by key */
       for (int64_t j = 0; j < S; j++) {
+        GP_POLL_INTERRUPT("attn_bwd");
         int64_t kj = row_at(k, b, h, j), vj = row_at(v, b, h, j);
         double c[ATTN_MAX_D];
         for (int64_t d = 0; d < D; d++) a[d] = c[d] = 0;

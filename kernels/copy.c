@@ -27,16 +27,19 @@ int gp_k_copy(gp_tensor *out, const gp_tensor *src) {
       return GP_OK;
     }
     for (int64_t i = 0; i < L.numel; i++) {
+      if (!(i & 0xffff)) GP_POLL_INTERRUPT("copy");
       gp_loop_offsets(&L, i, off);
       memcpy(po + off[0] * (int64_t)es, ps + off[1] * (int64_t)es, es);
     }
   } else if (gp_is_int(dto) && gp_is_int(dts)) { /* wraps, as C casts do */
     for (int64_t i = 0; i < L.numel; i++) {
+      if (!(i & 0xffff)) GP_POLL_INTERRUPT("copy");
       gp_loop_offsets(&L, i, off);
       gp_store_i64(po, dto, off[0], gp_load_i64(ps, dts, off[1]));
     }
   } else {
     for (int64_t i = 0; i < L.numel; i++) {
+      if (!(i & 0xffff)) GP_POLL_INTERRUPT("copy");
       gp_loop_offsets(&L, i, off);
       gp_store(po, dto, off[0], gp_load(ps, dts, off[1]));
     }
@@ -53,6 +56,7 @@ int gp_k_fill(gp_tensor *out, double value) {
   char *po = gp_ptr(out);
   int64_t off[1];
   for (int64_t i = 0; i < L.numel; i++) {
+    if (!(i & 0xffff)) GP_POLL_INTERRUPT("fill");
     gp_loop_offsets(&L, i, off);
     gp_store(po, out->dtype, off[0], value);
   }

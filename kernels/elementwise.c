@@ -49,14 +49,23 @@ static int cmp_d(int op, double a, double b) {
   }
 }
 
-#define FOR_LOOP(L, off, ...)                        \
-  do {                                               \
-    int64_t off[4];                                  \
-    for (int64_t i_ = 0; i_ < (L).numel; i_++) {     \
-      gp_loop_offsets(&(L), i_, off);                \
-      __VA_ARGS__;                                   \
-    }                                                \
+/* every element of the loop L, with Ctrl-C checked every 2^16 of them (the
+ * calling function's `name` is the op in the error) */
+#define FOR_LOOP(L, off, ...)                                                   \
+  do {                                                                          \
+    int64_t off[4];                                                             \
+    for (int64_t i_ = 0; i_ < (L).numel; i_++) {                                \
+      if (!(i_ & 0xffff) && gp_interrupt_flag) return gp_interrupted(name);     \
+      gp_loop_offsets(&(L), i_, off);                                           \
+      __VA_ARGS__;                                                              \
+    }                                                                           \
   } while (0)
+/* for (i = 0; i < n; i++) body, the same way */
+#define FOR_FLAT(i, n, ...)                                                     \
+  for (int64_t i = 0; i < (n); i++) {                                           \
+    if (!(i & 0xffff) && gp_interrupt_flag) return gp_interrupted(name);        \
+    __VA_ARGS__;                                                                \
+  }
 
 /* ---- unary ---- */
 
@@ -71,7 +80,7 @@ static int unary(const char *name, int op, gp_tensor *out, const gp_tensor *x) {
   if (dt == GP_F32 && gp_loop_is_flat(&L)) { /* the common case, without per-element dispatch */
     float *o = (float *)po;
     const float *a = (const float *)px;
-    for (int64_t i = 0; i < L.numel; i++) o[i] = (float)un_d(op, a[i]);
+    FOR_FLAT(i, L.numel, o[i] = (float)un_d(op, a[i]))
     return GP_OK;
   }
   if (gp_is_int(dt)) {
@@ -120,9 +129,9 @@ static int binary(const char *name, int op, gp_tensor *out, const gp_tensor *a, 
     float *o = (float *)po;
     const float *a = (const float *)pa, *b = (const float *)pb;
     if (b)
-      for (int64_t i = 0; i < L.numel; i++) o[i] = (float)bin_d(op, a[i], b[i]);
+      FOR_FLAT(i, L.numel, o[i] = (float)bin_d(op, a[i], b[i]))
     else
-      for (int64_t i = 0; i < L.numel; i++) o[i] = (float)bin_d(op, a[i], s);
+      FOR_FLAT(i, L.numel, o[i] = (float)bin_d(op, a[i], s))
     return GP_OK;
   }
   if (gp_is_int(dt)) {
@@ -245,6 +254,7 @@ ACT_BWD(gelu_tanh_bwd, G_GELU_TANH)
 int gp_k_where(gp_tensor *out, const gp_tensor *mask, const gp_tensor *a, const gp_tensor *b) {
   GP_CHECK(where, out, mask, a, b);
   GP_CUDA_DISPATCH(out, gp_cuda_where(out, mask, a, b));
+  const char *name = "where";
   gp_loop L;
   const gp_tensor *ops[] = {out, mask, a, b};
   GP_TRY(gp_loop_init(&L, "where", 4, ops));
@@ -259,6 +269,7 @@ int gp_k_where(gp_tensor *out, const gp_tensor *mask, const gp_tensor *a, const 
 int gp_k_clamp(gp_tensor *out, const gp_tensor *x, double lo, double hi) {
   GP_CHECK(clamp, out, x);
   GP_CUDA_DISPATCH(out, gp_cuda_clamp(out, x, lo, hi));
+  const char *name = "clamp";
   gp_loop L;
   const gp_tensor *ops[] = {out, x};
   GP_TRY(gp_loop_init(&L, "clamp", 2, ops));

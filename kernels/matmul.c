@@ -91,6 +91,7 @@ static int mm_cpu(gp_tensor *out, const gp_tensor *a, const gp_tensor *b, const 
       if (aux) ox += i * aux->stride[d];
       r = q;
     }
+    if (gp_interrupt_flag) break;
     for (int64_t i = 0; i < M; i++)
       for (int64_t k = 0; k < K; k++) Ad[i * K + k] = gp_load(pa, dt, oa + i * sam + k * sak);
     if (!have_b || ob != prev_ob) {
@@ -99,9 +100,9 @@ static int mm_cpu(gp_tensor *out, const gp_tensor *a, const gp_tensor *b, const 
       prev_ob = ob;
       have_b = 1;
     }
-    for (int64_t i0 = 0; i0 < M; i0 += MM_IB) {
+    for (int64_t i0 = 0; i0 < M && !gp_interrupt_flag; i0 += MM_IB) { /* Ctrl-C: checked every block of rows */
       int64_t ib = M - i0 < MM_IB ? M - i0 : MM_IB;
-      for (int64_t j0 = 0; j0 < N; j0 += MM_JB) {
+      for (int64_t j0 = 0; j0 < N && !gp_interrupt_flag; j0 += MM_JB) {
         int64_t jb = N - j0 < MM_JB ? N - j0 : MM_JB;
         memset(acc, 0, nacc * sizeof(double));
         for (int64_t k = 0; k < K; k++) {
@@ -129,6 +130,7 @@ static int mm_cpu(gp_tensor *out, const gp_tensor *a, const gp_tensor *b, const 
     }
   }
   gp_free(buf, held, GP_CPU);
+  if (gp_interrupt_flag) return gp_interrupted("matmul");
   return GP_OK;
 }
 

@@ -29,6 +29,7 @@ static int reduce(int op, gp_tensor *out, const gp_tensor *x, double param) {
   int dt = x->dtype, dto = out->dtype, nk = gp_reduce_norm_kind(param);
   for (int64_t a = 0; a < A; a++)
     for (int64_t c = 0; c < Cn; c++) {
+      if (!((a * Cn + c) & 0xff)) GP_POLL_INTERRUPT(RNAME[op]); /* Ctrl-C */
       int64_t base = a * B * Cn + c;
       double r = 0;
       if (op == R_ARGMAX || op == R_ARGMIN) {
@@ -114,6 +115,7 @@ int gp_k_cumsum(gp_tensor *out, const gp_tensor *x) {
   int dt = x->dtype;
   for (int64_t a = 0; a < A; a++)
     for (int64_t c = 0; c < Cn; c++) {
+      if (!((a * Cn + c) & 0xff)) GP_POLL_INTERRUPT("cumsum");
       double s = 0;
       for (int64_t b = 0; b < B; b++) {
         int64_t i = (a * B + b) * Cn + c;

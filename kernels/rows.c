@@ -11,6 +11,7 @@ static int softmax_cpu(gp_tensor *out, const gp_tensor *x, int lg) {
   char *po = gp_ptr(out);
   int dt = x->dtype;
   for (int64_t r = 0; r < R; r++) {
+    if (!(r & 0xff)) GP_POLL_INTERRUPT(lg ? "log_softmax" : "softmax"); /* Ctrl-C */
     int64_t o = r * D;
     double m = -INFINITY, s = 0;
     for (int64_t j = 0; j < D; j++) {
@@ -45,6 +46,7 @@ static int softmax_bwd_cpu(gp_tensor *dx, const gp_tensor *y, const gp_tensor *d
   char *pd = gp_ptr(dx);
   int dt = y->dtype;
   for (int64_t r = 0; r < R; r++) {
+    if (!(r & 0xff)) GP_POLL_INTERRUPT(lg ? "log_softmax_backward" : "softmax_backward"); /* Ctrl-C */
     int64_t o = r * D;
     double s = 0;
     for (int64_t j = 0; j < D; j++) s += lg ? gp_load(pg, dt, o + j) : gp_load(py, dt, o + j) * gp_load(pg, dt, o + j);
@@ -84,6 +86,7 @@ int gp_k_layer_norm(gp_tensor *out, gp_tensor *mean, gp_tensor *rstd, const gp_t
   float *pm = gp_ptr(mean), *pr = gp_ptr(rstd);
   int dt = x->dtype;
   for (int64_t r = 0; r < R; r++) {
+    if (!(r & 0xff)) GP_POLL_INTERRUPT("layer_norm"); /* Ctrl-C */
     int64_t o = r * D;
     double m = 0, v = 0;
     for (int64_t j = 0; j < D; j++) m += gp_load(px, dt, o + j);
@@ -173,6 +176,7 @@ int gp_k_rms_norm(gp_tensor *out, gp_tensor *rstd, const gp_tensor *x, const gp_
   float *pr = gp_ptr(rstd);
   int dt = x->dtype;
   for (int64_t r = 0; r < R; r++) {
+    if (!(r & 0xff)) GP_POLL_INTERRUPT("rms_norm"); /* Ctrl-C */
     int64_t o = r * D;
     double s = 0;
     for (int64_t j = 0; j < D; j++) {

@@ -10,6 +10,7 @@
 --   gpush scripts/moe.lua --iters 2000 --bf16 --capacity-factor 1.25
 --   gpush scripts/moe.lua --infer              -- dense vs MoE generation with a KV cache (d 768, 12 layers, 8 heads, 200 new tokens)
 --   gpush scripts/moe.lua --tiny               -- a seconds-long CPU run (the test suite runs it)
+--   gpush scripts/moe.lua --ckpt run.ckpt --ckpt-every 100; gpush scripts/moe.lua --resume run.ckpt
 local gp = rawget(_G, 'gp') or require 'gpush'
 
 local script_dir = (arg and arg[0] or 'scripts/moe.lua'):match('^(.*)/[^/]*$') or '.'
@@ -50,13 +51,30 @@ local o = gp.args.parse(arg, {
   {'new-tokens', 200, '--infer: tokens generated per sequence'},
   {'tiny', false, 'a tiny config that runs on the CPU in seconds'},
   {'quiet', false, 'no progress lines'},
+  {'log', '', 'write a JSONL record of every logged step here (both models)'},
+  {'ckpt', '', 'a training checkpoint to resume from (model, optimizer, step, random state), written every --ckpt-every steps and at the end of each model'},
+  {'ckpt-every', 0, 'steps between --ckpt checkpoints (0: at the end of each model only)'},
+  {'resume', '', 'continue the run of this --ckpt checkpoint: its flags (except those given here) and its state'},
+  {'stop-after', 0, 'end after this many steps (counted over the models in order) as if cut off there; --ckpt is written first'},
 }, {usage = 'gpush scripts/moe.lua [flags]', description = 'Dense vs Mixture-of-Experts character-level GPT.'})
 
-if o.tiny then
-  o.n_embd, o.n_layer, o.n_head, o.block, o.batch, o.iters = 32, 2, 2, 16, 4, 12
-  o.eval_every, o.eval_iters, o.log_every, o.warmup, o.experts = 6, 2, 6, 2, 4
-  o.infer_embd, o.infer_layer, o.infer_head, o.new_tokens = 32, 2, 2, 8
-  o.entities, o.data_bytes = 100, 20000
+-- a resumed run takes the flags it was started with, except those given again
+local resume_meta
+if o.resume ~= '' then
+  local _, meta = gp.load(o.resume, {meta_only = true})
+  if type(meta.args) ~= 'table' or type(meta.moe) ~= 'table' then
+    error('moe: ' .. o.resume .. ' is not a --ckpt checkpoint of this script')
+  end
+  gp.train.resume_args(o, meta.args, {'resume', 'stop-after'})
+  o.tiny = false -- the saved flags already hold what --tiny set
+  resume_meta = meta.moe
+end
+
+if o.tiny then -- flags given on the command line win
+  local tiny = {n_embd = 32, n_layer = 2, n_head = 2, block = 16, batch = 4, iters = 12, eval_every = 6, eval_iters = 2,
+                log_every = 6, warmup = 2, experts = 4, infer_embd = 32, infer_layer = 2, infer_head = 2, new_tokens = 8,
+                entities = 100, data_bytes = 20000}
+  for k, v in pairs(tiny) do if not o._given[k] then o[k] = v end end
 end
 if o.device ~= '' then gp.set_device(o.device) end
 local nn = gp.nn
@@ -158,7 +176,10 @@ local function estimate(model, split, seed)
   return acc:item() / o.eval_iters
 end
 
-local function train(kind)
+-- one model's training; phase: 1, 2 (steps count on across the models for
+-- --stop-after); done: the results of the models before it (kept in the
+-- checkpoint). Returns its results, or nil when --stop-after cut the run off.
+local function train(kind, phase, done)
   local model = build(kind)
   local total, active = count_params(model)
   print(string.format('%s: %d parameters, %d active per token%s', kind, total, active,
@@ -167,8 +188,8 @@ local function train(kind)
       string.format(' (%s MLP of hidden %d)', dense_mlp, hidden)))
   local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, 0.95}, weight_decay = o.weight_decay})
   local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.lr / 10, warmup = o.warmup, max_steps = o.iters}
-  local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * Tn, print = not o.quiet}
   local best, excluded = math.huge, 0
+  local log -- the progress log, made once the starting step is known
   local function evaluate(step)
     local t0 = gp.train.now()
     model:eval()
@@ -182,9 +203,25 @@ local function train(kind)
     return va
   end
   gp.manual_seed(o.seed + 1) -- the same batches for both models
+  local start = 0
+  if resume_meta and resume_meta.kind == kind then
+    start = gp.train.load_state(o.resume, {model = model, optimizer = opt})
+    best = resume_meta.best or best
+    print(string.format('%s: resumed from %s after step %d', kind, o.resume, start))
+  end
+  log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * Tn, print = not o.quiet,
+                         file = o.log ~= '' and o.log or nil, start = start,
+                         append = resume_meta ~= nil or phase > 1}
+  local function save_ckpt(step)
+    if o.ckpt == '' then return 0 end
+    local t0 = gp.train.now()
+    gp.train.save_state(o.ckpt, {model = model, optimizer = opt, step = step,
+      meta = {args = gp.train.saved_args(o), moe = {kind = kind, best = best < math.huge and best or nil, done = done}}})
+    return gp.train.now() - t0
+  end
   model:train()
   local t_start = gp.train.now()
-  for step = 1, o.iters do
+  for step = start + 1, o.iters do
     opt:zero_grad()
     local x, y = ds:batch('train', B, Tn)
     local _, loss = model(x, y)
@@ -195,11 +232,22 @@ local function train(kind)
     gp.optim.clip_grad_norm(opt, 1.0)
     opt:set_lr(sched(step))
     opt:step()
-    log:step(step, nil, opt:get_lr())
+    log:step(step, nil, opt:get_lr(), {model = kind})
     if o.eval_every > 0 and step % o.eval_every == 0 and step < o.iters then evaluate(step) end
+    local global = (phase - 1) * o.iters + step
+    if (o.ckpt_every > 0 and step % o.ckpt_every == 0) or step == o.iters or global == o.stop_after then
+      local dt = save_ckpt(step)
+      log:exclude(dt)
+      excluded = excluded + dt
+    end
+    if global == o.stop_after then
+      log:finish()
+      print(string.format('stopped after step %d%s', global, o.ckpt ~= '' and ('; resume with --resume ' .. o.ckpt) or ''))
+      return nil
+    end
   end
   gp.sync()
-  local tps = o.iters * B * Tn / (gp.train.now() - t_start - excluded)
+  local tps = (o.iters - start) * B * Tn / math.max(gp.train.now() - t_start - excluded, 1e-9)
   log:finish()
   -- final evaluation, with the expert load counted over its batches
   local layers = nn.moe_layers(model)
@@ -222,9 +270,17 @@ local function train(kind)
   return {kind = kind, val = va, best = best, train = tr, tps = tps, loads = loads, worst = worst}
 end
 
-local results = {}
+local results = resume_meta and resume_meta.done or {}
+local phase = 0
 for _, kind in ipairs {'dense', 'moe'} do
-  if o.only == '' or o.only == kind then results[#results + 1] = train(kind) end
+  if o.only == '' or o.only == kind then
+    phase = phase + 1
+    if phase > #results then -- not trained before the run was resumed
+      local r = train(kind, phase, results)
+      if not r then return end
+      results[#results + 1] = r
+    end
+  end
 end
 
 print('')

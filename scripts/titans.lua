@@ -9,7 +9,9 @@
 --
 -- Pretraining: AdamW (cosine schedule, warmup, clipping at 1), the progress
 -- line shows the loss and tokens/s; --out writes a checkpoint (every
--- --save-every steps and at the end). The recall task: each sequence starts
+-- --save-every steps and at the end). --ckpt FILE (--ckpt-every N) writes a
+-- checkpoint to resume from (model, optimizer, step, both generators' state)
+-- and --resume FILE continues that run exactly, on either task. The recall task: each sequence starts
 -- with --recall-pairs key-value pairs ("K v"), then filler, then the same keys
 -- queried in another order at the end, further back than the attention window
 -- (the chunk size) can see; the loss and the accuracy count only the value
@@ -48,8 +50,23 @@ local o = gp.args.parse(arg, {
   {'out', '', 'lm: write a checkpoint here (the config and step in the metadata)'},
   {'save-every', 0, 'lm: also checkpoint every N steps (0: only at the end)'},
   {'log', '', 'write a JSONL record of every logged step here'},
+  {'ckpt', '', 'a training checkpoint to resume from (model, optimizer, step, random state), written every --ckpt-every steps and at the end of each model'},
+  {'ckpt-every', 0, 'steps between --ckpt checkpoints (0: at the end of each model only)'},
+  {'resume', '', 'continue the run of this --ckpt checkpoint: its flags (except those given here) and its state'},
+  {'stop-after', 0, 'end after this many steps (counted over the models in order) as if cut off there; --ckpt is written first'},
   {'tiny', false, 'a tiny configuration that runs on the CPU in seconds (smoke test)'},
 }, {usage = 'gpush scripts/titans.lua [flags]', description = 'Titans MAC vs sliding-window attention.'})
+
+-- a resumed run takes the flags it was started with, except those given again
+local resume_meta
+if o.resume ~= '' then
+  local _, meta = gp.load(o.resume, {meta_only = true})
+  if type(meta.args) ~= 'table' or type(meta.titans) ~= 'table' then
+    error('titans: ' .. o.resume .. ' is not a --ckpt checkpoint of this script')
+  end
+  gp.train.resume_args(o, meta.args, {'resume', 'stop-after'})
+  resume_meta = meta.titans
+end
 
 if o.device ~= '' then gp.set_device(o.device) end
 local recall = o.task == 'recall'
@@ -67,8 +84,24 @@ local bf16 = o.mixed_precision == 'bf16' and not o.tiny
 if o.mixed_precision ~= 'bf16' and o.mixed_precision ~= 'no' then error("--mixed-precision must be 'bf16' or 'no'") end
 if cfg.seq_len % cfg.chunk ~= 0 then error(string.format('--seq-len %d must be a multiple of --chunk-size %d', cfg.seq_len, cfg.chunk)) end
 
--- one training run; batch() -> x, y (B, T) i64 on the device
-local function train(model_kind, batch, tag)
+-- the recall task's host generator: math.random, counted so that a resumed
+-- run can bring it back to where it was (each call advances it one step)
+local rng_calls = 0
+local function rng(a, b)
+  rng_calls = rng_calls + 1
+  return math.random(a, b)
+end
+local function reseed_host(calls)
+  math.randomseed(o.seed)
+  for _ = 1, calls or 0 do math.random() end
+  rng_calls = calls or 0
+end
+
+-- one training run; batch() -> x, y (B, T) i64 on the device. phase: 1, 2 (the
+-- models in order: steps count on across them for --stop-after); done: the
+-- results of the models before it (kept in the checkpoint). Returns model,
+-- tokens/s, seconds, config, or nil when --stop-after cut the run off.
+local function train(model_kind, batch, tag, phase, done)
   gp.manual_seed(o.seed)
   local c = {}
   for k, v in pairs(cfg) do c[k] = v end
@@ -83,11 +116,26 @@ local function train(model_kind, batch, tag)
     '%d steps, lr %g, %s, %s%s', tag, model_kind, model:num_parameters(), c.dim, c.num_layers, c.num_heads, c.chunk, T, B,
     accum, steps, lr, model_kind == 'mac' and ('memory ' .. c.memory) or ('window ' .. c.chunk), gp.device(),
     bf16 and ', bf16' or ''))
+  local start = 0
+  if resume_meta and resume_meta.phase == model_kind then
+    start = gp.train.load_state(o.resume, {model = model, optimizer = opt})
+    reseed_host(resume_meta.rng_calls)
+    print(string.format('%s: resumed from %s after step %d', tag, o.resume, start))
+  end
+  local function save_ckpt(step)
+    if o.ckpt == '' then return end
+    local ts = gp.train.now()
+    gp.train.save_state(o.ckpt, {model = model, optimizer = opt, step = step,
+      meta = {args = gp.train.saved_args(o), config = c,
+              titans = {phase = model_kind, rng_calls = rng_calls, done = done or {}}}})
+    return gp.train.now() - ts
+  end
   local log = gp.train.logger {steps = steps, every = o.log_every, tokens_per_step = B * T * accum,
-                               file = o.log ~= '' and o.log or nil}
+                               file = o.log ~= '' and o.log or nil, start = start,
+                               append = resume_meta ~= nil or phase > 1}
   local t0 = gp.train.now()
   model:train()
-  for step = 1, steps do
+  for step = start + 1, steps do
     opt:zero_grad()
     for _ = 1, accum do
       local x, y = batch()
@@ -99,17 +147,26 @@ local function train(model_kind, batch, tag)
     if o.grad_clip > 0 then gp.optim.clip_grad_norm(opt, o.grad_clip) end
     opt:set_lr(sched(step))
     opt:step()
-    log:step(step, nil, opt:get_lr())
+    log:step(step, nil, opt:get_lr(), {model = model_kind})
     if o.out ~= '' and o.save_every > 0 and step % o.save_every == 0 and step < steps then
       local ts = gp.train.now()
       gp.save(o.out, model:state_dict(), {config = c, step = step})
       log:exclude(gp.train.now() - ts)
     end
+    local global = (phase - 1) * steps + step
+    if (o.ckpt_every > 0 and step % o.ckpt_every == 0) or step == steps or global == o.stop_after then
+      log:exclude(save_ckpt(step) or 0)
+    end
+    if global == o.stop_after then
+      log:finish()
+      print(string.format('stopped after step %d%s', global, o.ckpt ~= '' and ('; resume with --resume ' .. o.ckpt) or ''))
+      return nil
+    end
   end
   gp.sync()
   local dt = gp.train.now() - t0
   log:finish()
-  return model, steps * B * T * accum / dt, dt, c
+  return model, (steps - start) * B * T * accum / math.max(dt, 1e-9), dt, c
 end
 
 if not recall then
@@ -117,7 +174,8 @@ if not recall then
   local path = o.data ~= '' and o.data or (script_dir .. '/../data/corpus.txt')
   local ds = gp.data.text {path = path, vocab = 'bytes', val_fraction = 0}
   print(string.format('titans: %s, %d bytes', path, ds.text_len))
-  local model, tps, dt, c = train(o.model, function() return ds:batch('train', B, cfg.seq_len) end, 'titans')
+  local model, tps, dt, c = train(o.model, function() return ds:batch('train', B, cfg.seq_len) end, 'titans', 1)
+  if not model then return end
   print(string.format('final: %.0f tokens/s | %.1f s', tps, dt))
   if o.out ~= '' then
     gp.save(o.out, model:state_dict(), {config = c, step = steps})
@@ -136,7 +194,6 @@ local qstart = T - 2 * P -- the queries fill the end of the sequence
 if qstart - 2 * P < cfg.chunk then
   error(string.format('recall: --seq-len %d is too short: the queries must be more than a window (%d) after the pairs', T, cfg.chunk))
 end
-local rng = math.random
 local function recall_batch()
   local xs, ys = {}, {}
   for b = 1, B do
@@ -185,13 +242,17 @@ local function accuracy(model)
   return hit:item() / n:item()
 end
 
-math.randomseed(o.seed)
-local res = {}
-for _, kind in ipairs {'mac', 'swa'} do
-  math.randomseed(o.seed)
-  local model, tps, dt = train(kind, recall_batch, 'recall')
-  res[kind] = {acc = accuracy(model), tps = tps, dt = dt}
-  print(string.format('recall %s: accuracy %.3f | %.0f tokens/s | %.1f s', kind, res[kind].acc, tps, dt))
+local res = resume_meta and resume_meta.done or {}
+for phase, kind in ipairs {'mac', 'swa'} do
+  if res[kind] then -- trained before the run was resumed
+    print(string.format('recall %s: accuracy %.3f (before the resume)', kind, res[kind].acc))
+  else
+    reseed_host(0)
+    local model, tps, dt = train(kind, recall_batch, 'recall', phase, res)
+    if not model then return end
+    res[kind] = {acc = accuracy(model), tps = tps, dt = dt}
+    print(string.format('recall %s: accuracy %.3f | %.0f tokens/s | %.1f s', kind, res[kind].acc, tps, dt))
+  end
 end
 print(string.format('recall accuracy: mac %.3f | swa %.3f | chance %.3f (%d pairs, queries %d tokens after them, window %d)',
   res.mac.acc, res.swa.acc, 1 / NVAL, P, qstart - 2 * P, cfg.chunk))

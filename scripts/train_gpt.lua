@@ -6,7 +6,7 @@
 -- precision; on one GPU the whole step is a replayed CUDA graph.
 --
 --   gpush scripts/train_gpt.lua                       -- the seed config (4 layers, 128 wide; fewer steps on a CPU)
---   gpush scripts/train_gpt.lua --preset shakespeare_char --bf16   -- nanoGPT's shakespeare_char (6 layers, 384 wide)
+--   gpush scripts/train_gpt.lua --config shakespeare --bf16   -- nanoGPT's shakespeare_char (6 layers, 384 wide)
 --   gpush scripts/train_gpt.lua --tiny --plot out.png -- a CPU run of a few seconds, and its curves
 --   gpush scripts/train_gpt.lua --tokenizer gpt2      -- BPE tokens (GPT-2's vocabulary) instead of characters
 --   gpush scripts/train_gpt.lua --data input.txt --iters 5000 --bf16 --out gpt.safetensors --log train.jsonl
@@ -20,10 +20,17 @@
 -- data of one GPU with batch N x B; gradients are averaged over the ranks in
 -- buckets during backward (gp.dist.DDP). Only rank 0 prints, logs and saves.
 --
+-- Checkpoints to resume from: --ckpt FILE (--ckpt-every N) writes the model,
+-- AdamW's state, the step and the generator's state (the batches come from
+-- it) atomically; --resume FILE continues such a run exactly where it was:
+--
+--   gpush scripts/train_gpt.lua --iters 5000 --ckpt run.ckpt --ckpt-every 500
+--   gpush scripts/train_gpt.lua --resume run.ckpt     -- after a crash, a kill, a time limit
+--
 -- The loss stays on the device; the host reads it every --log-every steps.
 -- At the end: train and held-out loss, tokens/s, the unigram baseline (the
 -- entropy of the token distribution: what a model that ignores context would
--- score) and, for the shakespeare_char preset, nanoGPT's published
+-- score) and, for --config shakespeare, nanoGPT's published
 -- validation loss. --plot FILE draws the loss (train and held-out), the
 -- learning rate and tokens/s from the JSONL log (gnuplot).
 local gp = rawget(_G, 'gp') or require 'gpush'
@@ -32,12 +39,13 @@ local script_dir = (arg and arg[0] or 'scripts/train_gpt.lua'):match('^(.*)/[^/]
 
 -- nanoGPT's config/train_shakespeare_char.py, and its validation loss there
 -- (about 1.47 nats on tiny shakespeare, the last 10% of a 1.1 MB file)
-local PRESETS = {
-  shakespeare_char = {n_layer = 6, n_head = 6, n_embd = 384, block = 256, batch = 64, dropout = 0.2, lr = 1e-3,
+local CONFIGS = {
+  shakespeare = {n_layer = 6, n_head = 6, n_embd = 384, block = 256, batch = 64, dropout = 0.2, lr = 1e-3,
                       min_lr = 1e-4, warmup = 100, iters = 5000, beta2 = 0.99, weight_decay = 0.1, grad_clip = 1.0,
                       eval_every = 500, eval_iters = 200, log_every = 50, bias = false},
 }
-local REFERENCE = {shakespeare_char = 1.47}
+CONFIGS.shakespeare_char = CONFIGS.shakespeare
+local REFERENCE = {shakespeare = 1.47, shakespeare_char = 1.47}
 -- a CPU run of seconds (the test suite draws its picture)
 local TINY = {n_layer = 2, n_head = 2, n_embd = 32, block = 32, batch = 8, iters = 150, eval_every = 50, eval_iters = 4,
               log_every = 10, lr = 3e-3}
@@ -45,7 +53,7 @@ local TINY = {n_layer = 2, n_head = 2, n_embd = 32, block = 32, batch = 8, iters
 local o = gp.args.parse(arg, {
   {'data', '', 'a text file, shakespeare or corpus (default: the Shakespeare corpus of `make models` when present, else data/corpus.txt)'},
   {'tokenizer', '', 'BPE tokens instead of characters: a short name (gpt2, smollm2), a tokenizer.json, a Hugging Face directory or a .gguf file'},
-  {'preset', '', 'a named config: shakespeare_char (nanoGPT\'s: 6 layers, 384 wide, 6 heads, block 256, dropout 0.2, 5000 steps of 64); flags given override it'},
+  {'config', '', 'a named config: shakespeare (nanoGPT\'s shakespeare_char: 6 layers, 384 wide, 6 heads, block 256, dropout 0.2, lr 1e-3, 5000 steps of 64); flags given override it'},
   {'tiny', false, 'a tiny config that trains in seconds on a CPU (2 layers, 32 wide, 150 steps)'},
   {'plot', '', 'draw the curves (loss, held-out loss, lr, tokens/s) into this .png or .svg (gnuplot); the log goes beside it unless --log'},
   {'n-embd', 128, 'embedding width'},
@@ -53,7 +61,7 @@ local o = gp.args.parse(arg, {
   {'n-head', 4, 'attention heads'},
   {'block', 64, 'context length (tokens)'},
   {'batch', 16, 'sequences per micro-batch'},
-  {'iters', 1000, 'optimizer steps (on a CPU without --preset or --tiny: 200)'},
+  {'iters', 1000, 'optimizer steps (on a CPU without --config or --tiny: 200)'},
   {'lr', 3e-4, 'peak learning rate'},
   {'min-lr', -1, 'final learning rate of the cosine schedule (default lr/10)'},
   {'warmup', -1, 'warmup steps (default min(100, iters/10))'},
@@ -74,6 +82,10 @@ local o = gp.args.parse(arg, {
   {'eval-every', 200, 'estimate train and validation loss every N steps (0: only at the end)'},
   {'eval-iters', 20, 'batches per loss estimate'},
   {'out', '', 'write a checkpoint here (gp.save; the config and step in the metadata)'},
+  {'ckpt', '', 'a training checkpoint to resume from (model, optimizer, step, random state: gp.train.save_state), written every --ckpt-every steps and at the end'},
+  {'ckpt-every', 0, 'steps between --ckpt checkpoints (0: at the end only)'},
+  {'resume', '', 'continue the run of this --ckpt checkpoint: its flags (except those given here) and its state; the loss curve goes on exactly'},
+  {'stop-after', 0, 'end after this step as if cut off there (with --ckpt, the checkpoint is written first)'},
   {'log', '', 'write a JSONL record of every logged step here'},
   {'model', '', 'a Lua file returning function(gp, config) -> model (default: gp.nn.GPT)'},
   {'quiet', false, 'no progress lines'},
@@ -82,10 +94,18 @@ local o = gp.args.parse(arg, {
   {'graph', true, 'on one GPU, capture the training step (batch, forward, backward, clip, AdamW) as a CUDA graph after one eager step and replay it (--no-graph: eager steps)'},
 }, {usage = 'gpush scripts/train_gpt.lua [flags]', description = 'Train a GPT on text (character level or BPE).'})
 
-if o.preset ~= '' then
-  gp.args.preset(o, PRESETS[o.preset] or error(string.format("--preset: unknown preset '%s' (shakespeare_char)", o.preset)))
+if o.config ~= '' then
+  gp.args.preset(o, CONFIGS[o.config] or error(string.format("--config: unknown config '%s' (shakespeare)", o.config)))
 end
 if o.tiny then gp.args.preset(o, TINY) end
+
+-- a resumed run takes the flags it was started with, except those given again
+local OWN_FLAGS = {'resume', 'stop-after', 'nproc'}
+if o.resume ~= '' then
+  local _, meta = gp.load(o.resume, {meta_only = true})
+  if type(meta.args) ~= 'table' then error('train_gpt: ' .. o.resume .. ' has no flags stored (not a --ckpt checkpoint)') end
+  gp.train.resume_args(o, meta.args, OWN_FLAGS)
+end
 
 local dist = gp.dist
 if o.nproc > 1 and not dist.launched() then
@@ -94,7 +114,7 @@ end
 
 if o.device ~= '' then gp.set_device(o.device) end
 -- the CPU default: the seed config for fewer steps (about 4 minutes on 2 cores, not 20)
-if gp.device() == 'cpu' and o.preset == '' and not o.tiny then gp.args.preset(o, {iters = 200, eval_every = 100}) end
+if gp.device() == 'cpu' and o.config == '' and not o.tiny and o.resume == '' then gp.args.preset(o, {iters = 200, eval_every = 100}) end
 local world = dist.world_size()
 if world > 1 then dist.init {backend = gp.device() == 'cuda' and 'nccl' or 'tcp'} end
 local main = dist.rank() == 0
@@ -141,7 +161,7 @@ end
 local nparams = 0
 for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
 say('data: ' .. ds.description)
-say(string.format('train_gpt: %s, vocab %d (%s), %d parameters, device %s%s', o.preset ~= '' and ('preset ' .. o.preset) or
+say(string.format('train_gpt: %s, vocab %d (%s), %d parameters, device %s%s', o.config ~= '' and ('config ' .. o.config) or
   (o.tiny and 'tiny' or 'seed config'), ds.vocab_size, tok and string.format('%s, %.2f bytes a token', tostring(tok.path or
   o.tokenizer), ds.bytes_per_token) or 'characters', nparams, gp.device(), o.bf16 and ', bf16' or ''))
 say(string.format('  n_layer %d, n_head %d, n_embd %d, block %d, batch %d x %d accum, %d steps, lr %g',
@@ -158,10 +178,6 @@ local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, o.beta2}, weight_dec
 local warmup = o.warmup >= 0 and o.warmup or math.min(100, math.floor(o.iters / 10))
 local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.min_lr >= 0 and o.min_lr or o.lr / 10, warmup = warmup,
                                          max_steps = o.iters}
-local log_path = o.log ~= '' and o.log or (o.plot ~= '' and gp.plot.log_path(o.plot)) or nil
-local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * world * T * accum,
-                             file = main and log_path or nil, print = not o.quiet}
-
 -- mean loss over eval_iters batches of a split, read once
 local function estimate(split)
   local acc
@@ -210,12 +226,31 @@ local function mean_loss_step()
 end
 local graph
 
+-- training checkpoints (rank 0): everything a resumed run needs, written atomically
+local function save_ckpt(step)
+  if not main or o.ckpt == '' then return 0 end
+  local t0 = gp.train.now()
+  gp.train.save_state(o.ckpt, {model = model, optimizer = opt, step = step,
+                               meta = {args = gp.train.saved_args(o), config = config}})
+  return gp.train.now() - t0
+end
+local start = 0
+if o.resume ~= '' then
+  start = gp.train.load_state(o.resume, {model = model, optimizer = opt})
+  say(string.format('  resumed from %s after step %d', o.resume, start))
+end
+local log_path = o.log ~= '' and o.log or (o.plot ~= '' and gp.plot.log_path(o.plot)) or nil
+local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * world * T * accum,
+                             file = main and log_path or nil, print = not o.quiet,
+                             start = start, append = start > 0}
+
 model:train()
 local t_start = gp.train.now()
 local excluded = 0
-for step = 1, o.iters do
+local last = o.stop_after > 0 and math.min(o.stop_after, o.iters) or o.iters
+for step = start + 1, last do
   opt:set_lr(sched(step))
-  if use_graph and step > 1 then
+  if use_graph and step > start + 1 then
     graph = graph or opt:capture(mean_loss_step)
     opt:prepare_replay()
     log:add(graph:replay())
@@ -232,10 +267,21 @@ for step = 1, o.iters do
     log:print(string.format('step %d: train loss %.4f, val loss %s', step, tr, va and string.format('%.4f', va) or '-'))
     log:write {step = step, train_loss = tr, val_loss = va}
   end
+  if (o.ckpt_every > 0 and step % o.ckpt_every == 0) or step == last then
+    local dt = save_ckpt(step)
+    log:exclude(dt)
+    excluded = excluded + dt
+  end
+end
+if last < o.iters then -- --stop-after: cut off here, as a killed run would be
+  log:finish()
+  say(string.format('stopped after step %d of %d%s', last, o.iters, o.ckpt ~= '' and ('; resume with --resume ' .. o.ckpt) or ''))
+  if world > 1 then dist.barrier(); dist.destroy() end
+  return
 end
 gp.sync()
 local train_time = gp.train.now() - t_start - excluded
-local tokens_per_s = o.iters * B * world * T * accum / train_time
+local tokens_per_s = (o.iters - start) * B * world * T * accum / train_time
 
 if graph then graph:free() end
 local tr, va = evaluate()
@@ -244,11 +290,11 @@ log:write {step = o.iters, train_loss = tr, val_loss = va, tokens_per_s = tokens
 log:finish()
 say(string.format('final: train loss %.4f | val loss %s | unigram baseline %.4f nats | %.0f tokens/s | %.1f s',
   tr, va and string.format('%.4f', va) or '-', ds.unigram_entropy, tokens_per_s, train_time))
-local ref = not tok and REFERENCE[o.preset] or nil
+local ref = not tok and REFERENCE[o.config] or nil
 if va then
   say(string.format('held-out loss %.4f nats per %s (%.4f per byte) on %s: %.4f below the unigram baseline (%.4f)%s',
     va, tok and 'token' or 'character', va / ds.bytes_per_token, ds.name, ds.unigram_entropy - va, ds.unigram_entropy,
-    ref and string.format('; nanoGPT %s reaches about %.2f on tiny shakespeare (%s)', o.preset, ref,
+    ref and string.format('; nanoGPT %s reaches about %.2f on tiny shakespeare (%s)', o.config, ref,
       va <= ref + 0.03 and 'matched' or string.format('%+.3f from it', va - ref)) or ''))
 end
 
@@ -258,7 +304,7 @@ local function draw(path)
   for _, r in ipairs(recs) do if r.final then final = r else steps[#steps + 1] = r end end
   local S = gp.plot.series
   local hl = {{y = ds.unigram_entropy, title = string.format('unigram baseline %.2f', ds.unigram_entropy)}}
-  if ref then hl[2] = {y = ref, title = string.format('nanoGPT %s %.2f', o.preset, ref), color = '#aa0000'} end
+  if ref then hl[2] = {y = ref, title = string.format('nanoGPT %s %.2f', o.config, ref), color = '#aa0000'} end
   local loss = {S(steps, 'step', 'loss', {title = 'train (batch)'}),
                 S(recs, 'step', 'train_loss', {title = 'train (estimate)', style = 'linespoints'}),
                 S(recs, 'step', 'val_loss', {title = 'held-out', style = 'linespoints'})}

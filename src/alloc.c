@@ -27,7 +27,10 @@
 
 #include "internal.h"
 
-#define NCLASS 256
+/* classes: 512 B, then four a power of two from 2^9 up to 2^(CLASS_MAX_P + 1)
+ * bytes (256 TiB); larger requests are refused before any class arithmetic */
+#define CLASS_MAX_P 47
+#define NCLASS (1 + (CLASS_MAX_P - 9 + 1) * 4)
 
 typedef struct block {
   void *ptr;
@@ -41,10 +44,22 @@ static block *spare_nodes;
 static block *pending;           /* freed while streams were in use */
 #define PENDING_MAX ((int64_t)256 << 20)
 
+/* the bytes of class c (0 <= c < NCLASS) */
+static size_t class_bytes(int c) {
+  if (c <= 0) return 512;
+  int p = (c - 1) / 4 + 9, k = (c - 1) % 4 + 5;
+  return (size_t)k << (p - 2);
+}
+
+/* the class of an n-byte request and its bytes; *cls = NCLASS when n is too large for any */
 static size_t size_class(size_t n, int *cls) {
   if (n <= 512) {
     *cls = 0;
     return 512;
+  }
+  if (n - 1 >= (size_t)1 << (CLASS_MAX_P + 1)) {
+    *cls = NCLASS;
+    return 0;
   }
   int p = 63 - __builtin_clzll((unsigned long long)(n - 1));
   size_t step = (size_t)1 << (p - 2);
@@ -333,11 +348,7 @@ void gp_alloc_release_pending(void) {
 int gp_empty_cache(void) {
   if (pending) GP_TRY(gp_cuda_device_sync("empty_cache"));
   for (int c = 0; c < NCLASS; c++) {
-    size_t sz = c == 0 ? 512 : 0;
-    if (c > 0) {
-      int p = (c - 1) / 4 + 9, k = (c - 1) % 4 + 5;
-      sz = (size_t)k << (p - 2);
-    }
+    size_t sz = class_bytes(c);
     while (free_list[c]) {
       block *b = free_list[c];
       free_list[c] = b->next;
@@ -356,7 +367,7 @@ int gp_memory_stats(gp_memstats *out) {
   *out = S;
   out->largest_cached = 0;
   for (int c = NCLASS - 1; c >= 0 && !out->largest_cached; c--)
-    if (free_list[c]) out->largest_cached = c == 0 ? 512 : (int64_t)((c - 1) % 4 + 5) << ((c - 1) / 4 + 7);
+    if (free_list[c]) out->largest_cached = (int64_t)class_bytes(c);
   return GP_OK;
 }
 

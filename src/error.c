@@ -32,6 +32,15 @@ int gp_error_oom(const char *fmt, ...) {
 }
 
 const char *gp_last_error(void) { return g_err; }
+
+volatile sig_atomic_t gp_interrupt_flag;
+void gp_interrupt(void) { gp_interrupt_flag = 1; }
+int gp_interrupt_pending(void) { return gp_interrupt_flag != 0; }
+void gp_interrupt_clear(void) { gp_interrupt_flag = 0; }
+int gp_interrupted(const char *op) {
+  gp_interrupt_flag = 0;
+  return gp_error("%s: interrupted", op);
+}
 const char *gp_version(void) { return GP_VERSION; }
 
 const char *gp_device_name(int d) { return d == GP_CUDA ? "cuda" : d == GP_CPU ? "cpu" : "?"; }

@@ -84,6 +84,13 @@ typedef struct gp_memstats {
 
 /* ---- errors, versions, devices ---- */
 const char *gp_last_error(void);
+/* Ctrl-C: gp_interrupt() (async-signal-safe; the prompt's SIGINT handler
+ * calls it) asks the running CPU kernel to stop: long kernels poll between
+ * blocks of work and fail with "NAME: interrupted", which clears the request.
+ * gp_interrupt_clear() drops a request no kernel has seen. */
+void gp_interrupt(void);
+int gp_interrupt_pending(void);
+void gp_interrupt_clear(void);
 const char *gp_version(void);
 int gp_cuda_available(void);      /* 1 when a CUDA device is usable */
 int gp_cuda_compiled(void);       /* 1 when built with the CUDA backend */
@@ -132,6 +139,9 @@ int gp_to_doubles(double *out, const gp_tensor *src, int64_t n);
 void gp_manual_seed(uint64_t seed);
 uint64_t gp_seed(void);
 uint64_t gp_rng_offset(void);
+/* the whole state (seed and counter offset), as gp_seed and gp_rng_offset read it:
+ * a resumed run draws the numbers the interrupted one would have drawn next */
+void gp_set_rng_state(uint64_t seed, uint64_t offset);
 
 /* ---- timing: events on the stream (CUDA events on the GPU, a host clock on the CPU) ---- */
 typedef struct gp_event gp_event;

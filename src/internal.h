@@ -2,6 +2,7 @@
 #ifndef GP_INTERNAL_H
 #define GP_INTERNAL_H
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <string.h>
@@ -38,11 +39,35 @@ const char *gp_device_name(int device);
     if (gp_rc_ != GP_OK) return gp_rc_; \
   } while (0)
 
+/* ---- Ctrl-C: long CPU kernels poll between blocks of work (gp_interrupt) ---- */
+extern volatile sig_atomic_t gp_interrupt_flag;
+/* clears the request and sets "op: interrupted"; returns GP_ERR */
+int gp_interrupted(const char *op);
+/* return "op: interrupted" from the calling function when Ctrl-C was pressed */
+#define GP_POLL_INTERRUPT(op)                              \
+  do {                                                     \
+    if (gp_interrupt_flag) return gp_interrupted(op);      \
+  } while (0)
+
 /* ---- memory ---- */
 int gp_alloc(void **ptr, size_t *alloc_bytes, size_t nbytes, int device);
 void gp_free(void *ptr, size_t alloc_bytes, int device);
 /* A scratch tensor owned by the caller (freed with gp_tensor_free). */
 int gp_tensor_scratch(gp_tensor **out, int dtype, int device, int ndim, const int64_t *shape);
+
+/* ---- replacing files atomically (atomic.c) ----
+ * open: a new file that will replace path (no_tmpfile: always the mkstemp
+ * way, for tests); write; commit: fsync, rename over path, fsync the
+ * directory; abort: remove it. After commit or abort, a holds nothing; on an
+ * error, commit has aborted. op names the caller in messages. */
+typedef struct gp_afile {
+  int fd, named;
+  char *dir, *tmp, *path;
+} gp_afile;
+int gp_afile_open(gp_afile *a, const char *path, const char *op, int no_tmpfile);
+int gp_afile_write(gp_afile *a, const void *buf, size_t n, const char *op);
+int gp_afile_commit(gp_afile *a, const char *op);
+void gp_afile_abort(gp_afile *a);
 
 /* ---- geometry helpers ---- */
 /* the columns of GP_DTYPES (gpush.h); 0 for no dtype */
@@ -61,8 +86,10 @@ static inline int gp_dtype_cpu_only(int dt) { GP_DTYPE_COLUMN_(cpu_only) }
 #undef GP_DTYPE_CASE_is_float
 #undef GP_DTYPE_CASE_is_int
 #undef GP_DTYPE_CASE_cpu_only
+/* the address of the first element; NULL for a tensor whose storage holds no
+ * bytes (arithmetic on a null pointer is undefined even with offset 0) */
 static inline void *gp_ptr(const gp_tensor *t) {
-  return t->data + t->offset * (int64_t)gp_elsize(t->dtype);
+  return t->data ? t->data + t->offset * (int64_t)gp_elsize(t->dtype) : NULL;
 }
 int gp_same_shape(const gp_tensor *a, const gp_tensor *b);
 /* strides that broadcast src to (ndim, shape) (0 on broadcast dims); GP_ERR if impossible */
@@ -81,6 +108,12 @@ typedef struct gp_loop {
 int gp_loop_init(gp_loop *L, const char *op, int nops, const gp_tensor *const *ops);
 /* all operands dense in the same order (every stride run is the contiguous one) */
 int gp_loop_is_flat(const gp_loop *L);
+
+/* an error (naming op) unless a tensor may have this shape: at most
+ * GP_MAX_DIMS sizes >= 0 whose non-zero product stays below 2^59 */
+int gp_check_shape(const char *op, int ndim, const int64_t *shape);
+/* 1 when two indices of t reach one element (a write through t is ambiguous) */
+int gp_overlaps_itself(const gp_tensor *t);
 
 /* ---- argument specs (kernels/README.md) ---- */
 int gp_check(const char *op, const char *spec, int n, const gp_tensor *const *ts);

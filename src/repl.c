@@ -16,13 +16,22 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gpush.h"
+
 static lua_State *g_L;               /* the state the prompt runs in */
 static volatile sig_atomic_t g_at_prompt, g_sigint, g_installed;
 static int g_complete_ref = LUA_NOREF; /* Lua function(text) -> {candidates} */
 
+/* Ctrl-C reaches running code two ways: a hook raises "interrupted" at the
+ * next Lua instruction the interpreter runs, and gp_interrupt() makes the
+ * running CPU kernel stop within its current block of work ("matmul:
+ * interrupted"). Whichever comes first consumes the request; the hook then
+ * only removes itself. */
 static void interrupt_hook(lua_State *L, lua_Debug *ar) {
   (void)ar;
   lua_sethook(L, NULL, 0, 0);
+  if (!gp_interrupt_pending()) return; /* a kernel has already turned it into an error */
+  gp_interrupt_clear();
   luaL_error(L, "interrupted");
 }
 
@@ -32,6 +41,7 @@ static void on_sigint(int sig) {
     g_sigint = 1; /* read() returns EINTR; prompt_getc ends the line */
     return;
   }
+  gp_interrupt();
   if (g_L) lua_sethook(g_L, interrupt_hook, LUA_MASKCALL | LUA_MASKRET | LUA_MASKLINE | LUA_MASKCOUNT, 1);
 }
 
@@ -124,6 +134,7 @@ static int l_readline(lua_State *L) {
   g_sigint = 0;
   g_cancel = 0;
   lua_sethook(L, NULL, 0, 0);
+  gp_interrupt_clear();
   rl_catch_signals = 0;
   rl_getc_function = prompt_getc;
   g_at_prompt = 1;
@@ -185,12 +196,14 @@ static int l_run_begin(lua_State *L) {
   install_handler();
   g_L = L;
   g_at_prompt = 0;
+  gp_interrupt_clear();
   return 0;
 }
 
-/* run_end(): drop a hook set by a Ctrl-C that came after the code finished */
+/* run_end(): drop a hook (and a kernel's stop request) set by a Ctrl-C that came after the code finished */
 static int l_run_end(lua_State *L) {
   lua_sethook(L, NULL, 0, 0);
+  gp_interrupt_clear();
   return 0;
 }
 

@@ -10,7 +10,6 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <unistd.h>
 
 #include "internal.h"
 
@@ -87,10 +86,14 @@ static int parse_entry(st_entry *e, const cJSON *item, uint64_t data_size, const
     if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 9e15 || v->valuedouble != (double)(int64_t)v->valuedouble)
       return gp_error("load: %s: tensor '%s' has a bad size at dim %d", path, nm, d + 1);
     e->shape[d] = (int64_t)v->valuedouble;
-    if (e->shape[d] && numel > UINT64_MAX / 16 / (uint64_t)e->shape[d])
-      return gp_error("load: %s: tensor '%s' is too large", path, nm);
-    numel *= (uint64_t)e->shape[d];
   }
+  /* the shape a tensor may have (the one rule, src/tensor.c): gp.load makes one of it */
+  if (gp_check_shape("load", e->ndim, e->shape) != GP_OK) {
+    char why[256];
+    snprintf(why, sizeof why, "%s", gp_last_error()); /* not the buffer gp_error writes */
+    return gp_error("load: %s: tensor '%s' has a shape no tensor can have (%s)", path, nm, why);
+  }
+  for (int d = 0; d < e->ndim; d++) numel *= (uint64_t)e->shape[d];
   if (!cJSON_IsArray(off) || cJSON_GetArraySize(off) != 2)
     return gp_error("load: %s: tensor '%s' has bad data_offsets", path, nm);
   double b = cJSON_GetArrayItem(off, 0)->valuedouble, en = cJSON_GetArrayItem(off, 1)->valuedouble;
@@ -104,6 +107,22 @@ static int parse_entry(st_entry *e, const cJSON *item, uint64_t data_size, const
     return gp_error("load: %s: tensor '%s' has %llu bytes of data but its shape and dtype need %llu", path, nm,
                     (unsigned long long)(e->end - e->begin), (unsigned long long)(numel * (uint64_t)gp_elsize(e->dtype)));
   return GP_OK;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* an error when two of the n strings are equal */
+static int check_unique(char *const *strs, int n, const char *what, const char *path) {
+  char **s = malloc(sizeof *s * ((size_t)n + 1));
+  if (!s) return gp_error_oom("load: out of host memory");
+  memcpy(s, strs, sizeof *s * (size_t)n);
+  qsort(s, (size_t)n, sizeof *s, cmp_str);
+  int rc = GP_OK;
+  for (int i = 1; i < n && rc == GP_OK; i++)
+    if (!strcmp(s[i - 1], s[i]))
+      rc = gp_error("load: %s: %s '%s' appears more than once in the header", path, what, s[i]);
+  free(s);
+  return rc;
 }
 
 int gp_st_open(gp_st **out, const char *path) {
@@ -155,7 +174,7 @@ int gp_st_open(gp_st **out, const char *path) {
     rc = gp_error("load: %s: the header is not a JSON object", path);
     goto done;
   }
-  int cnt = cJSON_GetArraySize(root);
+  int cnt = cJSON_GetArraySize(root), seen_meta = 0;
   st->e = calloc((size_t)cnt + 1, sizeof *st->e);
   if (!st->e) {
     rc = gp_error_oom("load: out of host memory");
@@ -164,6 +183,10 @@ int gp_st_open(gp_st **out, const char *path) {
   for (const cJSON *it = root->child; it; it = it->next) {
     if (!it->string) continue;
     if (!strcmp(it->string, "__metadata__")) {
+      if (seen_meta++) { /* JSON allows it, but which one would count? */
+        rc = gp_error("load: %s: the header has more than one __metadata__ object", path);
+        goto done;
+      }
       if (!cJSON_IsObject(it)) {
         rc = gp_error("load: %s: __metadata__ is not an object", path);
         goto done;
@@ -175,7 +198,7 @@ int gp_st_open(gp_st **out, const char *path) {
         rc = gp_error_oom("load: out of host memory");
         goto done;
       }
-      for (const cJSON *kv = it->child; kv; kv = kv->next) {
+      for (const cJSON *kv = it->child; kv && st->nmeta < m; kv = kv->next) {
         if (!kv->string || !cJSON_IsString(kv)) {
           rc = gp_error("load: %s: metadata values must be strings", path);
           goto done;
@@ -183,13 +206,34 @@ int gp_st_open(gp_st **out, const char *path) {
         st->meta_k[st->nmeta] = strdup(kv->string);
         st->meta_v[st->nmeta] = strdup(kv->valuestring);
         st->nmeta++;
+        if (!st->meta_k[st->nmeta - 1] || !st->meta_v[st->nmeta - 1]) {
+          rc = gp_error_oom("load: out of host memory");
+          goto done;
+        }
       }
+      if ((rc = check_unique(st->meta_k, st->nmeta, "metadata key", path)) != GP_OK) goto done;
       continue;
     }
+    if (st->n >= cnt) break;
     st_entry *e = &st->e[st->n];
     if ((rc = parse_entry(e, it, st->data_size, path)) != GP_OK) goto done;
-    e->name = strdup(it->string);
+    if (!(e->name = strdup(it->string))) {
+      rc = gp_error_oom("load: out of host memory");
+      goto done;
+    }
     st->n++;
+  }
+  /* every name once (JSON allows repeated keys; the last one would silently win) */
+  {
+    char **names = malloc(sizeof *names * ((size_t)st->n + 1));
+    if (!names) {
+      rc = gp_error_oom("load: out of host memory");
+      goto done;
+    }
+    for (int i = 0; i < st->n; i++) names[i] = st->e[i].name;
+    rc = check_unique(names, st->n, "tensor", path);
+    free(names);
+    if (rc != GP_OK) goto done;
   }
   /* no two tensors may share bytes */
   st_entry *sorted = malloc(sizeof *sorted * ((size_t)st->n + 1));
@@ -256,15 +300,28 @@ int gp_st_read(gp_st *st, int i, gp_tensor *out) {
 
 int gp_st_save(const char *path, int n, const char *const *names, const gp_tensor *const *ts, int nmeta,
                const char *const *keys, const char *const *values) {
-  if (!path || n < 0 || (n && (!names || !ts)) || nmeta < 0) return gp_error("save: bad arguments");
+  if (!path || n < 0 || (n && (!names || !ts)) || nmeta < 0 || (nmeta && (!keys || !values)))
+    return gp_error("save: bad arguments");
   cJSON *root = cJSON_CreateObject();
-  char *json = NULL, *tmp = NULL;
-  FILE *f = NULL;
+  char *json = NULL;
   int rc = GP_OK;
   if (!root) return gp_error_oom("save: out of host memory");
   if (nmeta > 0) {
     cJSON *m = cJSON_AddObjectToObject(root, "__metadata__");
-    for (int i = 0; m && i < nmeta; i++) cJSON_AddStringToObject(m, keys[i], values[i]);
+    for (int i = 0; i < nmeta; i++) {
+      if (!keys[i] || !values[i]) {
+        rc = gp_error("save: metadata entry %d is null", i + 1);
+        goto done;
+      }
+      if (m && cJSON_GetObjectItemCaseSensitive(m, keys[i])) {
+        rc = gp_error("save: the metadata key '%s' appears twice", keys[i]);
+        goto done;
+      }
+      if (!m || !cJSON_AddStringToObject(m, keys[i], values[i])) {
+        rc = gp_error_oom("save: out of host memory");
+        goto done;
+      }
+    }
   }
   uint64_t off = 0;
   for (int i = 0; i < n; i++) {
@@ -273,16 +330,23 @@ int gp_st_save(const char *path, int n, const char *const *names, const gp_tenso
       rc = gp_error("save: tensor '%s' must be a contiguous cpu tensor", names[i] ? names[i] : "?");
       goto done;
     }
+    if (!strcmp(names[i], "__metadata__")) {
+      rc = gp_error("save: a tensor cannot be named '__metadata__' (the format keeps that name for the metadata)");
+      goto done;
+    }
     if (cJSON_GetObjectItemCaseSensitive(root, names[i])) {
       rc = gp_error("save: the name '%s' appears twice", names[i]);
       goto done;
     }
     cJSON *e = cJSON_AddObjectToObject(root, names[i]);
-    cJSON_AddStringToObject(e, "dtype", st_dtype_name(t->dtype));
-    cJSON *sh = cJSON_AddArrayToObject(e, "shape");
+    cJSON *sh = e ? cJSON_AddArrayToObject(e, "shape") : NULL;
+    cJSON *o = e ? cJSON_AddArrayToObject(e, "data_offsets") : NULL;
+    if (!sh || !o || !cJSON_AddStringToObject(e, "dtype", st_dtype_name(t->dtype))) {
+      rc = gp_error_oom("save: out of host memory");
+      goto done;
+    }
     for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
     uint64_t nb = (uint64_t)gp_numel(t) * (uint64_t)gp_elsize(t->dtype);
-    cJSON *o = cJSON_AddArrayToObject(e, "data_offsets");
     cJSON_AddItemToArray(o, cJSON_CreateNumber((double)off));
     cJSON_AddItemToArray(o, cJSON_CreateNumber((double)(off + nb)));
     off += nb;
@@ -292,40 +356,23 @@ int gp_st_save(const char *path, int n, const char *const *names, const gp_tenso
     rc = gp_error_oom("save: out of host memory");
     goto done;
   }
-  /* write to a temporary file beside the target, then rename: a failed save never clobbers */
+  /* a new file that replaces path only once it is complete and on disk (atomic.c) */
   size_t hl = strlen(json), pad = (8 - hl % 8) % 8;
-  tmp = malloc(strlen(path) + 16);
-  if (!tmp) {
-    rc = gp_error_oom("save: out of host memory");
-    goto done;
-  }
-  sprintf(tmp, "%s.tmp%d", path, (int)getpid());
-  f = fopen(tmp, "wb");
-  if (!f) {
-    rc = gp_error("save: cannot write %s: %s", path, strerror(errno));
-    goto done;
-  }
   uint64_t total = hl + pad;
   unsigned char lenb[8];
   for (int i = 0; i < 8; i++) lenb[i] = (unsigned char)(total >> (8 * i));
-  int ok = fwrite(lenb, 1, 8, f) == 8 && fwrite(json, 1, hl, f) == hl;
-  for (size_t i = 0; ok && i < pad; i++) ok = fputc(' ', f) != EOF;
-  for (int i = 0; ok && i < n; i++) {
+  gp_afile af;
+  if ((rc = gp_afile_open(&af, path, "save", 0)) != GP_OK) goto done;
+  rc = gp_afile_write(&af, lenb, 8, "save");
+  if (rc == GP_OK) rc = gp_afile_write(&af, json, hl, "save");
+  if (rc == GP_OK && pad) rc = gp_afile_write(&af, "        ", pad, "save");
+  for (int i = 0; rc == GP_OK && i < n; i++) {
     size_t nb = (size_t)gp_numel(ts[i]) * (size_t)gp_elsize(ts[i]->dtype);
-    ok = nb == 0 || fwrite(gp_ptr(ts[i]), 1, nb, f) == nb;
+    if (nb) rc = gp_afile_write(&af, gp_ptr(ts[i]), nb, "save");
   }
-  if (fclose(f) != 0) ok = 0;
-  f = NULL;
-  if (!ok || rename(tmp, path) != 0) {
-    rc = gp_error("save: writing %s failed: %s", path, strerror(errno));
-    remove(tmp);
-  }
+  if (rc == GP_OK) rc = gp_afile_commit(&af, "save");
+  else gp_afile_abort(&af);
 done:
-  if (f) {
-    fclose(f);
-    remove(tmp);
-  }
-  free(tmp);
   cJSON_free(json);
   cJSON_Delete(root);
   return rc;

@@ -23,6 +23,8 @@ static void contiguous_strides(int64_t *stride, int ndim, const int64_t *shape) 
 
 int gp_is_contiguous(const gp_tensor *t) {
   int64_t s = 1;
+  for (int i = 0; i < t->ndim; i++)
+    if (t->shape[i] == 0) return 1; /* no elements: any strides describe them (as PyTorch says) */
   for (int i = t->ndim - 1; i >= 0; i--) {
     if (t->shape[i] == 1) continue;
     if (t->stride[i] != s) return 0;
@@ -30,6 +32,10 @@ int gp_is_contiguous(const gp_tensor *t) {
   }
   return 1;
 }
+
+/* the rule every shape follows (tensors, views, and the files' readers) */
+static int check_shape(const char *op, int ndim, const int64_t *shape, int allow_neg1);
+int gp_check_shape(const char *op, int ndim, const int64_t *shape) { return check_shape(op, ndim, shape, 0); }
 
 static int check_shape(const char *op, int ndim, const int64_t *shape, int allow_neg1) {
   if (ndim < 0 || ndim > GP_MAX_DIMS)
@@ -253,7 +259,7 @@ int gp_narrow(gp_tensor *out, const gp_tensor *src, int dim, int64_t start, int6
   GP_TRY(check_alias("narrow", out, src));
   GP_TRY(check_dim("narrow", src, dim));
   char b[96];
-  if (start < 0 || length < 0 || start + length > src->shape[dim])
+  if (start < 0 || length < 0 || start > src->shape[dim] || length > src->shape[dim] - start) /* no overflow */
     return gp_error("narrow: start %lld, length %lld out of range for dim %d of size %lld (shape %s)",
                     (long long)start + 1, (long long)length, dim + 1, (long long)src->shape[dim],
                     gp_shape_str(src, b, sizeof b));
@@ -302,13 +308,19 @@ int gp_as_strided(gp_tensor *out, const gp_tensor *src, int ndim, const int64_t 
                   const int64_t *stride, int64_t offset) {
   GP_TRY(check_alias("as_strided", out, src));
   GP_TRY(check_shape("as_strided", ndim, shape, 0));
-  int64_t lo = offset, hi = offset, n = 1;
+  int64_t lo = offset, hi = offset, n = 1, ext;
+  int over = 0;
   for (int i = 0; i < ndim; i++) {
     n *= shape[i];
     if (shape[i] == 0) continue;
-    if (stride[i] >= 0) hi += (shape[i] - 1) * stride[i];
-    else lo += (shape[i] - 1) * stride[i];
+    over |= __builtin_mul_overflow(shape[i] - 1, stride[i], &ext);
+    over |= ext >= 0 ? __builtin_add_overflow(hi, ext, &hi) : __builtin_add_overflow(lo, ext, &lo);
   }
+  if (offset < 0 || offset > gp_storage_numel(src))
+    return gp_error("as_strided: offset %lld is outside a storage of %lld elements", (long long)offset,
+                    (long long)gp_storage_numel(src));
+  if (n > 0 && over)
+    return gp_error("as_strided: the strides reach past the range of 64-bit offsets");
   if (n > 0 && (lo < 0 || hi >= gp_storage_numel(src)))
     return gp_error("as_strided: the view reaches elements %lld..%lld of a storage of %lld",
                     (long long)lo, (long long)hi, (long long)gp_storage_numel(src));
@@ -453,6 +465,35 @@ typedef struct {
   int64_t star[GP_MAX_DIMS];
 } bindings;
 
+/* 1 when two different indices of t reach the same element, so that a write
+ * through t would be ambiguous (an expanded view, stride 0 on a dim of size
+ * > 1, or an as_strided view whose rows interleave). Dims sorted by |stride|:
+ * each must step past everything the smaller ones reach. This never misses an
+ * overlap; a few exotic as_strided views that do not overlap are reported too. */
+int gp_overlaps_itself(const gp_tensor *t) {
+  int64_t sz[GP_MAX_DIMS], st[GP_MAX_DIMS];
+  int n = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->shape[d] == 0) return 0;
+    if (t->shape[d] == 1) continue;
+    int64_t a = t->stride[d] >= 0 ? t->stride[d] : t->stride[d] == INT64_MIN ? INT64_MAX : -t->stride[d];
+    int i = n++;
+    for (; i > 0 && st[i - 1] > a; i--) {
+      st[i] = st[i - 1];
+      sz[i] = sz[i - 1];
+    }
+    st[i] = a;
+    sz[i] = t->shape[d];
+  }
+  int64_t reach = 0; /* the largest offset the dims so far reach */
+  for (int i = 0; i < n; i++) {
+    if (st[i] <= reach) return 1;
+    int64_t e;
+    if (__builtin_mul_overflow(sz[i] - 1, st[i], &e) || __builtin_add_overflow(reach, e, &reach)) return 1;
+  }
+  return 0;
+}
+
 int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *ts) {
   bindings B;
   for (int i = 0; i < 26; i++) B.by[i] = -1;
@@ -465,7 +506,8 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
   while (*p) {
     while (*p == ' ') p++;
     if (!*p) break;
-    if (*p == '&' || *p == '^') p++;
+    int is_out = *p == '&' || *p == '^';
+    if (is_out) p++;
     const char *name = p;
     while (*p && *p != ':') p++;
     int nlen = (int)(p - name);
@@ -580,6 +622,10 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
     if (*p == '/' && t->ndim > 0 && t->shape[t->ndim - 1] > 1 && t->stride[t->ndim - 1] != 1)
       return gp_error("%s: %s %s must have stride 1 on its last dim (call :contiguous() first)", op, names[k],
                       gp_shape_str(t, b1, sizeof b1));
+    if (is_out && gp_overlaps_itself(t))
+      return gp_error("%s: %s %s is a view whose elements overlap in memory (expanded: stride 0 on a dim of size > 1); "
+                      "results written through it would be ambiguous: write into a tensor of its own (clone() it)",
+                      op, names[k], gp_shape_str(t, b1, sizeof b1));
     while (*p && *p != ' ') p++;
     k++;
   }
@@ -594,6 +640,10 @@ static uint64_t g_seed = 0x2545F4914F6CDD1Dull, g_offset = 0;
 void gp_manual_seed(uint64_t seed) {
   g_seed = seed;
   g_offset = 0;
+}
+void gp_set_rng_state(uint64_t seed, uint64_t offset) {
+  g_seed = seed;
+  g_offset = offset;
 }
 uint64_t gp_seed(void) { return g_seed; }
 uint64_t gp_rng_offset(void) { return g_offset; }

@@ -27,6 +27,7 @@ gp.generate = gp.models.generate
 gp.optim = require 'gpush.train.optim'
 gp.data = require 'gpush.train.data'
 gp.train = require 'gpush.train.logger'
+for k, v in pairs(require 'gpush.train.state') do gp.train[k] = v end -- save_state, load_state, resume_args
 gp.dist = require 'gpush.train.dist'
 
 gp.titans = require 'gpush.experiments.titans'

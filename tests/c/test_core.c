@@ -3,7 +3,11 @@
  * compare the GPU with the CPU and are skipped without a GPU. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "../../kernels/gp_hd.h"
 
@@ -282,4 +286,61 @@ Test(cuda, allocator_caches) {
   cr_assert_eq(gp_empty_cache(), GP_OK);
   gp_memory_stats(&b);
   cr_assert_eq(b.cached_blocks, 0);
+}
+
+/* ---- atomic file replacement (src/atomic.c), both ways: O_TMPFILE and mkstemp ---- */
+
+static int count_entries(const char *dir) {
+  char cmd[512];
+  snprintf(cmd, sizeof cmd, "ls -A %s | wc -l", dir);
+  FILE *p = popen(cmd, "r");
+  int n = -1;
+  if (p && fscanf(p, "%d", &n) != 1) n = -1;
+  if (p) pclose(p);
+  return n;
+}
+
+Test(atomic, replace_commit_abort_and_errors) {
+  char dir[] = "/tmp/gp_atomic_XXXXXX";
+  cr_assert(mkdtemp(dir));
+  char path[600], bad[600];
+  snprintf(path, sizeof path, "%s/f.bin", dir);
+  snprintf(bad, sizeof bad, "%s/missing/f.bin", dir);
+  for (int way = 0; way < 2; way++) {
+    gp_afile a;
+    cr_assert_eq(gp_afile_open(&a, path, "t", way), GP_OK, "%s", gp_last_error());
+    cr_assert_eq(gp_afile_write(&a, "hello ", 6, "t"), GP_OK);
+    cr_assert_eq(gp_afile_write(&a, way ? "mkstemp" : "tmpfile", 7, "t"), GP_OK);
+    /* nothing at the target until the commit */
+    cr_assert_eq(count_entries(dir), way == 0 ? 0 : 2, "way %d", way); /* mkstemp: the temporary file has a name */
+    cr_assert_eq(gp_afile_commit(&a, "t"), GP_OK, "%s", gp_last_error());
+    FILE *f = fopen(path, "rb");
+    char buf[32] = {0};
+    cr_assert(f);
+    cr_assert_eq(fread(buf, 1, sizeof buf - 1, f), 13);
+    fclose(f);
+    cr_assert_str_eq(buf, way ? "hello mkstemp" : "hello tmpfile");
+    cr_assert_eq(count_entries(dir), 1, "only the target is left");
+    /* abort leaves the old file and nothing else */
+    cr_assert_eq(gp_afile_open(&a, path, "t", way), GP_OK);
+    cr_assert_eq(gp_afile_write(&a, "x", 1, "t"), GP_OK);
+    gp_afile_abort(&a);
+    cr_assert_eq(count_entries(dir), 1);
+    /* a missing directory, a name that ends in / */
+    cr_assert_neq(gp_afile_open(&a, bad, "t", way), GP_OK);
+    cr_assert(strstr(gp_last_error(), "missing"), "%s", gp_last_error());
+    cr_assert_neq(gp_afile_open(&a, "/tmp/", "t", way), GP_OK);
+  }
+  /* a directory as the target: the rename fails, the temporary file goes */
+  char sub[600];
+  snprintf(sub, sizeof sub, "%s/sub", dir);
+  cr_assert_eq(mkdir(sub, 0755), 0);
+  gp_afile a;
+  cr_assert_eq(gp_afile_open(&a, sub, "t", 1), GP_OK);
+  cr_assert_eq(gp_afile_write(&a, "x", 1, "t"), GP_OK);
+  cr_assert_neq(gp_afile_commit(&a, "t"), GP_OK);
+  cr_assert_eq(count_entries(dir), 2, "f.bin and sub only");
+  rmdir(sub);
+  unlink(path);
+  rmdir(dir);
 }

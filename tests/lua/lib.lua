@@ -3,6 +3,11 @@
 local gp = require 'gpush'
 local M = {cases = {}}
 
+-- the gpush binary running the tests (a sanitizer build runs itself in the
+-- tests that start gpush again), else build/gpush of the checkout
+M.root = rawget(_G, 'GPUSH_ROOT') or '.'
+M.exe = rawget(_G, 'GPUSH_EXE') or (M.root .. '/build/gpush')
+
 function M.test(name, fn) M.cases[#M.cases + 1] = {name = name, fn = fn, file = M.current_file} end
 function M.skip(reason) error({skip = reason}, 0) end
 function M.cuda() if not gp.cuda_available() then M.skip('no CUDA GPU') end end
@@ -51,6 +56,50 @@ function M.sh(cmd)
   f:close()
   local rc = tonumber(out:match('<rc=(%d+)>%s*$'))
   return out:gsub('<rc=%d+>%s*$', ''), rc
+end
+
+-- A training script's --ckpt/--resume (issue 26, M): `cmd` (gpush, the
+-- script and its flags) runs in one go with --log; then, for each K of
+-- `stops`, again with --ckpt and --stop-after K, and once more with --resume
+-- alone. Every loss the resumed run logs (keyed by its record's model and
+-- step) must equal the uninterrupted run's bit for bit, and together the two
+-- parts must log every step. Returns the number of losses compared.
+function M.check_resume(cmd, stops)
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute('mkdir -p ' .. d) == 0)
+  local function losses(path)
+    local r = {}
+    local f = io.open(path)
+    if not f then return r end
+    for line in f:lines() do
+      local rec = gp.json.decode(line)
+      if rec.loss and rec.step then r[tostring(rec.model or '') .. ':' .. rec.step] = rec.loss end
+    end
+    f:close()
+    return r
+  end
+  local out, rc = M.sh(string.format('%s --log %s/a.jsonl', cmd, d))
+  M.eq(rc, 0, out)
+  local full, compared = losses(d .. '/a.jsonl'), 0
+  for _, k in ipairs(stops) do
+    out, rc = M.sh(string.format('%s --log %s/b.jsonl --ckpt %s/b.ckpt --stop-after %d', cmd, d, d, k))
+    M.eq(rc, 0, out)
+    M.ok(out:find('stopped after step ' .. k, 1, true), out)
+    out, rc = M.sh(string.format('%s %s --resume %s/b.ckpt --log %s/c.jsonl', M.exe, cmd:match('^%S+%s+(.-%.lua)'), d, d))
+    M.eq(rc, 0, out)
+    local b, c = losses(d .. '/b.jsonl'), losses(d .. '/c.jsonl')
+    for key, l in pairs(full) do
+      local got = c[key] or b[key]
+      M.ok(got ~= nil, string.format('stop after %d: %s was not logged', k, key))
+      M.ok(got == l, string.format('stop after %d: %s: %.17g in one go, %.17g stopped and resumed', k, key, l, got or 0 / 0))
+      if c[key] then compared = compared + 1 end
+    end
+    os.execute(string.format('rm -f %s/b.jsonl %s/c.jsonl %s/b.ckpt', d, d, d))
+  end
+  os.execute('rm -rf ' .. d)
+  M.ok(compared > 0, 'nothing was resumed')
+  return compared
 end
 
 -- the elements of a tensor as a flat Lua list (row-major)

@@ -45,4 +45,20 @@ end
 print(string.format('lua tests: %.1f s of CPU', os.clock() - t0))
 print(string.format('%d passed, %d failed, %d skipped', passed, failed, skipped))
 io.stdout:flush()
+-- then the work the GPU still owes (an asynchronous error of the last case)
+-- and the finalizers of the cases' objects, each said before it is done: a
+-- failure there is a failed run, and a process that dies there (under a
+-- sanitizer, say) shows where it died
+for _, step in ipairs {{'collecting garbage (finalizers)', function() collectgarbage('collect') end},
+                       {'synchronizing the device', function() gp.sync() end}} do
+  io.stdout:write('lua tests: after the last case: ', step[1], '\n')
+  io.stdout:flush()
+  local ok, err = pcall(step[2])
+  if not ok then
+    failed = failed + 1
+    print('FAIL  (after the last case, ' .. step[1] .. ') ' .. tostring(err))
+    print(string.format('%d passed, %d failed, %d skipped', passed, failed, skipped))
+  end
+end
+io.stdout:flush()
 if failed > 0 then os.exit(1) end

@@ -4,7 +4,7 @@
 local T = require 'lib'
 
 local root = GPUSH_ROOT or '.'
-local exe = root .. '/build/gpush'
+local exe = T.exe
 local suite = root .. '/scripts/bench/suite.lua'
 
 -- every row label the suite prints (one per workload shape)

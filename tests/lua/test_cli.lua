@@ -2,7 +2,7 @@
 -- --version, --help, and a script error's traceback and exit status.
 local T = require 'lib'
 
-local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+local exe = T.exe
 local tmp = os.tmpname()
 
 -- run a shell command; returns its output and exit status

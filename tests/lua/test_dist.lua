@@ -5,7 +5,7 @@
 local T = require 'lib'
 
 local root = GPUSH_ROOT or '.'
-local exe = root .. '/build/gpush'
+local exe = T.exe
 local here = root .. '/tests/lua'
 local sh = T.sh
 

@@ -1,12 +1,7 @@
 -- Every examples/*.lua runs on the CPU (gpush --device cpu) and exits 0.
 local T = require 'lib'
 
-local function gpush_binary()
-  local p = io.popen('readlink /proc/$PPID/exe 2>/dev/null')
-  local exe = p and p:read('*l')
-  if p then p:close() end
-  return exe and exe ~= '' and exe or (GPUSH_ROOT .. '/build/gpush')
-end
+local function gpush_binary() return T.exe end
 
 local root = GPUSH_ROOT or '.'
 local files = {}

@@ -142,7 +142,7 @@ T.test('generate (cuda): greedy tokens equal the CPU ones; sampling runs', funct
 end)
 
 T.test('scripts/sample.lua: a train_gpt.lua checkpoint and --random, streamed, tokens/s', function()
-  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local exe = T.exe
   local ck = os.tmpname() .. '.safetensors'
   local out, rc = T.sh(exe .. ' --device cpu scripts/train_gpt.lua --iters 2 --n-embd 16 --n-layer 1 --n-head 2 --block 16' ..
     ' --batch 2 --eval-every 0 --eval-iters 1 --quiet --out ' .. ck)

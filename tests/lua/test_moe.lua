@@ -385,7 +385,7 @@ end)
 -- the script
 
 T.test('scripts/moe.lua --tiny: dense and MoE train, val losses, load histogram, inference mode', function()
-  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local exe = T.exe
   local script = (GPUSH_ROOT or '.') .. '/scripts/moe.lua'
   local out, rc = T.sh(exe .. ' --device cpu ' .. script .. ' --tiny')
   T.eq(rc, 0, out)
@@ -397,4 +397,9 @@ T.test('scripts/moe.lua --tiny: dense and MoE train, val losses, load histogram,
   T.eq(rc, 0, out)
   T.ok(out:find('dense: ', 1, true) and out:find('moe: ', 1, true), out)
   T.ok(out:find('tokens/s', 1, true), out)
+end)
+
+T.test('scripts/moe.lua --resume: stopped within each model and resumed, the losses equal one run (bitwise, cpu)', function()
+  local cmd = string.format('%s --device cpu %s/scripts/moe.lua --tiny --log-every 1 --quiet', T.exe, T.root)
+  T.check_resume(cmd, {5, 17}) -- in the dense model, in the MoE one (12 steps each)
 end)

@@ -181,7 +181,7 @@ T.test('polychromic: a few steps of every objective on a tiny model', function()
 end)
 
 T.test('scripts/polychromic.lua --compare (tiny): both objectives, the report table and the step times', function()
-  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local exe = T.exe
   local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
   local out, rc = T.sh(exe .. ' --device cpu ' .. script ..
     ' --compare --steps 2 --pretrain-steps 4 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1')
@@ -194,7 +194,7 @@ T.test('scripts/polychromic.lua --compare (tiny): both objectives, the report ta
 end)
 
 T.test('scripts/polychromic.lua --set-div pair --floor 0 (tiny), additive\'s defaults, and bad values', function()
-  local exe = (GPUSH_ROOT or '.') .. '/build/gpush'
+  local exe = T.exe
   local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'
   local base = exe .. ' --device cpu ' .. script .. ' --steps 2 --pretrain-steps 4 --prompts-per-step 2 --n 3 --task-max 4 --log-every 1'
   local out, rc = T.sh(base .. ' --compare --set-div pair --floor 0')

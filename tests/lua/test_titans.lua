@@ -289,7 +289,13 @@ T.test('titans: MAC is causal (changing a later token leaves earlier logits unch
 end))
 
 T.test('titans.lua: recall task smoke run (tiny, cpu)', function()
-  local out, rc = T.sh('build/gpush --device cpu scripts/titans.lua --task recall --tiny')
+  local out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny')
   if rc ~= 0 then error('titans.lua failed:\n' .. out) end
   T.ok(out:find('recall accuracy: mac', 1, true) and out:find('swa', 1, true), out)
+end)
+
+T.test('titans.lua --resume: both tasks stopped and resumed log the losses of one run (bitwise, cpu)', function()
+  local base = string.format('%s --device cpu %s/scripts/titans.lua --tiny --log-every 1', T.exe, T.root)
+  T.check_resume(base .. ' --task recall --max-steps 4', {2, 6}) -- math.random batches: in mac, in swa
+  T.check_resume(base .. ' --task lm --max-steps 4', {3})
 end)

@@ -325,7 +325,7 @@ end)
 
 T.test('scripts/bench/tokenizer.lua runs (encode, decode, the round trip)', function()
   local top = GPUSH_ROOT or '.'
-  local out, rc = T.sh(top .. '/build/gpush ' .. top .. '/scripts/bench/tokenizer.lua --mb 0.05 --no-peer --tokenizer ' .. root .. '/gpt2')
+  local out, rc = T.sh(T.exe .. ' ' .. top .. '/scripts/bench/tokenizer.lua --mb 0.05 --no-peer --tokenizer ' .. root .. '/gpt2')
   T.eq(rc, 0, out)
   T.ok(out:find('encode (cold cache)', 1, true) and out:find('MB/s', 1, true), out)
   T.ok(out:find('decode(encode(text)) == text: true', 1, true), out)

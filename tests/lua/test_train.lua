@@ -7,7 +7,7 @@ local T = require 'lib'
 local Tensor = gp.Tensor
 
 local root = GPUSH_ROOT or '.'
-local exe = root .. '/build/gpush'
+local exe = T.exe
 
 local sh = T.sh
 
@@ -127,4 +127,119 @@ T.test('train_gpt on CUDA: the captured step (CUDA graph) follows the eager step
   local e, oe = run('--no-graph')
   T.ok(#g == 4 and #e == 4, og .. oe)
   for i = 1, #e do T.ok(math.abs(g[i] - e[i]) < 1e-4 * math.abs(e[i]), string.format('step %d: graph %.6f eager %.6f', 10 * i, g[i], e[i])) end
+end)
+
+---------------------------------------------------------------------------
+-- resumable training (issue 26, M): --ckpt / --resume continue the loss curve
+-- exactly, bit for bit on the CPU
+
+-- step -> loss of a JSONL log
+local function losses(path)
+  local r = {}
+  for _, rec in ipairs(gp.data.jsonl(path)) do if rec.loss and rec.step then r[rec.step] = rec.loss end end
+  return r
+end
+
+local function same_losses(full, part, from, to, what)
+  for s = from, to do
+    T.ok(part[s] ~= nil, string.format('%s: step %d is missing', what, s))
+    T.ok(full[s] == part[s], string.format('%s: step %d: %.17g in one go, %.17g resumed', what, s, full[s] or 0 / 0,
+      part[s] or 0 / 0))
+  end
+end
+
+local TINY = '--device cpu --n-embd 32 --n-layer 1 --n-head 2 --block 16 --batch 4 --eval-every 5 --eval-iters 2 ' ..
+             '--log-every 1 --dropout 0.1 --quiet'
+
+T.test('train_gpt --resume: N steps in one go equal K steps, a checkpoint, then N-K resumed (bitwise, cpu)', function()
+  local d = os.tmpname(); os.remove(d); os.execute('mkdir -p ' .. d)
+  local script = root .. '/scripts/train_gpt.lua'
+  for _, extra in ipairs {'', '--bf16 --grad-accum 2'} do
+    local out, rc = sh(string.format('%s %s %s %s --iters 12 --log %s/a.jsonl', exe, script, TINY, extra, d))
+    T.eq(rc, 0, out)
+    out, rc = sh(string.format('%s %s %s %s --iters 12 --log %s/b.jsonl --ckpt %s/b.ckpt --stop-after 7', exe, script,
+      TINY, extra, d, d))
+    T.eq(rc, 0, out)
+    T.ok(out:find('stopped after step 7 of 12', 1, true), out)
+    -- the resumed run takes its flags from the checkpoint
+    out, rc = sh(string.format('%s %s --resume %s/b.ckpt --log %s/c.jsonl', exe, script, d, d))
+    T.eq(rc, 0, out)
+    T.ok(out:find('resumed from', 1, true), out)
+    local a, b, c = losses(d .. '/a.jsonl'), losses(d .. '/b.jsonl'), losses(d .. '/c.jsonl')
+    same_losses(a, b, 1, 7, 'first part ' .. extra)
+    same_losses(a, c, 8, 12, 'resumed ' .. extra)
+    T.eq(c[7], nil, 'the resumed run starts after step 7')
+    -- the final evaluation (random batches: the generator's state came back too)
+    local fa, fc = gp.data.jsonl(d .. '/a.jsonl'), gp.data.jsonl(d .. '/c.jsonl')
+    T.eq(fa[#fa].val_loss, fc[#fc].val_loss, 'final val loss ' .. extra)
+    os.execute(string.format('rm -f %s/*', d))
+  end
+  os.execute('rm -rf ' .. d)
+end)
+
+T.test('train_gpt killed with SIGKILL at a random moment: the last checkpoint loads and --resume continues it', function()
+  local d = os.tmpname(); os.remove(d); os.execute('mkdir -p ' .. d)
+  local script = root .. '/scripts/train_gpt.lua'
+  local flags = TINY .. ' --n-embd 64 --block 32 --iters 60'
+  local out, rc = sh(string.format('%s %s %s --log %s/a.jsonl', exe, script, flags, d))
+  T.eq(rc, 0, out)
+  -- the same run with a checkpoint every step, killed once its log shows some progress
+  math.randomseed(os.time())
+  local pid = io.popen(string.format('%s %s %s --log %s/b.jsonl --ckpt %s/b.ckpt --ckpt-every 1 > %s/b.out 2>&1 & echo $!',
+    exe, script, flags, d, d, d)):read('*l')
+  local want = math.random(3, 40)
+  for _ = 1, 1000 do
+    local f = io.open(d .. '/b.jsonl')
+    local n = 0
+    if f then for _ in f:lines() do n = n + 1 end; f:close() end
+    if n >= want then break end
+    os.execute('sleep 0.01')
+  end
+  os.execute(string.format('sleep %.3f; kill -9 %s 2>/dev/null; sleep 0.1', math.random() * 0.05, pid))
+  local _, meta = gp.load(d .. '/b.ckpt') -- whole, whatever the moment was
+  local k = meta['gpush.train'].step
+  T.ok(k >= 1 and k <= 60, 'checkpoint of step ' .. tostring(k))
+  out, rc = sh(string.format('%s %s --resume %s/b.ckpt --log %s/c.jsonl', exe, script, d, d))
+  T.eq(rc, 0, out)
+  local a, c = losses(d .. '/a.jsonl'), losses(d .. '/c.jsonl')
+  same_losses(a, c, k + 1, 60, string.format('resumed after step %d (killed at about %d)', k, want))
+  os.execute('rm -rf ' .. d)
+end)
+
+T.test('gp.train.save_state / load_state: model, optimizer, step and generator state; a foreign file is refused', function()
+  local d = os.tmpname(); os.remove(d); os.execute('mkdir -p ' .. d)
+  gp.manual_seed(5)
+  local function make()
+    local m = gp.nn.Linear(4, 3)
+    return m, gp.optim.AdamW(m, {lr = 1e-2})
+  end
+  local function step(m, opt)
+    opt:zero_grad()
+    local x = gp.randn {2, 4}
+    local loss = m(x):pow(2):mean()
+    loss:backward()
+    opt:step()
+    return loss:item()
+  end
+  local m, opt = make()
+  for _ = 1, 3 do step(m, opt) end
+  gp.train.save_state(d .. '/s.ckpt', {model = m, optimizer = opt, step = 3, meta = {note = 'x'}})
+  local want = {step(m, opt), step(m, opt)}
+  local m2, opt2 = make()
+  gp.manual_seed(99)
+  local s, meta = gp.train.load_state(d .. '/s.ckpt', {model = m2, optimizer = opt2})
+  T.eq(s, 3); T.eq(meta.note, 'x')
+  T.eq(step(m2, opt2), want[1]); T.eq(step(m2, opt2), want[2])
+  gp.save(d .. '/plain.st', m:state_dict())
+  T.raises(function() gp.train.load_state(d .. '/plain.st', {model = m2, optimizer = opt2}) end, 'not a training checkpoint')
+  -- the generator's state round-trips exactly, 64-bit values included
+  local st = gp.rng_state()
+  local r1 = gp.rand {5}:totable()
+  gp.set_rng_state(st)
+  T.same(gp.rand {5}:totable(), r1, 0)
+  gp.set_rng_state {seed = '18446744073709551615', offset = '12345678901234567'}
+  T.eq(gp.rng_state().seed, '18446744073709551615'); T.eq(gp.rng_state().offset, '12345678901234567')
+  T.raises(function() gp.set_rng_state {seed = '18446744073709551616', offset = '0'} end, 'larger than')
+  T.raises(function() gp.set_rng_state {seed = 'x', offset = '0'} end, 'decimal string')
+  os.execute('rm -rf ' .. d)
 end)

@@ -12,12 +12,25 @@ local C, raise, is_tensor = rt.C, rt.raise, tensor.is_tensor
 local M = {}
 local JSON_KEYS = 'gpush.json_keys'
 
+-- C strings end at the first NUL: a name or value with one would be cut short
+local function no_nul(s, what)
+  if s:find('\0', 1, true) then raise(string.format('save: %s %q contains a NUL byte', what, s)) end
+  return s
+end
+
 function M.save(path, tensors, meta)
   if type(path) ~= 'string' then raise('save: the path must be a string') end
+  no_nul(path, 'the path')
   if type(tensors) ~= 'table' then raise('save: needs a table of name = tensor') end
+  if meta ~= nil and type(meta) ~= 'table' then raise('save: metadata must be a table of key = value') end
   local names = {}
   for k, v in pairs(tensors) do
     if type(k) ~= 'string' then raise('save: tensor names must be strings, got a ' .. type(k)) end
+    no_nul(k, 'the tensor name')
+    if k == '__metadata__' then
+      raise("save: a tensor cannot be named '__metadata__' (the format keeps that name for the metadata: pass " ..
+        'metadata as the third argument)')
+    end
     if not is_tensor(v) then raise(string.format("save: '%s' is a %s, not a tensor", k, type(v))) end
     names[#names + 1] = k
   end
@@ -35,10 +48,15 @@ function M.save(path, tensors, meta)
   local keys, vals, jk = {}, {}, {}
   for k, v in pairs(meta or {}) do
     if type(k) ~= 'string' then raise('save: metadata keys must be strings') end
+    no_nul(k, 'the metadata key')
+    if k == JSON_KEYS then
+      raise(string.format("save: the metadata key '%s' is gpush's own (it lists the keys stored as JSON)", JSON_KEYS))
+    end
     keys[#keys + 1] = k
-    if type(v) == 'string' then vals[#vals + 1] = v
+    if type(v) == 'string' then vals[#vals + 1] = no_nul(v, 'the metadata value of ' .. k)
     else vals[#vals + 1] = json.encode(v); jk[#jk + 1] = k end
   end
+  table.sort(jk)
   if #jk > 0 then keys[#keys + 1] = JSON_KEYS; vals[#vals + 1] = json.encode(jk) end
   local ck = ffi.new('const char *[?]', #keys + 1)
   local cv = ffi.new('const char *[?]', #keys + 1)
@@ -47,7 +65,8 @@ function M.save(path, tensors, meta)
   return path
 end
 
--- returns {name = tensor}, metadata; opts.device moves the tensors there
+-- returns {name = tensor}, metadata; opts.device moves the tensors there;
+-- opts.meta_only: the metadata only ({} for the tensors, none read)
 function M.load(path, opts)
   if type(path) ~= 'string' then raise('load: the path must be a string') end
   opts = opts or {}
@@ -55,9 +74,9 @@ function M.load(path, opts)
   rt.call(C.gp_st_open, box, path)
   local st = ffi.gc(box[0], C.gp_st_close)
   local name, dtype, ndim = ffi.new('const char *[1]'), ffi.new('int[1]'), ffi.new('int[1]')
-  local shape = ffi.new('int64_t[8]')
+  local shape = ffi.new('int64_t[?]', tensor.MAX_DIMS)
   local out = {}
-  for i = 0, C.gp_st_count(st) - 1 do
+  for i = 0, opts.meta_only and -1 or C.gp_st_count(st) - 1 do
     rt.call(C.gp_st_info, st, i, name, dtype, ndim, shape)
     local s = {}
     for d = 0, ndim[0] - 1 do s[d + 1] = tonumber(shape[d]) end

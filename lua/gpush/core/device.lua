@@ -31,10 +31,38 @@ end
 doc(gp.set_device, "gp.set_device('cpu'|'cuda')", "set the default device for new tensors ('cuda:N' names this process's GPU)")
 
 function gp.manual_seed(s)
-  if type(s) ~= 'number' or s < 0 or s ~= math.floor(s) then raise('manual_seed: the seed must be a non-negative integer') end
+  if type(s) ~= 'number' or s < 0 or s ~= math.floor(s) or s >= 2^53 then
+    raise('manual_seed: the seed must be an integer in [0, 2^53)')
+  end
   C.gp_manual_seed(s)
 end
 doc(gp.manual_seed, 'gp.manual_seed(n)', 'reseed the Philox generator: the same seed gives the same numbers on the same device')
+
+-- uint64 <-> decimal string, exactly (Lua numbers hold 53 bits)
+local function u64_str(v) return (tostring(ffi.cast('uint64_t', v)):gsub('ULL$', '')) end
+local function str_u64(s, what)
+  if type(s) == 'number' and s >= 0 and s < 2^53 and s == math.floor(s) then return ffi.cast('uint64_t', s) end
+  if type(s) ~= 'string' or not s:match('^%d+$') or #s > 20 then
+    raise(string.format('set_rng_state: %s must be a decimal string (as gp.rng_state gives), got %s', what, tostring(s)))
+  end
+  if #s == 20 and s > '18446744073709551615' then raise('set_rng_state: ' .. what .. ' is larger than 2^64 - 1') end
+  local v = ffi.new('uint64_t', 0)
+  for i = 1, #s do v = v * 10 + (s:byte(i) - 48) end
+  return v
+end
+
+function gp.rng_state()
+  return {seed = u64_str(C.gp_seed()), offset = u64_str(C.gp_rng_offset())}
+end
+doc(gp.rng_state, 'gp.rng_state()',
+  "the generator's state {seed=, offset=} (decimal strings, exact): save it with a checkpoint, restore it with gp.set_rng_state")
+
+function gp.set_rng_state(st)
+  if type(st) ~= 'table' then raise('set_rng_state: needs the table gp.rng_state() returned') end
+  C.gp_set_rng_state(str_u64(st.seed, 'seed'), str_u64(st.offset, 'offset'))
+end
+doc(gp.set_rng_state, 'gp.set_rng_state{seed=, offset=}',
+  'restore a state from gp.rng_state(): the numbers drawn next are those that followed it')
 
 function gp.memory()
   local s = rt.memory_stats()

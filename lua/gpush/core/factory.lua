@@ -115,11 +115,22 @@ function gp.arange(a, b, step, opts)
     raise('arange: usage gp.arange(n) or gp.arange(start, stop[, step]) with step ~= 0')
   end
   local n = math.max(0, math.ceil((stop - start) / step))
+  if n ~= n or n >= 2^53 then -- inf, NaN or beyond exact integers: never start building it
+    raise(string.format('arange: %s values from %s to %s by %s are too many', tostring(n), tostring(start),
+      tostring(stop), tostring(step)))
+  end
   local dtype, device = opts_of(opts, 'arange')
   local int = start == math.floor(start) and step == math.floor(step)
-  local vals = {}
-  for i = 1, n do vals[i] = start + (i - 1) * step end
-  return from_values({n}, vals, dtype or (int and 'i64' or 'f32'), device, 'arange')
+  -- the tensor first (too large fails here, at once), then the values a block at a time
+  local t = empty({n}, dtype or (int and 'i64' or 'f32'), device, 'arange')
+  local block = math.min(n, 65536)
+  local buf = ffi.new('double[?]', math.max(block, 1))
+  for i0 = 0, n - 1, block do
+    local m = math.min(block, n - i0)
+    for i = 0, m - 1 do buf[i] = start + (i0 + i) * step end
+    rt.call(C.gp_from_doubles, m == n and t.c or t:narrow(1, i0 + 1, m).c, buf, m)
+  end
+  return t
 end
 doc(gp.arange, 'gp.arange(n) / gp.arange(start, stop, step)', 'evenly spaced values in [start, stop) (i64 for integer arguments)')
 

@@ -17,9 +17,35 @@ local state = {device = nil}   -- default device, set by init
 M.state = state
 
 local box = ffi.new('gp_tensor*[1]')
-local shape_buf = ffi.new('int64_t[8]')
-local stride_buf = ffi.new('int64_t[8]')
-local perm_buf = ffi.new('int[8]')
+-- the most dims a tensor has (GP_MAX_DIMS: the length of gp_tensor.shape)
+local MAX_DIMS = ffi.sizeof(ffi.new('gp_tensor').shape) / ffi.sizeof('int64_t')
+M.MAX_DIMS = MAX_DIMS
+local shape_buf = ffi.new('int64_t[?]', MAX_DIMS)
+local stride_buf = ffi.new('int64_t[?]', MAX_DIMS)
+local perm_buf = ffi.new('int[?]', MAX_DIMS)
+
+-- an integer argument, exactly representable (|v| < 2^53): fractions are an
+-- error, never truncated, and nothing out of range reaches an int64_t
+local function int_arg(op, what, v)
+  if type(v) ~= 'number' or v ~= math.floor(v) or v >= 2^53 or v <= -2^53 then
+    raise(string.format('%s: %s must be an integer, got %s', op, what, tostring(v)))
+  end
+  return v
+end
+M.int_arg = int_arg
+
+-- the sizes (and strides) of a new geometry into the C buffers: at most
+-- MAX_DIMS of them, every one an integer
+local function fill_dims(op, s, st)
+  if #s > MAX_DIMS then
+    raise(string.format('%s: the result would have %d dims; at most %d are supported', op, #s, MAX_DIMS))
+  end
+  for i = 1, #s do
+    shape_buf[i - 1] = int_arg(op, 'size ' .. i, s[i])
+    if st then stride_buf[i - 1] = int_arg(op, 'stride ' .. i, st[i]) end
+  end
+  return #s
+end
 
 local function is_tensor(x) return getmetatable(x) == mt end
 M.is_tensor = is_tensor
@@ -58,7 +84,7 @@ local function parse_shape(op, ...)
     end
     rest = select(i, ...)
   end
-  if #s > 8 then raise(string.format('%s: %d dims given; at most 8 are supported', op, #s)) end
+  if #s > MAX_DIMS then raise(string.format('%s: %d dims given; at most %d are supported', op, #s, MAX_DIMS)) end
   for i = 1, #s do
     local v = s[i]
     if type(v) == 'string' then
@@ -66,7 +92,7 @@ local function parse_shape(op, ...)
         tonumber(v) and v or 'an integer'))
     elseif type(v) ~= 'number' then
       raise(string.format('%s: size at dim %d is a %s, not a number', op, i, type(v)))
-    elseif v ~= math.floor(v) then
+    elseif v ~= math.floor(v) or v >= 2^53 or v <= -2^53 then
       raise(string.format('%s: size %s at dim %d is not an integer', op, tostring(v), i))
     end
   end
@@ -112,8 +138,7 @@ local function empty(shape, dt_name, device, op)
   local dt = DT[rt.dtype(dt_name, op)]
   local dev = device_of(device, op)
   if dev == 1 and C.gp_cuda_available() ~= 1 then raise(op .. ': device cuda asked for but ' .. rt.last_error()) end
-  local n = #shape
-  for i = 1, n do shape_buf[i - 1] = shape[i] end
+  local n = fill_dims(op, shape)
   local rc = C.gp_tensor_empty(box, dt, dev, n, shape_buf)
   if rc ~= 0 then rt.fail(rc, C.gp_tensor_empty, box, dt, dev, n, shape_buf) end
   local c = ffi.gc(box[0], C.gp_tensor_free)
@@ -323,16 +348,14 @@ end
 function Tensor:view(...)
   local s = parse_shape('view', ...)
   local a = alias(self)
-  for i = 1, #s do shape_buf[i - 1] = s[i] end
-  call(C.gp_view, a.c, self.c, #s, shape_buf)
+  call(C.gp_view, a.c, self.c, fill_dims('view', s), shape_buf)
   return a
 end
 
 function Tensor:reshape(...)
   local s = parse_shape('reshape', ...)
   local a = alias(self)
-  for i = 1, #s do shape_buf[i - 1] = s[i] end
-  if C.gp_view(a.c, self.c, #s, shape_buf) == 0 then return a end
+  if C.gp_view(a.c, self.c, fill_dims('reshape', s), shape_buf) == 0 then return a end
   return self:clone():view(s)
 end
 
@@ -376,6 +399,8 @@ function Tensor:narrow(d, start, length)
   local d0 = dim0(self, d, 'narrow')
   local size = tonumber(self.c.shape[d0])
   if type(start) ~= 'number' or type(length) ~= 'number' then raise('narrow: start and length must be numbers') end
+  int_arg('narrow', 'start', start)
+  int_arg('narrow', 'length', length)
   local s0 = start < 0 and size + start or start - 1
   local a = alias(self)
   call(C.gp_narrow, a.c, self.c, d0, s0, length)
@@ -429,16 +454,15 @@ end
 function Tensor:expand(...)
   local s = parse_shape('expand', ...)
   local a = alias(self)
-  for i = 1, #s do shape_buf[i - 1] = s[i] end
-  call(C.gp_expand, a.c, self.c, #s, shape_buf)
+  call(C.gp_expand, a.c, self.c, fill_dims('expand', s), shape_buf)
   return a
 end
 function Tensor:expand_as(o) return self:expand(shape_of(o)) end
 
 local function restride(t, s, st, op)
+  local n = fill_dims(op, s, st) -- before the alias: a 9th dim is an error, not a write past the buffers
   local a = alias(t)
-  for i = 1, #s do shape_buf[i - 1] = s[i]; stride_buf[i - 1] = st[i] end
-  call(C.gp_as_strided, a.c, t.c, #s, shape_buf, stride_buf, t.c.offset)
+  call(C.gp_as_strided, a.c, t.c, n, shape_buf, stride_buf, t.c.offset)
   return a
 end
 

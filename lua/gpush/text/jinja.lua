@@ -1095,16 +1095,34 @@ local function contains(container, x, line)
   return container[x] ~= nil
 end
 
+-- A built-in (a function, a method, a filter or a test) given arguments it
+-- cannot take fails inside with whatever Lua says ("attempt to perform
+-- arithmetic on a string value"); that becomes a template error naming the
+-- built-in and the types it got. Template errors, loop signals (tables) and
+-- other non-string errors pass through as they are.
+local function kind_of(v)
+  if v == none then return 'none' end
+  if is_undef(v) then return 'undefined' end
+  if type(v) == 'table' then return is_list(v) and 'list' or 'dict' end
+  return type(v)
+end
+local function guarded(what, line, f, ...)
+  local r = {pcall(f, ...)}
+  if r[1] then return unpack(r, 2, table.maxn(r)) end
+  local err = r[2]
+  if type(err) ~= 'string' or err:find('^chat template') then error(err, 0) end
+  if err:find('stack overflow', 1, true) then fail('nested too deeply', line) end
+  local n, kinds = select('#', ...), {}
+  for i = 1, math.min(n, 6) do kinds[i] = kind_of((select(i, ...))) end
+  fail(format('%s cannot take a %s', what, table.concat(kinds, ', ')), line)
+end
+
 local function call(fn, args, kwargs, line)
   if is_undef(fn) then fail(format("'%s' is undefined", tostring(fn.name)), line) end
   if type(fn) == 'table' and getmetatable(fn) == Macro then return fn.call(args, kwargs) end
   if type(fn) ~= 'function' then fail("'" .. str(fn) .. "' is not callable", line) end
-  if next(kwargs) then
-    local ok, r = pcall(fn, kwargs, unpack(args))
-    if not ok then error(r, 0) end
-    return r
-  end
-  return fn(unpack(args))
+  if next(kwargs) then return guarded('this function', line, fn, kwargs, unpack(args)) end
+  return guarded('this function', line, fn, unpack(args))
 end
 
 local function eval_args(e, sc)
@@ -1204,14 +1222,14 @@ function eval(e, sc)
     if not f then fail("unsupported filter '" .. e[2] .. "'", e.line) end
     local v = eval(e[3], sc)
     local args = eval_args(e[4], sc)
-    return f(v, args, eval_kwargs(e[5], sc), e.line, sc)
+    return guarded("filter '" .. e[2] .. "'", e.line, f, v, args, eval_kwargs(e[5], sc), e.line, sc)
   end
   if k == 'test' then
     local t = tests[e[2]]
     if not t then fail("unsupported test '" .. e[2] .. "'", e.line) end
     local v = eval(e[3], sc)
     local args = eval_args(e[4], sc)
-    local r = t(v, args, e.line, sc)
+    local r = guarded("test '" .. e[2] .. "'", e.line, t, v, args, e.line, sc)
     if e[6] then return not r end
     return r
   end
@@ -1635,6 +1653,7 @@ function M.compile(source, name)
   if type(source) ~= 'string' then error('jinja.compile: the template must be a string', 2) end
   local ok, r = pcall(function() return parse(lex(source)) end)
   if not ok then
+    if type(r) == 'string' and r:find('stack overflow', 1, true) then r = 'chat template: nested too deeply' end
     if name and name ~= 'chat template' then r = tostring(r):gsub('^chat template', name) end
     error(r, 0)
   end
@@ -1651,6 +1670,9 @@ function Template:render(vars)
   local ok, err = pcall(exec, self.body, sc, out)
   if not ok then
     if err == BreakSignal or err == ContinueSignal then err = 'chat template: break or continue outside a loop' end
+    if type(err) == 'string' and err:find('stack overflow', 1, true) then
+      err = 'chat template: nested too deeply (a macro that calls itself?)'
+    end
     error(err, 0)
   end
   return concat(out)

@@ -15,6 +15,28 @@ local SH = 4194304 -- 2^22: ids and merge ranks below it pack into one number
 
 local function opt(v) if v == null then return nil end return v end
 
+-- the fields a model reads, checked before it is built: a tokenizer.json with
+-- a value of the wrong type is an error naming the field, not a failure
+-- somewhere inside the model later
+local function check_vocab(spec, kind, where)
+  local vocab = spec.vocab
+  if type(vocab) ~= 'table' then rt.raise(string.format('tokenizer: the %s model has no vocab in %s', kind, where)) end
+  for tok, id in pairs(vocab) do
+    if type(tok) ~= 'string' or type(id) ~= 'number' or id < 0 or id >= SH or id ~= floor(id) then
+      rt.raise(string.format('tokenizer: the %s vocab maps %s to %s; it needs token strings and integer ids in [0, %d) (%s)',
+        kind, tostring(tok), tostring(id), SH, where))
+    end
+  end
+  return vocab
+end
+local function opt_of(spec, key, ty, kind, where)
+  local v = opt(spec[key])
+  if v ~= nil and type(v) ~= ty then
+    rt.raise(string.format('tokenizer: the %s model\'s %s is a %s, not a %s (%s)', kind, key, type(v), ty, where))
+  end
+  return v
+end
+
 local function reverse(vocab)
   local r, size = {}, 0
   for tok, id in pairs(vocab) do
@@ -123,11 +145,16 @@ local function merge_heap(syms, merges)
 end
 
 function M.bpe(spec, where)
-  local vocab = spec.vocab
-  if type(vocab) ~= 'table' then rt.raise('tokenizer: the BPE model has no vocab in ' .. where) end
-  if opt(spec.dropout) and spec.dropout > 0 then N.unsupported('BPE dropout', spec.dropout, where) end
-  local prefix, suffix = opt(spec.continuing_subword_prefix), opt(spec.end_of_word_suffix)
-  local unk, fuse_unk, byte_fallback = opt(spec.unk_token), spec.fuse_unk == true, spec.byte_fallback == true
+  local vocab = check_vocab(spec, 'BPE', where)
+  local dropout = opt_of(spec, 'dropout', 'number', 'BPE', where)
+  if dropout and dropout > 0 then N.unsupported('BPE dropout', spec.dropout, where) end
+  local prefix = opt_of(spec, 'continuing_subword_prefix', 'string', 'BPE', where)
+  local suffix = opt_of(spec, 'end_of_word_suffix', 'string', 'BPE', where)
+  local unk, fuse_unk, byte_fallback = opt_of(spec, 'unk_token', 'string', 'BPE', where), spec.fuse_unk == true,
+    spec.byte_fallback == true
+  if opt(spec.merges) ~= nil and type(spec.merges) ~= 'table' then
+    rt.raise('tokenizer: the BPE merges are not a list (' .. where .. ')')
+  end
   local ignore_merges = spec.ignore_merges == true
   local vocab_r, size = reverse(vocab)
   local merges = {}
@@ -140,7 +167,9 @@ function M.bpe(spec, where)
     elseif type(m) == 'table' then
       a, b = m[1], m[2]
     end
-    if not a or not b then rt.raise(string.format('tokenizer: bad merge %s in %s', tostring(m), where)) end
+    if type(a) ~= 'string' or type(b) ~= 'string' then
+      rt.raise(string.format('tokenizer: bad merge %s in %s', type(m) == 'string' and m or type(m), where))
+    end
     local ia, ib = vocab[a], vocab[b]
     local new = vocab[a .. sub(b, plen + 1)]
     if not ia or not ib or not new then
@@ -211,11 +240,10 @@ end
 -- with an unknown part (or longer than max_input_chars_per_word) is [UNK]
 
 function M.wordpiece(spec, where)
-  local vocab = spec.vocab
-  if type(vocab) ~= 'table' then rt.raise('tokenizer: the WordPiece model has no vocab in ' .. where) end
-  local unk = opt(spec.unk_token) or '[UNK]'
-  local prefix = opt(spec.continuing_subword_prefix) or '##'
-  local max_chars = opt(spec.max_input_chars_per_word) or 100
+  local vocab = check_vocab(spec, 'WordPiece', where)
+  local unk = opt_of(spec, 'unk_token', 'string', 'WordPiece', where) or '[UNK]'
+  local prefix = opt_of(spec, 'continuing_subword_prefix', 'string', 'WordPiece', where) or '##'
+  local max_chars = opt_of(spec, 'max_input_chars_per_word', 'number', 'WordPiece', where) or 100
   local vocab_r, size = reverse(vocab)
   local function unk_ids()
     local id = vocab[unk]
@@ -252,8 +280,8 @@ end
 -- WordLevel: the word's id or the unknown token's
 
 function M.wordlevel(spec, where)
-  local vocab = spec.vocab
-  local unk = opt(spec.unk_token)
+  local vocab = check_vocab(spec, 'WordLevel', where)
+  local unk = opt_of(spec, 'unk_token', 'string', 'WordLevel', where)
   local vocab_r, size = reverse(vocab)
   local function tokenize(w)
     local id = vocab[w]

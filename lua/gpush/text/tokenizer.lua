@@ -189,6 +189,57 @@ end
 
 local CACHE_MAX, CACHE_WORD = 200000, 256 -- words cached, bytes of the longest cached word
 
+-- The builders of the parts other than the model (models.lua checks its
+-- fields) read a tokenizer.json's fields as the format has them; a field of
+-- another type makes one fail inside (Lua's "attempt to index a number
+-- value"): that is the file's fault, reported naming the part.
+local BUG_SIGNS = {'attempt to ', 'bad argument', 'table index is', 'invalid value', 'number expected', 'string expected'}
+local function built(where, part, f, ...)
+  local r = {pcall(f, ...)}
+  if r[1] then return unpack(r, 2, table.maxn(r)) end
+  local err = r[2]
+  if type(err) == 'string' then
+    for _, b in ipairs(BUG_SIGNS) do
+      if err:find(b, 1, true) then
+        raise(string.format('tokenizer: the %s in %s has a field of the wrong type or shape', part, where))
+      end
+    end
+  end
+  error(err, 0)
+end
+
+-- The type of every field the parts read (a name means the same in every
+-- part that has it): checked over the whole file but the model (models.lua
+-- checks its own) and the added tokens before anything is built, so a value
+-- of another type is an error naming it, never a failure inside encode.
+local FIELD_TYPES = {
+  type = 'string', pattern = 'table string', content = 'string', Regex = 'string', String = 'string',
+  add_prefix_space = 'boolean', replacement = 'string', prepend_scheme = 'string', behavior = 'string',
+  use_regex = 'boolean', suffix = 'string', prefix = 'string', prepend = 'string', delimiter = 'string',
+  strip_left = 'boolean', strip_right = 'boolean', strip_accents = 'boolean', lowercase = 'boolean',
+  invert = 'boolean', individual_digits = 'boolean', handle_chinese_chars = 'boolean', clean_text = 'boolean',
+  cleanup = 'boolean', split = 'boolean', trim_offsets = 'boolean', start = 'number', stop = 'number',
+  normalizers = 'table', pretokenizers = 'table', decoders = 'table', processors = 'table',
+  single = 'table', pair = 'table', special_tokens = 'table', sep = 'table', cls = 'table', ids = 'table',
+  tokens = 'table', type_id = 'number',
+  max_length = 'number', stride = 'number', strategy = 'string table', direction = 'string',
+  pad_to_multiple_of = 'number', pad_id = 'number', pad_type_id = 'number', pad_token = 'string', Fixed = 'number',
+}
+local function check_fields(v, path, where, depth)
+  if type(v) ~= 'table' or v == null then return end
+  if depth > 32 then raise(string.format('tokenizer: %s nests too deeply in %s', path, where)) end
+  for k, x in pairs(v) do
+    local want = type(k) == 'string' and FIELD_TYPES[k]
+    if want and x ~= null and not want:find(type(x), 1, true) then
+      raise(string.format('tokenizer: %s.%s is a %s, not a %s (%s)', path, k, type(x), want:gsub(' ', ' or '), where))
+    end
+    if type(x) == 'number' and (x ~= x or x == math.huge or x == -math.huge) then
+      raise(string.format('tokenizer: %s.%s is not a finite number (%s)', path, tostring(k), where))
+    end
+    check_fields(x, path .. '.' .. tostring(k), where, depth + 1)
+  end
+end
+
 -- a tokenizer from a decoded tokenizer.json table; where names it in errors;
 -- extra: {config = tokenizer_config.json table, chat_template =, bos_token =, eos_token =, ...}
 function M.from_spec(spec, where, extra)
@@ -196,14 +247,22 @@ function M.from_spec(spec, where, extra)
   extra = extra or {}
   if type(spec) ~= 'table' then raise('tokenizer: expected a tokenizer.json table in ' .. where) end
   if type(spec.model) ~= 'table' then raise('tokenizer: no model in ' .. where) end
+  for _, part in ipairs {'normalizer', 'pre_tokenizer', 'post_processor', 'decoder', 'truncation', 'padding'} do
+    check_fields(spec[part], part, where, 0)
+  end
   local self = setmetatable({where = where}, Tokenizer)
-  self.model = extra.model or models.build(spec.model, where)
-  self.normalizer = N.build(opt(spec.normalizer), where)
-  self.pre, self.deferred_bytes = P.build(opt(spec.pre_tokenizer), where)
-  self.post = processor(opt(spec.post_processor), where)
-  self.decoder = D.build(opt(spec.decoder), where)
+  self.model = extra.model or built(where, 'model', models.build, spec.model, where)
+  self.normalizer = built(where, 'normalizer', N.build, opt(spec.normalizer), where)
+  self.pre, self.deferred_bytes = built(where, 'pre_tokenizer', P.build, opt(spec.pre_tokenizer), where)
+  self.post = built(where, 'post_processor', processor, opt(spec.post_processor), where)
+  self.decoder = built(where, 'decoder', D.build, opt(spec.decoder), where)
   self.truncation = opt(spec.truncation)
   self.padding = opt(spec.padding)
+  if self.truncation ~= nil and type(self.truncation) ~= 'table' then raise('tokenizer: truncation is not an object in ' .. where) end
+  if self.padding ~= nil and type(self.padding) ~= 'table' then raise('tokenizer: padding is not an object in ' .. where) end
+  if spec.added_tokens ~= nil and spec.added_tokens ~= null and type(spec.added_tokens) ~= 'table' then
+    raise('tokenizer: added_tokens is not a list in ' .. where)
+  end
 
   -- added tokens. Their ids are not read from the file: as tokenizers does
   -- when it loads one, a token of the model's vocabulary keeps its id, the
@@ -213,8 +272,8 @@ function M.from_spec(spec, where, extra)
   local next_id = model_size
   self.added, self.added_by_content, self.added_by_id, self.special = {}, {}, {}, {}
   local raw, norm = {}, {}
-  for _, a in ipairs(spec.added_tokens or {}) do
-    if type(a.content) == 'string' and a.content ~= '' then
+  for _, a in ipairs(opt(spec.added_tokens) or {}) do
+    if type(a) == 'table' and type(a.content) == 'string' and a.content ~= '' then
       local t = {content = a.content, special = a.special == true, lstrip = a.lstrip == true,
                  rstrip = a.rstrip == true, single_word = a.single_word == true, normalized = a.normalized == true}
       local old = self.added_by_content[t.content]

@@ -6,8 +6,9 @@
 --     {'bf16', false, 'train in bf16'},             -- --bf16 / --no-bf16 (a flag)
 --     {'out', nil, 'checkpoint path', type = 'string'},  -- no default: give the type
 --   }, {usage = 'gpush scripts/x.lua [flags]'})
---   o.iters, o.bf16, o.out      -- '-' in names becomes '_' in keys; o._rest: positional arguments
---   gp.args.preset(o, {iters = 50, batch = 4})   -- a preset (--tiny): sets what the command line did not give (o._given)
+--   o.iters, o.bf16, o.out      -- '-' in names becomes '_' in keys; o._rest: positional arguments;
+--                               -- o._given[key]: the flag was on the command line
+--   gp.args.preset(o, {iters = 50, batch = 4})   -- a preset (--tiny): sets what the command line did not give
 --
 -- `--name value` and `--name=value`; `--help` (or -h) prints every flag with
 -- its default and exits (opts.exit = false returns nil, the help text instead).
@@ -70,7 +71,7 @@ function M.parse(argv, spec, opts)
   opts = opts or {}
   argv = argv or {}
   local flags, byname = normalize(spec)
-  local o = {_rest = {}, _given = {}}
+  local o = {_rest = {}, _given = {}} -- _given: the keys set on the command line (not defaults)
   for _, f in ipairs(flags) do o[key_of(f.name)] = f.default end
   local i = 1
   while i <= #argv do

@@ -75,13 +75,14 @@ end
 -- end)(EXPR)`, so that the chunk's own frame stays on the stack while EXPR
 -- runs (`return f(x)` would be a tail call): errors raised in gpush then
 -- point at stdin:LINE like every other error typed at the prompt.
+-- (text only: LuaJIT does not verify bytecode, which could crash the process)
 local function compile(src)
   if src:sub(1, 1) == '=' then src = src:sub(2) end -- '=expr', as in Lua 5.1's prompt
   src = M.rewrite_locals(src)
-  local f = loadstring('return (function(...) return ... end)(' .. src .. '\n)', '=stdin')
+  local f = load('return (function(...) return ... end)(' .. src .. '\n)', '=stdin', 't')
   if f then return f end
   local err
-  f, err = loadstring(src, '=stdin')
+  f, err = load(src, '=stdin', 't')
   if f then return f end
   if err:find('<eof>', 1, true) then return nil, 'more' end
   return nil, err

@@ -40,7 +40,8 @@ local Logger = {}
 Logger.__index = Logger
 
 -- opts: steps (total, for the ETA), every (10), tokens_per_step, file (a
--- JSONL path, optional), tty (default: stdout is a terminal), print (false: silent)
+-- JSONL path, optional; append: add to it), start (the step a resumed run
+-- starts after), tty (default: stdout is a terminal), print (false: silent)
 function M.logger(opts)
   opts = opts or {}
   local self = setmetatable({
@@ -50,11 +51,12 @@ function M.logger(opts)
   if self.tty == nil then self.tty = M.isatty(1) end
   if type(self.every) ~= 'number' or self.every < 1 then raise('logger: every must be >= 1') end
   if opts.file then
-    local f, err = io.open(opts.file, 'w')
+    local f, err = io.open(opts.file, opts.append and 'a' or 'w')
     if not f then raise('logger: cannot open the log: ' .. tostring(err)) end
     self.file = f
   end
-  self.t_last, self.step_last = self.t0, 0
+  self.t_last, self.step_last = self.t0, opts.start or 0
+  self.start = opts.start or 0
   self.acc, self.nacc = nil, 0
   return self
 end
@@ -104,7 +106,7 @@ function Logger:report(step, lr, extra)
   self.records[#self.records + 1] = rec
   self:write(rec)
   if not self.quiet then
-    local eta = self.steps and step > 0 and elapsed / step * (self.steps - step) or nil
+    local eta = self.steps and step > self.start and elapsed / (step - self.start) * (self.steps - step) or nil
     local parts = {string.format('step %d%s', step, self.steps and ('/' .. self.steps) or '')}
     if loss then parts[#parts + 1] = string.format('loss %.4f', loss) end
     for k, v in pairs(extra or {}) do

@@ -1,0 +1,21 @@
+-- The Lua parsers of outside input under random input (issue 26): chat
+-- templates from a grammar and mutated real ones, tokenizer.json files with
+-- fields dropped, retyped and broken (tests/fuzz/random_text.lua), each run
+-- in a process of its own. Every input must render, load, or fail with one of
+-- gpush's own errors. Longer runs by hand:
+--   build/gpush tests/fuzz/random_text.lua jinja 200000 SEED
+local T = require 'lib'
+
+local function run(kind, n, seed)
+  local out, rc = T.sh(string.format('%s %s/tests/fuzz/random_text.lua %s %d %d', T.exe, T.root, kind, n, seed))
+  T.ok(rc == 0, string.format('%s: exit status %s (the number of findings):\n%s', kind, tostring(rc), out:sub(1, 6000)))
+  T.ok(out:find(string.format('%s: %d inputs, 0 findings', kind, n), 1, true), out:sub(1, 2000))
+end
+
+T.test('chat templates: 3000 random and mutated templates render or fail with a template error', function()
+  run('jinja', 3000, 26)
+end)
+
+T.test('tokenizer.json: 400 broken files load and encode, or fail with a tokenizer error', function()
+  run('tokenizer', 400, 26)
+end)
