@@ -125,7 +125,6 @@ gp.manual_seed(o.seed)
 local tok = o.tokenizer ~= '' and gp.models.tokenizer(o.tokenizer) or nil
 local ds = gp.data.corpus {data = o.data, fallback = script_dir .. '/../data/corpus.txt', vocab = o.vocab, tokenizer = tok,
                            val_fraction = o.val_fraction}
-local data_path = ds.path
 local B, T, accum = o.batch, o.block, o.grad_accum
 if accum < 1 or accum ~= math.floor(accum) then error('--grad-accum must be a positive integer') end
 

@@ -36,9 +36,10 @@ local function sh_quote(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" e
 local function gq(s) return "'" .. tostring(s or ''):gsub("'", "''") .. "'" end
 local function ok_status(st) return st == 0 or st == true end
 
-local terminals
+local terminals, probed -- the terminals of the gnuplot probed (M.gnuplot may be changed)
 local function gnuplot_terminals()
-  if terminals == nil then
+  if probed ~= M.gnuplot then
+    probed = M.gnuplot
     terminals = false
     local f = io.popen(sh_quote(M.gnuplot) .. " -e 'set terminal' 2>&1 </dev/null")
     if f then
@@ -166,7 +167,8 @@ function M.draw(spec)
       local every = b.label_every or math.max(1, math.ceil(#b.labels / 16))
       local lines = {}
       for i, label in ipairs(b.labels) do
-        local row = {gq((i - 1) % every == 0 and label or '')}
+        -- a data file's string column: double quotes (gnuplot reads no single-quoted ones there)
+        local row = {'"' .. tostring((i - 1) % every == 0 and label or ''):gsub('"', "'") .. '"'}
         for _, grp in ipairs(b.groups) do row[#row + 1] = string.format('%.10g', grp.values[i] or 0) end
         lines[i] = table.concat(row, ' ')
       end
