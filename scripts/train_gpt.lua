@@ -174,7 +174,7 @@ end
 local use_graph = o.graph and gp.device() == 'cuda' and world == 1
 local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, o.beta2}, weight_decay = o.weight_decay,
                                    device_hyper = use_graph})
-local warmup = o.warmup >= 0 and o.warmup or math.min(100, math.floor(o.iters / 10))
+local warmup = math.min(o.warmup >= 0 and o.warmup or math.min(100, math.floor(o.iters / 10)), o.iters)
 local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.min_lr >= 0 and o.min_lr or o.lr / 10, warmup = warmup,
                                          max_steps = o.iters}
 -- mean loss over eval_iters batches of a split, read once
@@ -291,8 +291,10 @@ say(string.format('final: train loss %.4f | val loss %s | unigram baseline %.4f 
   tr, va and string.format('%.4f', va) or '-', ds.unigram_entropy, tokens_per_s, train_time))
 local ref = not tok and REFERENCE[o.config] or nil
 if va then
-  say(string.format('held-out loss %.4f nats per %s (%.4f per byte) on %s: %.4f below the unigram baseline (%.4f)%s',
-    va, tok and 'token' or 'character', va / ds.bytes_per_token, ds.name, ds.unigram_entropy - va, ds.unigram_entropy,
+  local gap = ds.unigram_entropy - va
+  say(string.format('held-out loss %.4f nats per %s (%.4f per byte) on %s: %.4f %s the unigram baseline (%.4f)%s',
+    va, tok and 'token' or 'character', va / ds.bytes_per_token, ds.name, math.abs(gap), gap >= 0 and 'below' or 'ABOVE',
+    ds.unigram_entropy,
     ref and string.format('; nanoGPT %s reaches about %.2f on tiny shakespeare (%s)', o.config, ref,
       va <= ref + 0.03 and 'matched' or string.format('%+.3f from it', va - ref)) or ''))
 end
