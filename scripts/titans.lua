@@ -64,6 +64,7 @@ local o = gp.args.parse(arg, {
   {'max-steps', -1, 'optimizer steps (default: 1000 for lm, 1500 per model for recall)'},
   {'data', '', 'lm task: a text file, shakespeare or corpus (default: Shakespeare when `make models` fetched it, else data/corpus.txt)'},
   {'recall-pairs', 8, 'recall: key-value pairs per sequence'},
+  {'filler', 'digits', 'recall: digits (random digits between the pairs) or text (a needle in a haystack: the pairs, as bytes 128+, inside real text; training text from the training split, measured on held-out text)'},
   {'eval-batches', -1, 'recall: batches for the accuracy at each gap (default 8; 2 with --tiny)'},
   {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
   {'seed', 1337, 'random seed'},
@@ -308,6 +309,22 @@ end
 
 local P, T = o.tiny and math.min(o.recall_pairs, 2) or o.recall_pairs, cfg.seq_len
 local KEY0, VAL0, NKEY, NVAL = 65, 97, 26, 26
+-- --filler text: the haystack is real text (Shakespeare when fetched, bytes
+-- of its training split for training, of the held-out works for the
+-- accuracy); keys and values are bytes 128 and up, which the text never holds
+local hay
+if o.filler == 'text' then
+  KEY0, VAL0 = 128, 160
+  local ds = gp.data.corpus {data = o.data, fallback = script_dir .. '/../data/corpus.txt', vocab = 'bytes'}
+  local text = gp.data.read_file(ds.path)
+  hay = {train = text:sub(1, ds.val_start - 1), val = text:sub(ds.val_start), name = ds.name}
+  for _, part in pairs {hay.train, hay.val} do
+    if #part < T + 1 then error(string.format('recall --filler text: %s has a part of %d bytes, fewer than --seq-len %d', ds.name, #part, T)) end
+    if part:find('[\128-\255]') then error('recall --filler text: the text holds bytes >= 128, which mark the keys and values') end
+  end
+elseif o.filler ~= 'digits' then
+  error("--filler must be 'digits' or 'text', got " .. o.filler)
+end
 if P > NKEY then error('--recall-pairs must be at most ' .. NKEY) end
 local max_gap = T - 4 * P -- the pairs first, the queries last
 if max_gap < 1 then error(string.format('recall: --seq-len %d is too short for %d pairs and their queries', T, P)) end
@@ -330,7 +347,7 @@ end
 
 -- a batch of recall sequences; gap: the filler between the pairs and the
 -- queries (nil: each sequence draws one from 0 .. max_gap)
-local function recall_batch(gap)
+local function recall_batch(gap, split)
   local xs, ys = {}, {}
   for b = 1, B do
     local g = gap or rng(0, max_gap)
@@ -342,7 +359,13 @@ local function recall_batch(gap)
     local vals = {}
     for i = 1, P do vals[i] = rng(0, NVAL - 1) end
     local seq = {}
-    for t = 1, T - 2 * P do seq[t] = 48 + rng(0, 9) end
+    if hay then
+      local src = hay[split or 'train']
+      local off = rng(0, #src - T)
+      for t = 1, T - 2 * P do seq[t] = src:byte(off + t) end
+    else
+      for t = 1, T - 2 * P do seq[t] = 48 + rng(0, 9) end
+    end
     for i = 1, P do seq[p0 + 2 * i - 1] = KEY0 + keys[i]; seq[p0 + 2 * i] = VAL0 + vals[i] end
     local order = {}
     for i = 1, P do order[i] = i end
@@ -370,7 +393,7 @@ local function accuracy(model, gap)
   local hit, n
   gp.no_grad(function()
     for _ = 1, (o.eval_batches > 0 and o.eval_batches or (o.tiny and 2 or 8)) do
-      local x, y = recall_batch(gap)
+      local x, y = recall_batch(gap, 'val')
       local pred = model(x):argmax(-1)
       local mask = y:ne(-100)
       local h = (pred:eq(y) * mask):to('f32'):sum()
@@ -407,15 +430,15 @@ for _, w in ipairs(windows) do
 end
 if #runs == 0 then error('--models: no model to train') end
 
-print(string.format('recall: %d pairs, sequences of %d, gaps drawn from 0 to %d in training; accuracy measured at gaps %s',
-  P, T, max_gap, table.concat(gaps, ', ')))
+print(string.format('recall: %d pairs in %s, sequences of %d, gaps drawn from 0 to %d in training; accuracy measured at gaps %s',
+  P, hay and (hay.name .. ' text (its held-out works for the accuracy)') or 'random digits', T, max_gap, table.concat(gaps, ', ')))
 local res = resume_meta and resume_meta.done or {}
 for phase, run in ipairs(runs) do
   if res[run.name] then -- trained before the run was resumed
     print(string.format('recall %s: accuracy %.3f (before the resume)', run.name, res[run.name].acc))
   else
     reseed_host(0)
-    local model, tps, dt = train(run, recall_batch, true, phase, res)
+    local model, tps, dt = train(run, function() return recall_batch(nil, 'train') end, true, phase, res)
     if not model then return end
     local r = {acc = 0, by_gap = {}, tps = tps, dt = dt, params = model:num_parameters(), window = run.window,
                model = run.model}

@@ -332,6 +332,12 @@ T.test('titans.lua recall: --window and --gap sweeps, a row per gap, full attent
   for _, name in ipairs {'mac@4', 'swa@4', 'mac@8', 'swa@8', 'full'} do T.ok(out:find('recall ' .. name .. ':', 1, true), out) end
   T.ok(out:find('\n%s+24%s+[%d.]+%s+[%d.]+%s+[%d.]+%s+[%d.]+%s+[%d.]+\n'), 'a row for gap 24 with 5 accuracies: ' .. out)
   T.ok(out:find('MAC / SWA tokens/s', 1, true), out)
+  -- a needle in a haystack: the pairs inside real text, measured on held-out text
+  out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --quiet --max-steps 2 --filler text')
+  T.eq(rc, 0, out)
+  T.ok(out:find('text (its held-out works for the accuracy)', 1, true) and out:find('recall accuracy: mac', 1, true), out)
+  out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --filler noise')
+  T.ok(rc ~= 0 and out:find("'digits' or 'text'", 1, true), out)
   out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --gap 25')
   T.ok(rc ~= 0 and out:find('at most 24', 1, true), out)
   out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --window 5')
