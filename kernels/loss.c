@@ -3,6 +3,7 @@
 #include <math.h>
 
 #include "gp_hd.h"
+#include "loss.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -15,12 +16,8 @@ int gp_cuda_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss,
 }
 #endif
 
-static int ce(const char *op, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
-              double ignore_index, double scale) {
-  if (ignore_index != floor(ignore_index) || fabs(ignore_index) > 9e15)
-    return gp_error("%s: ignore_index must be an integer, got %g", op, ignore_index);
-  int64_t ign = (int64_t)ignore_index, n = logits->shape[0], v = logits->shape[1];
-  GP_CUDA_DISPATCH(loss, gp_cuda_cross_entropy(loss, dlogits, logits, targets, ign, scale));
+int gp_loss_check_targets(const char *op, const gp_tensor *targets, const gp_tensor *logits, int64_t ign) {
+  int64_t n = logits->shape[0], v = logits->shape[1];
   const void *pt = gp_ptr(targets);
   for (int64_t i = 0; i < n; i++) {
     int64_t t = gp_load_i64(pt, targets->dtype, i);
@@ -28,6 +25,17 @@ static int ce(const char *op, gp_tensor *loss, gp_tensor *dlogits, const gp_tens
       return gp_error("%s: target %lld of row %lld is out of range for %lld classes (logits %s; ignore_index %lld)", op,
                       (long long)t, (long long)i, (long long)v, GP_SHAPE(logits), (long long)ign);
   }
+  return GP_OK;
+}
+
+static int ce(const char *op, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
+              double ignore_index, double scale) {
+  if (ignore_index != floor(ignore_index) || fabs(ignore_index) > 9e15)
+    return gp_error("%s: ignore_index must be an integer, got %g", op, ignore_index);
+  int64_t ign = (int64_t)ignore_index, n = logits->shape[0], v = logits->shape[1];
+  GP_CUDA_DISPATCH(loss, gp_cuda_cross_entropy(loss, dlogits, logits, targets, ign, scale));
+  GP_TRY(gp_loss_check_targets(op, targets, logits, ign));
+  const void *pt = gp_ptr(targets);
   const void *px = gp_ptr(logits);
   float *pl = gp_ptr(loss);
   void *pg = dlogits ? gp_ptr(dlogits) : 0;

@@ -4,7 +4,8 @@
  * and pointers allow. A target outside [0, V) that is not ignore_index gives
  * a NaN loss and NaN gradient row and is reported as an error at the next
  * synchronization point (kernels/bad_index.cuh: no host sync here; the CPU
- * reference raises the error at once). */
+ * reference raises the error at once). dlogits may be logits itself (in
+ * place: gp.linear_cross_entropy's chunks). */
 #include "bad_index.cuh"
 
 #include <math.h>
@@ -109,9 +110,12 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
       s += expf(a - m);
     }
   });
+  /* the target's logit, read before the block's reduction (its barrier orders
+   * the read before pass 2's writes: dlogits may be logits itself) */
+  float xt = threadIdx.x == 0 ? ld(x[t]) : 0.f;
   block_ms(m, s);
   float lse = m + logf(s);
-  if (threadIdx.x == 0) loss[row] = lse - ld(x[t]);
+  if (threadIdx.x == 0) loss[row] = lse - xt;
   if (g) row_map(g, x, v, vec, [=](int64_t j, float a) { return (expf(a - lse) - (j == t ? 1.f : 0.f)) * scale; });
 }
 

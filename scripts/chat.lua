@@ -56,15 +56,6 @@ end
 local bots = {}
 for i, s in ipairs(specs) do bots[i] = load(s) end
 
--- the stop ids of a tokenizer: eos and the template's end-of-turn tokens it knows
-local function stops_of(tok)
-  local r, seen = {}, {}
-  local function add(id) if id and not seen[id] then seen[id] = true; r[#r + 1] = id end end
-  add(tok.eos_id)
-  for _, s in ipairs {'<|im_end|>', '<|eot_id|>', '<|end_of_text|>', '<|endoftext|>', '</s>'} do add(tok:token_to_id(s)) end
-  return r
-end
-
 -- print the text of ids as it grows, holding back an unfinished UTF-8 sequence
 local function streamer(tok, prefix)
   local shown = 0
@@ -110,7 +101,7 @@ local function answer(bot, messages)
   local t0 = gp.train.now()
   local r = gp.generate(model, {ids}, {
     max_new = o.max_new, temperature = o.temperature, top_p = o.top_p, top_k = o.top_k, min_p = o.min_p,
-    repetition_penalty = o.repetition_penalty, greedy = o.greedy, stop = stops_of(tok),
+    repetition_penalty = o.repetition_penalty, greedy = o.greedy, stop = tok:stop_ids(),
     callback = function(_, step_ids) out[#out + 1] = step_ids[1]; show(out) end,
   })
   local dt = gp.train.now() - t0

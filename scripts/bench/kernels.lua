@@ -87,6 +87,8 @@ local BENCH = {
   {'scatter_add', {'f32'}, syms = {A = S(64, 4), B = S(4096, 64), K = S(2048, 32), C = S(512, 16)}},
   {'cross_entropy', {'bf16', 'f32'}, syms = {N = S(2048, 16), V = S(50304, 1000)}},
   {'cross_entropy_fwd_bwd', {'bf16', 'f32'}, syms = {N = S(2048, 16), V = S(50304, 1000)}},
+  {'distill_loss', {'bf16', 'f32'}, syms = {N = S(8192, 16), V = S(49152, 1000)}},
+  {'distill_fwd_bwd', {'bf16', 'f32'}, syms = {N = S(8192, 16), V = S(49152, 1000)}},
   {'loss_reduce', {'f32'}, syms = {N = NMEM}},
   {'topk', {'f32', 'bf16'}, star = {S(65536, 64)}, syms = {N = 1024, K = 64}},
   {'sort', {'f32', 'bf16'}, star = {S(65536, 64)}, syms = {N = 1024}},

@@ -218,6 +218,59 @@ local function run_ce(c)
   return ms, of_copy(c.bytes, ms) -- logits read, dlogits written
 end
 
+-- the distillation loss (issue 21): SmolLM2's vocabulary, 8 x 1024 rows, T = 2,
+-- no hard targets (alpha 1), as the PyTorch expression
+-- F.kl_div(F.log_softmax(s/T), F.log_softmax(t/T), log_target=True, reduction='batchmean') * T^2
+local function distill_cases()
+  local N, V = S(8 * 1024, 16), S(49152, 1000)
+  local bytes = 3 * N * V * 2 -- student and teacher read once, dstudent written once (bf16)
+  local p = {dtype = 'bf16', n = N, v = V, temperature = 2, sets = sets_for(bytes)}
+  for k, v in pairs(KERNEL_IT) do p[k] = v end
+  return {{row = 'distill fwd+bwd', shape = 'bf16 ' .. N .. 'x' .. V .. ' T=2', p = p, bytes = bytes}}
+end
+
+-- autograd's path: gp.distill_loss records the fused fwd+bwd kernel, backward scales dstudent
+local function run_distill(c)
+  local p = c.p
+  local sets = {}
+  for i = 1, p.sets do
+    sets[i] = {s = gp.randn({p.n, p.v}):to(p.dtype):requires_grad(), t = gp.randn({p.n, p.v}):to(p.dtype)}
+  end
+  local dopts = {temperature = p.temperature}
+  local ms = time_sets(sets, function(s)
+    s.s.grad = nil
+    gp.distill_loss(s.s, s.t, dopts):backward()
+  end, p)
+  local note = of_copy(c.bytes, ms)
+  return ms, string.format('%.3g GB/s', c.bytes / (ms * 1e-3) / 1e9) .. (note and ', ' .. note or '')
+end
+
+-- the fused linear cross-entropy (issue 24): Llama 3's vocabulary, 4096 tokens
+-- of width 2048, bf16; h and w both take gradients, against the head product +
+-- F.cross_entropy (eager: the (N, V) logits and their gradient held whole)
+local function lce_cases()
+  local N, D, V = S(4096, 64), S(2048, 32), S(128256, 1000)
+  local p = {dtype = 'bf16', n = N, d = D, v = V, sets = 1}
+  for k, v in pairs(TRAIN_IT) do p[k] = v end
+  return {{row = 'fused linear CE fwd+bwd', shape = string.format('bf16 %dx%d V=%d', N, D, V), p = p}}
+end
+
+local function run_lce(c)
+  local p = c.p
+  local h = gp.randn({p.n, p.d}):to(p.dtype):requires_grad()
+  local w = (gp.randn({p.v, p.d}) * 0.02):to(p.dtype):requires_grad()
+  local t = gp.randint(0, p.v, {p.n})
+  local ms = time_sets({1}, function()
+    h.grad, w.grad = nil, nil
+    gp.linear_cross_entropy(h, w, t):backward()
+  end, p)
+  local tf = 6 * p.n * p.d * p.v / (ms * 1e-3) / 1e12 -- the three products
+  local chunk = math.max(1, math.min(p.n, math.floor(2 ^ 28 / (p.v * 2))))
+  return ms, string.format('%.3g TFLOP/s%s; logits scratch %.3g MB (whole: %.3g MB)', tf,
+    gemm_tflops and string.format(', %.2f of GEMM peak', tf / gemm_tflops) or '', chunk * p.v * 2 / 2 ^ 20,
+    p.n * p.v * 2 / 2 ^ 20)
+end
+
 -- GPT-2 small (124M parameters) and the default train_gpt.lua config (with the
 -- vocabulary of 51 that data/corpus.txt's bytes gave; train_gpt's default is now
 -- --vocab printable, 97: V51 keeps the rows comparable with BENCHMARKS.md)
@@ -491,6 +544,8 @@ local WORKLOADS = {
   {name = 'elementwise', cases = ew_cases, run = run_ew},
   {name = 'matmul', cases = mm_cases, run = run_mm},
   {name = 'cross_entropy', cases = ce_cases, run = run_ce},
+  {name = 'distill', needs = {'gp.distill_loss'}, cases = distill_cases, run = run_distill},
+  {name = 'linear_cross_entropy', needs = {'gp.linear_cross_entropy'}, cases = lce_cases, run = run_lce},
   {name = 'adamw', needs = {'gp.optim.AdamW'}, cases = adamw_cases, run = run_adamw},
   {name = 'train', needs = {'gp.nn.GPT'}, cases = train_cases, run = run_train},
   {name = 'attention', needs = {'gp.attention'}, run = run_att,

@@ -2,9 +2,10 @@
 gp.models.save wrote, with ids.json: the prefill and prompt token ids), the
 same prefill and greedy decode, timed on the GPU. Modes:
   eager    model(ids) and model.generate(...) as they come (dynamic cache)
-  compile  the static cache (generation_config.cache_implementation = "static")
-           with the forward compiled by torch.compile(mode="reduce-overhead"),
-           the fastest configuration of transformers' own generate
+  compile  the static cache (generation_config.cache_implementation = "static"),
+           whose decoding forward generate compiles with torch.compile
+           (fullgraph, mode="reduce-overhead"): the fastest configuration of
+           transformers' own generate
 Prints one JSON line per measurement:
   {"mode", "what": "prefill"|"decode", "batch", "tokens_per_s", "s"}
 (decode: new tokens of every row over the whole generate call, prefill
@@ -48,8 +49,12 @@ for mode in a.modes.split(","):
     model.generation_config.eos_token_id = None  # every row runs max_new tokens, as gpush's do
     model.generation_config.pad_token_id = 0
     if mode == "compile":
+        # transformers' generate compiles the decoding forward itself when the
+        # cache is static (its CompileConfig: torch.compile fullgraph,
+        # mode "reduce-overhead"); compiling model.forward by hand on top of
+        # that makes the CUDA-graph outputs be overwritten between steps
         model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        model.generation_config.compile_config = transformers.CompileConfig(fullgraph=True, mode="reduce-overhead")
     with torch.no_grad():
         if mode == "eager":  # the compiled forward is for decode shapes; prefill is timed eager only
             s = timed(lambda: model(prefill), 10)

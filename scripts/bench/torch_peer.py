@@ -196,6 +196,41 @@ def build_cross_entropy(case, dev, compiled):
     return rotating(fwd_bwd, sets)
 
 
+def distill_kl(s, t, T):
+    return F.kl_div(F.log_softmax(s / T, -1), F.log_softmax(t / T, -1), log_target=True, reduction="batchmean") * T * T
+
+
+def build_distill(case, dev, compiled):
+    dt, N, V, T = DTYPES[case["dtype"]], case["n"], case["v"], case["temperature"]
+    sets = [(torch.randn(N, V, device=dev, dtype=dt).requires_grad_(), torch.randn(N, V, device=dev, dtype=dt))
+            for _ in range(case.get("sets", 1))]
+    f = maybe_compile(distill_kl, compiled)
+
+    def fwd_bwd(s, t):
+        s.grad = None
+        f(s, t, T).backward()
+
+    return rotating(fwd_bwd, sets)
+
+
+def head_ce(h, w, t):
+    return F.cross_entropy(h @ w.t(), t)
+
+
+def build_linear_cross_entropy(case, dev, compiled):
+    dt, N, D, V = DTYPES[case["dtype"]], case["n"], case["d"], case["v"]
+    h = torch.randn(N, D, device=dev, dtype=dt).requires_grad_()
+    w = (torch.randn(V, D, device=dev, dtype=dt) * 0.02).requires_grad_()
+    t = torch.randint(0, V, (N,), device=dev)
+    f = maybe_compile(head_ce, compiled)
+
+    def fwd_bwd():
+        h.grad, w.grad = None, None
+        f(h, w, t).backward()
+
+    return fwd_bwd
+
+
 def build_adamw(case, dev, compiled):
     if compiled:
         raise RuntimeError("not compiled: the fused AdamW is PyTorch's fastest step")
@@ -349,7 +384,9 @@ def run_dispatch(case, dev, compiled):
 
 WORKLOADS = {
     "elementwise": build_elementwise, "matmul": build_matmul, "cross_entropy": build_cross_entropy,
-    "adamw": build_adamw, "train": build_train, "attention": build_attention, "decode": build_decode,
+    "distill": build_distill, "linear_cross_entropy": build_linear_cross_entropy, "adamw": build_adamw,
+    "train": build_train, "attention": build_attention,
+    "decode": build_decode,
     "moe": build_moe, "diversity": build_diversity, "titans": build_titans, "polychromic": build_missing,
 }
 HOST_TIMED = {"dispatch": run_dispatch}

@@ -9,7 +9,8 @@ local suite = root .. '/scripts/bench/suite.lua'
 
 -- every row label the suite prints (one per workload shape)
 local ROWS = {
-  'add', 'mul', 'exp', 'swiglu', 'rms_norm', 'softmax', 'layer_norm', 'matmul', 'cross_entropy fwd+bwd', 'AdamW step',
+  'add', 'mul', 'exp', 'swiglu', 'rms_norm', 'softmax', 'layer_norm', 'matmul', 'cross_entropy fwd+bwd', 'distill fwd+bwd',
+  'fused linear CE fwd+bwd', 'AdamW step',
   'train_gpt default step', 'bf16 step', 'attention fwd', 'attention fwd+bwd', 'decode attention', 'MoE layer fwd',
   'diversity', 'Titans step', 'polychromic step', 'dispatch a:add_(b)', 'dispatch gp.k.add_s',
 }

@@ -58,6 +58,17 @@ KCASES.reduce = {
   {name = '1x20011x50', shape = {1}, syms = {A = 1, B = 20011, C = 50}, big = true},
 }
 KTOL.reduce = {f32 = 1e-4}
+-- distill: a kind (and T, alpha) per case; rows up to 128K wide (the kernel streams them)
+KCASES.distill = {
+  {name = '1x1 forward_kl', shape = {1}, syms = {N = 1, V = 1}, scalars = {kind = 0}},
+  {name = '7x7 reverse_kl', shape = {1}, syms = {N = 7, V = 7}, scalars = {kind = 1}},
+  {name = '5x1000 jsd', shape = {1}, syms = {N = 5, V = 1000}, scalars = {kind = 2}},
+  {name = '5x1000 T=1 alpha=1', shape = {1}, syms = {N = 5, V = 1000}, scalars = {kind = 0, temperature = 1, alpha = 1}},
+  {name = '3x64 alpha=0', shape = {1}, syms = {N = 3, V = 64}, scalars = {kind = 1, alpha = 0}},
+  {name = '2x131072 jsd', shape = {1}, syms = {N = 2, V = 131072}, scalars = {kind = 2}, big = true},
+  {name = '2x50305 forward_kl', shape = {1}, syms = {N = 2, V = 50305}, scalars = {kind = 0}, big = true},
+}
+KTOL.distill = {f32 = 1e-4}
 -- rows: [*, D] with warp rows, block rows (vector and scalar), and one row too long for registers
 KCASES.rows = {
   {name = '1', shape = {1}, syms = {D = 1}},

@@ -368,6 +368,7 @@ T.test('N: Ctrl-C stops a long CPU matmul within 100 ms with an interrupted erro
   -- product would take tens of seconds; SIGINT comes after 1 s
   write(d .. '/mm.lua', string.format([[
 require('gpush.tools.repl_c').run_begin()
+gp.set_device('cpu') -- CPU kernels are the ones that poll (GPU kernels already queued run to their end)
 local a = gp.randn{1536, 1536}
 io.open(%q, 'w'):close()
 local ok, err = pcall(function() return a:matmul(a):matmul(a):matmul(a):matmul(a) end)
@@ -393,25 +394,31 @@ wait $pid; echo "status $?"]], T.exe, d, d))
 end)
 
 T.test('N: an interrupt request stops elementwise, reduction and row kernels too, and is consumed once', function()
-  local C = gp.C
-  local x = gp.randn {300000}
-  local function stopped(fn, name)
+  local dev = gp.device()
+  gp.set_device('cpu') -- the CPU kernels poll the request
+  local ok, err = pcall(function()
+    local C = gp.C
+    local x = gp.randn {300000}
+    local function stopped(fn, name)
+      C.gp_interrupt()
+      local ok, err = pcall(fn)
+      T.ok(not ok and tostring(err):find(name .. ': interrupted', 1, true), name .. ': ' .. tostring(err))
+      T.eq(C.gp_interrupt_pending(), 0, 'the request is consumed')
+    end
+    stopped(function() return x:exp() end, 'exp')
+    stopped(function() return x + x end, 'add')
+    stopped(function() return x:view {3000, 100}:sum(2) end, 'sum')
+    stopped(function() return x:view {3000, 100}:softmax(2) end, 'softmax')
+    stopped(function() return x:view {3000, 100}:transpose(1, 2):contiguous() end, 'copy')
+    stopped(function() return gp.randn {64, 64}:matmul(gp.randn {64, 64}) end, 'matmul')
+    -- without a request, the same calls run
+    T.eq(x:exp():numel(), 300000)
     C.gp_interrupt()
-    local ok, err = pcall(fn)
-    T.ok(not ok and tostring(err):find(name .. ': interrupted', 1, true), name .. ': ' .. tostring(err))
-    T.eq(C.gp_interrupt_pending(), 0, 'the request is consumed')
-  end
-  stopped(function() return x:exp() end, 'exp')
-  stopped(function() return x + x end, 'add')
-  stopped(function() return x:view {3000, 100}:sum(2) end, 'sum')
-  stopped(function() return x:view {3000, 100}:softmax(2) end, 'softmax')
-  stopped(function() return x:view {3000, 100}:transpose(1, 2):contiguous() end, 'copy')
-  stopped(function() return gp.randn {64, 64}:matmul(gp.randn {64, 64}) end, 'matmul')
-  -- without a request, the same calls run
-  T.eq(x:exp():numel(), 300000)
-  C.gp_interrupt()
-  C.gp_interrupt_clear()
-  T.eq((x + 1):numel(), 300000, 'a cleared request stops nothing')
+    C.gp_interrupt_clear()
+    T.eq((x + 1):numel(), 300000, 'a cleared request stops nothing')
+  end)
+  gp.set_device(dev)
+  if not ok then error(err, 0) end
 end)
 
 ---------------------------------------------------------------------------

@@ -330,3 +330,46 @@ T.test('scripts/bench/tokenizer.lua runs (encode, decode, the round trip)', func
   T.ok(out:find('encode (cold cache)', 1, true) and out:find('MB/s', 1, true), out)
   T.ok(out:find('decode(encode(text)) == text: true', 1, true), out)
 end)
+
+T.test('malformed UTF-8 decodes as U+FFFD a byte; a null Prepend is no prepend (fuzz findings)', function()
+  local U = require 'gpush.text.unicode'
+  local function cps(s)
+    local out, i = {}, 1
+    while i <= #s do out[#out + 1], i = U.decode_at(s, i) end
+    return table.concat(out, ' ')
+  end
+  T.eq(cps('a\xC3\xA9b'), '97 233 98')                -- é
+  T.eq(cps('\xE2\x82\xAC'), '8364')                    -- €
+  T.eq(cps('\xF0\x9F\x98\x80'), '128512')              -- an emoji
+  T.eq(cps('\xE2\x82'), '65533 65533')                 -- truncated at the end of the text
+  T.eq(cps('\xC3A'), '65533 65')                       -- a lead byte without its continuation
+  T.eq(cps('\x80\xFF'), '65533 65533')                 -- stray continuation, invalid byte
+  local spec = json.decode([[{"version":"1.0","model":{"type":"WordLevel","vocab":{"[UNK]":0,"hi":1},"unk_token":"[UNK]"},
+    "normalizer":{"type":"Prepend","prepend":null},"pre_tokenizer":{"type":"Whitespace"}}]])
+  local tok = gp.tokenizer.from_json(spec)
+  T.eq(show(tok:encode('hi')), '{1}')
+  spec.normalizer.prepend = 3
+  T.raises(function() gp.tokenizer.from_json(spec) end, 'prepend is a number, not a string')
+end)
+
+T.test('tok:stop_ids(): eos and the end-of-turn tokens; gp.generate stops at them by default', function()
+  local tok = gp.tokenizer.load(root .. '/smollm2')
+  local stops = tok:stop_ids()
+  T.ok(#stops >= 1, 'no stop ids')
+  local im_end = tok:token_to_id('<|im_end|>')
+  local has = false
+  for _, id in ipairs(stops) do has = has or id == im_end end
+  T.ok(has, '<|im_end|> is a stop id: ' .. table.concat(stops, ' '))
+  -- a model that always answers <|im_end|>: the reply ends before it unless stop = {} says otherwise
+  local V = tok.vocab_size
+  local model = gp.nn.GPT {vocab_size = V, block_size = 16, n_embd = 8, n_layer = 1, n_head = 1}
+  gp.no_grad(function()
+    model.lm_head.weight:zero_()
+    model.lm_head.weight:narrow(1, im_end + 1, 1):fill_(1)
+    model.ln_f.bias:fill_(1)
+  end)
+  local r = gp.generate(model, {{1, 2}}, {max_new = 4, greedy = true, tokenizer = tok})
+  T.eq(#r.lists[1], 0)
+  r = gp.generate(model, {{1, 2}}, {max_new = 4, greedy = true, tokenizer = tok, stop = {}})
+  T.eq(#r.lists[1], 4)
+end)

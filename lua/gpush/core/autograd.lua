@@ -162,6 +162,12 @@ local function slice_grad(grads, a, s)
   return z
 end
 
+-- a rule may return {fresh = t}: a gradient nothing else refers to once this
+-- backward frees the graph (a fused loss's saved gradient, returned as it is):
+-- a leaf without a .grad takes it as its .grad, without the copy (kept when
+-- the graph is retained: the next backward would return the same tensor)
+local retaining = false
+
 local function accumulate(grads, a, g)
   if g == nil then return end
   if type(a) == 'table' and not is_tensor(a) then
@@ -169,6 +175,15 @@ local function accumulate(grads, a, g)
     return
   end
   if not needs(a) then return end
+  if type(g) == 'table' and not is_tensor(g) and g.fresh then
+    local t = g.fresh
+    if not retaining and not rawget(a, '_node') and rawget(a, 'grad') == nil and t.dtype == a.dtype and
+        t.device == a.device and tensor.shape_str(t.shape) == tensor.shape_str(a.shape) then
+      rawset(a, 'grad', t)
+      return
+    end
+    g = t
+  end
   if type(g) == 'table' and not is_tensor(g) and g.slice then
     g = slice_grad(grads, a, g)
     if g == nil then return end
@@ -239,6 +254,10 @@ function A.backward(root, grad, opts)
       raise(string.format('backward: a gradient is needed for a non-scalar output of shape %s', tensor.shape_str(root.shape)))
     end
     grad = gp.ones_like(root)
+    -- the seed: a rule may return a gradient it saved as it is when its
+    -- incoming gradient is this one (a fused loss whose kernel already wrote
+    -- the final gradient: distill_loss)
+    rawset(grad, '_seed', true)
   end
   -- nodes reachable from the root, inputs before users
   local order, seen = {}, {}
@@ -263,6 +282,7 @@ function A.backward(root, grad, opts)
   -- post-accumulate hooks: a leaf's hooks run once its last contribution in
   -- this backward is added (the node that uses it earliest in the forward)
   local pending = next(A.hooked) and count_hooked(order) or nil
+  retaining = opts.retain_graph and true or false
   A.no_grad(function()
     for i = #order, 1, -1 do
       local node = order[i]

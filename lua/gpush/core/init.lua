@@ -18,6 +18,7 @@ require 'gpush.core.print'      -- tostring(t)
 -- the op families: tensor methods, gp functions and their gradient rules
 require 'gpush.core.ops.index'      -- embedding, gather, index_select, scatter_add
 require 'gpush.core.ops.loss'       -- cross_entropy
+require 'gpush.core.ops.distill'    -- distill_loss
 require 'gpush.core.ops.select'     -- topk, sort, ...
 require 'gpush.core.ops.random'     -- dropout, multinomial
 require 'gpush.core.ops.reduce'     -- sum, mean, max, var, norm, cumsum

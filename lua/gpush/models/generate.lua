@@ -111,7 +111,9 @@ function M.generate(model, prompts, opts)
     raise(string.format('generate: the longest prompt (%d tokens) + max_new (%d) = %d positions is longer than the cache and the model\'s block_size (%d)',
       lmax, max_new, total, bs))
   end
-  local stops = opts.stop or {}
+  -- stop: explicit ids, else the tokenizer's end-of-reply ids (tok:stop_ids(): eos, <|im_end|>, ...), else none
+  local stops = opts.stop
+  if stops == nil then stops = opts.tokenizer and opts.tokenizer.stop_ids and opts.tokenizer:stop_ids() or {} end
   if type(stops) == 'number' then stops = {stops} end
   local w = model.lm_head and model.lm_head.weight or model:parameters()[1]
   local dev, dtype = w.device, w.dtype
@@ -258,7 +260,7 @@ function M.generate(model, prompts, opts)
   return out
 end
 
-gp.doc(M.generate, 'gp.generate(model, prompts, {n=1, max_new=64, temperature=1, greedy=false, top_k=0, top_p=1, min_p=0, repetition_penalty=1, stop={ids}, tokenizer=, callback=function(step, ids) end, check_every=16})',
+gp.doc(M.generate, 'gp.generate(model, prompts, {n=1, max_new=64, temperature=1, greedy=false, top_k=0, top_p=1, min_p=0, repetition_penalty=1, stop={ids} (default: tokenizer:stop_ids() when it has them), tokenizer=, callback=function(step, ids) end, check_every=16})',
   'B prompts (strings or 0-based id lists) x n samples in one batch with a KV cache (prefill, then decode): {tokens = i64 (B*n, L) cpu, lists = generated ids per row, text = decoded per row}; rows are prompt-major')
 
 return M

@@ -18,7 +18,8 @@ local M = {
 }
 
 -- the models `make models` fetches, by short name: where they land under models_dir()
-M.NAMES = {smollm2 = 'smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', ['all-minilm-l6-v2'] = 'all-minilm-l6-v2'}
+M.NAMES = {smollm2 = 'smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', ['all-minilm-l6-v2'] = 'all-minilm-l6-v2',
+           shakespeare = 'shakespeare/shakespeare.txt'} -- (the last a text: gp.models.path only)
 
 -- $GPUSH_CACHE/models (default ~/.cache/gpush/models)
 function M.dir() return (rt.cache_dir() or '.') .. '/models' end

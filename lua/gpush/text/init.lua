@@ -40,6 +40,7 @@ doc(Tok.encode, "tok:encode(text, {add_special_tokens = true, truncation = true,
 doc(Tok.encode_batch, 'tok:encode_batch({text, ...}, opts)', 'tok:encode of each text: a list of id lists')
 doc(Tok.decode, 'tok:decode(ids, {skip_special_tokens = false})', "the text of ids (a list or a 1-D tensor) as tokenizers' decode")
 doc(Tok.token_to_id, "tok:token_to_id('token')", 'the id of a token (added tokens first), or nil')
+doc(Tok.stop_ids, 'tok:stop_ids()', "the ids that end a reply: eos and the end-of-turn tokens the vocabulary has (<|im_end|>, <|eot_id|>, ...); gp.generate's default stop with this tokenizer")
 doc(Tok.id_to_token, 'tok:id_to_token(id)', 'the token of an id, or nil')
 doc(Tok.apply_chat_template, "tok:apply_chat_template(messages, {add_generation_prompt = true, tools = ..., tokenize = false})",
   "the chat template rendered as transformers' apply_chat_template(messages, tokenize=False) renders it; other keys become template variables")

@@ -182,7 +182,9 @@ function M.build(spec, where)
   elseif t == 'Replace' then
     return M.replacer(spec.pattern, spec.content, 'Replace normalizer', where)
   elseif t == 'Prepend' then
-    local p = spec.prepend or ''
+    local p = spec.prepend
+    if p == nil or p == null then p = ''
+    elseif type(p) ~= 'string' then rt.raise(string.format('tokenizer: Prepend normalizer in %s: prepend is a %s, not a string', where, type(p))) end
     return function(s) if s == '' then return s end return p .. s end
   elseif t == 'BertNormalizer' then
     return bert(spec)

@@ -370,6 +370,18 @@ function Tokenizer:token_to_id(s)
   return self.model.vocab[s]
 end
 
+-- the ids that end a generated reply: eos and the end-of-turn tokens of the
+-- chat templates this vocabulary has (ChatML's <|im_end|>, Llama 3's
+-- <|eot_id|>, ...), each once
+local END_OF_TURN = {'<|im_end|>', '<|eot_id|>', '<|end_of_text|>', '<|endoftext|>', '</s>', '<end_of_turn>'}
+function Tokenizer:stop_ids()
+  local r, seen = {}, {}
+  local function add(id) if id and not seen[id] then seen[id] = true; r[#r + 1] = id end end
+  add(self.eos_id)
+  for _, t in ipairs(END_OF_TURN) do add(self:token_to_id(t)) end
+  return r
+end
+
 function Tokenizer:id_to_token(id)
   local t = self.added_by_id[id]
   if t then return t.content end

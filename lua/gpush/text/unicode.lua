@@ -66,17 +66,29 @@ local UTF8PROC_STABLE, UTF8PROC_COMPAT, UTF8PROC_COMPOSE, UTF8PROC_DECOMPOSE = 2
 ---------------------------------------------------------------------------
 -- UTF-8
 
--- the code point at byte i (1-based) of s and the byte after it; s must be valid UTF-8
+-- the code point at byte i (1-based) of s and the byte after it; a malformed
+-- sequence (a stray continuation byte, a lead byte whose continuation bytes
+-- are missing or wrong, a byte 0xF8..0xFF) is one U+FFFD for its first byte,
+-- as decoders that replace errors read it, so text from outside never stops
+-- the tokenizer
 local byte, char, sub = string.byte, string.char, string.sub
+local function cont(c) return c and c >= 0x80 and c < 0xC0 end
 function M.decode_at(s, i)
   local b = byte(s, i)
   if b < 0x80 then return b, i + 1 end
-  if b < 0xE0 then return bit.bor(bit.lshift(b - 0xC0, 6), byte(s, i + 1) - 0x80), i + 2 end
+  if b < 0xC0 or b >= 0xF8 then return 0xFFFD, i + 1 end
+  if b < 0xE0 then
+    local b1 = byte(s, i + 1)
+    if not cont(b1) then return 0xFFFD, i + 1 end
+    return bit.bor(bit.lshift(b - 0xC0, 6), b1 - 0x80), i + 2
+  end
   if b < 0xF0 then
     local b1, b2 = byte(s, i + 1, i + 2)
+    if not (cont(b1) and cont(b2)) then return 0xFFFD, i + 1 end
     return bit.bor(bit.lshift(b - 0xE0, 12), bit.lshift(b1 - 0x80, 6), b2 - 0x80), i + 3
   end
   local b1, b2, b3 = byte(s, i + 1, i + 3)
+  if not (cont(b1) and cont(b2) and cont(b3)) then return 0xFFFD, i + 1 end
   return bit.bor(bit.lshift(b - 0xF0, 18), bit.lshift(b1 - 0x80, 12), bit.lshift(b2 - 0x80, 6), b3 - 0x80), i + 4
 end
 local decode_at = M.decode_at

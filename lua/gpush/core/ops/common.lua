@@ -62,4 +62,56 @@ function M.norm_outs(x, D, op, w, b, has_b)
   return dw, db, acc, (w and not gw) and dw or nil, (b and not gb) and db or nil
 end
 
+-- the end of a fused loss (cross_entropy, distill_loss): its per-row f32
+-- losses (N) reduced by gp.k.loss_reduce ('mean' over the rows whose target
+-- is not ignore_index, 'sum'), or viewed as row_shape ('none'); with dx (the
+-- kernel's d(loss)/dx, unscaled) also dx viewed as x_shape, divided by the
+-- count for 'mean' -- except on autograd's path (grad = 'raw'), which takes
+-- dx unscaled and the count: its backward scales by upstream / count in the
+-- one pass it makes anyway
+function M.reduce_rows(op, loss, dx, tg, ignore, red, grad, row_shape, x_shape)
+  local out
+  if red == 'none' then
+    out = loss:view(row_shape)
+  else
+    local r = tensor.empty({1}, 'f32', loss.device, op)
+    local cnt = tensor.empty({1}, 'f32', loss.device, op)
+    gp.k.loss_reduce(r, cnt, loss, tg, ignore, red == 'mean' and 1 or 0)
+    out = r:view {}
+    if dx and red == 'mean' then
+      if grad == 'raw' then return out, dx:view(x_shape), cnt end
+      gp.k.div(dx, dx, cnt:to(dx.dtype))
+    end
+  end
+  if dx then return out, dx:view(x_shape) end
+  return out
+end
+
+-- the gradient rule of a fused loss f(x, y, opts) (cross_entropy),
+-- whose kernel gives d(loss)/dx with the loss. saved: dx, and
+-- for 'mean' without grad=true the count of rows the mean is over (dx then
+-- unscaled): one pass of dx * (upstream / count) over the (N, V) logits
+-- instead of a divide in forward and a multiply here. y gets no gradient.
+function M.fused_loss_rule(g, a, _, saved)
+  local opts = type(a[3]) == 'table' and a[3] or {}
+  local dx, cnt = saved[1], saved[2]
+  local gl = g[1]
+  if (opts.reduction or 'mean') == 'none' then gl = gl:unsqueeze(-1) end
+  if cnt then gl = tensor.to_dtype(gl, 'f32') / cnt:view {} end
+  return dx * tensor.to_dtype(gl, dx.dtype), nil, nil
+end
+M.fused_loss_opts = {
+  nout = 1,
+  forward = function(f, x, y, opts)
+    if type(opts) ~= 'table' and opts ~= nil then return nil, f(x, y, opts) end -- f raises
+    opts = opts or {}
+    local o2 = {}
+    for k, v in pairs(opts) do o2[k] = v end
+    o2.grad = opts.grad and true or 'raw' -- grad = true: the caller gets the scaled dx too
+    local loss, dx, cnt = f(x, y, o2)
+    if opts.grad then return {dx}, loss, dx end
+    return {dx, cnt}, loss
+  end,
+}
+
 return M

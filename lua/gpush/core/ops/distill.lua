@@ -1,0 +1,129 @@
+-- distillation loss: gp.distill_loss over the fused kernels of kernels/distill.*
+-- (online softmax of student and teacher rows in one pass; the probabilities
+-- never reach device memory). The loss stays on the device.
+local rt = require 'gpush.core.runtime'
+local tensor = require 'gpush.core.tensor'
+local gp = require 'gpush.core.ns'
+local autograd = require 'gpush.core.autograd'
+local common = require 'gpush.core.ops.common'
+local FLOAT = require('gpush.core.dtype').FLOAT
+local raise = rt.raise
+local is_tensor, empty, shape_str = tensor.is_tensor, tensor.empty, tensor.shape_str
+local doc = gp.doc
+
+local KINDS = {forward_kl = 0, reverse_kl = 1, jsd = 2}
+
+-- student (..., V), teacher (..., V); opts.targets (...) of 0-based ids
+function gp.distill_loss(student, teacher, opts)
+  opts = opts or {}
+  local op = 'distill_loss'
+  if not is_tensor(student) or not is_tensor(teacher) then
+    raise(op .. ': student and teacher logits must be tensors')
+  end
+  if type(opts) ~= 'table' then
+    raise(op .. ": options must be a table like {temperature=2, alpha=0.5, targets=t, kind='forward_kl'}")
+  end
+  if not FLOAT[student.dtype] or not FLOAT[teacher.dtype] then
+    raise(string.format('%s: logits must be floating point, got student %s and teacher %s', op, student.dtype, teacher.dtype))
+  end
+  if student.device ~= teacher.device then
+    raise(string.format('%s: student is on %s but teacher is on %s (move one with :to())', op, student.device, teacher.device))
+  end
+  if student:dim() < 1 or shape_str(student.shape) ~= shape_str(teacher.shape) then
+    raise(string.format('%s: student logits %s and teacher logits %s must have the same shape (same vocabulary, same rows)',
+      op, shape_str(student.shape), shape_str(teacher.shape)))
+  end
+  local T = opts.temperature or 1
+  if type(T) ~= 'number' or not (T > 0) or T == math.huge then
+    raise(op .. ': temperature must be a positive number, got ' .. tostring(T))
+  end
+  local kind = KINDS[opts.kind or 'forward_kl']
+  if not kind then
+    raise(op .. ": kind must be 'forward_kl', 'reverse_kl' or 'jsd', got " .. tostring(opts.kind))
+  end
+  local red = opts.reduction or 'mean'
+  if red ~= 'mean' and red ~= 'sum' and red ~= 'none' then
+    raise(op .. ": reduction must be 'mean', 'sum' or 'none', got " .. tostring(red))
+  end
+  local targets, ignore = opts.targets, opts.ignore_index or -100
+  local alpha = opts.alpha or (targets and 0.5 or 1)
+  if type(alpha) ~= 'number' or not (alpha >= 0 and alpha <= 1) then
+    raise(op .. ': alpha must be a number in [0, 1] (the weight of the distillation term), got ' .. tostring(alpha))
+  end
+  local V = student:size(-1)
+  local N = V > 0 and student:numel() / V or 0
+  local lead = {unpack(student.shape, 1, student:dim() - 1)}
+  if targets == nil then
+    if alpha ~= 1 then
+      raise(string.format('%s: alpha = %g mixes in the cross-entropy, which needs targets (opts.targets)', op, alpha))
+    end
+    -- no hard targets: every row counts; the CE term has weight 0 (the kernel skips it)
+    targets = gp.zeros(lead, {dtype = 'i32', device = student.device})
+    ignore = -1
+  elseif not is_tensor(targets) or (targets.dtype ~= 'i32' and targets.dtype ~= 'i64') then
+    raise(op .. ': targets must be an i32 or i64 tensor of 0-based class ids')
+  elseif targets.device ~= student.device then
+    raise(string.format('%s: targets are on %s but the logits are on %s', op, targets.device, student.device))
+  elseif targets:numel() ~= N or targets:dim() ~= student:dim() - 1 then
+    raise(string.format('%s: logits are %s so targets must be %s, got %s', op, shape_str(student.shape),
+      shape_str(lead), shape_str(targets.shape)))
+  end
+  local s = student:contiguous():reshape {N, V}
+  local t = tensor.to_dtype(teacher, student.dtype):contiguous():reshape {N, V}
+  local tg = targets:contiguous():reshape {N}
+  local dev = student.device
+  local loss = empty({N}, 'f32', dev, op)
+  local ds
+  if opts.grad then
+    -- 'mean': the kernel divides by the count of kept rows, counted on the device first
+    -- (no host sync), so dstudent comes out final and autograd's backward of a
+    -- loss:backward() returns it as it is: one pass over the logits, not two
+    local cnt
+    if red == 'mean' then
+      local r = empty({1}, 'f32', dev, op)
+      cnt = empty({1}, 'f32', dev, op)
+      gp.k.fill(loss, 0)
+      gp.k.loss_reduce(r, cnt, loss, tg, ignore, 0)
+    else
+      cnt = gp.ones({1}, {device = dev})
+    end
+    ds = empty({N, V}, student.dtype, dev, op)
+    gp.k.distill_fwd_bwd(loss, ds, s, t, tg, cnt, T, alpha, kind, ignore, 1)
+  else
+    gp.k.distill_loss(loss, s, t, tg, T, alpha, kind, ignore)
+  end
+  local out = common.reduce_rows(op, loss, nil, tg, ignore, red, nil, lead)
+  if ds then return out, ds:view(student.shape) end
+  return out
+end
+doc(gp.distill_loss,
+  "gp.distill_loss(student_logits, teacher_logits, {temperature=1, alpha=0.5, targets=t, ignore_index=-100, kind='forward_kl', reduction='mean', grad=false})",
+  "knowledge-distillation loss per row: alpha * T^2 * D + (1 - alpha) * cross_entropy(student, targets), D = KL(softmax(teacher/T) || softmax(student/T)) ('forward_kl'), KL(student_T || teacher_T) ('reverse_kl') or their Jensen-Shannon divergence ('jsd'); alpha defaults to 0.5 with targets, 1 (distillation only) without; rows whose target is ignore_index count in neither term; 'mean' over the other rows. Differentiable in the student logits only (the teacher is a constant); with grad=true also returns d(loss)/d(student)")
+
+---------------------------------------------------------------------------
+-- distill_loss: the fused kernel gives dstudent (final: already / count for
+-- 'mean') with the loss, saved by the forward; backward returns it as it is
+-- for the seed of loss:backward() (a gradient of ones; fresh: a leaf takes it
+-- without a copy) and scales it by any other incoming gradient; the teacher
+-- gets none
+autograd.def_function('distill_loss', function(g, a, _, saved)
+  local ds, gl = saved[1], g[1]
+  local opts = type(a[3]) == 'table' and a[3] or {}
+  -- (with grad=true the caller holds ds too: not fresh)
+  if rawget(gl, '_seed') then return opts.grad and ds or {fresh = ds}, nil, nil end
+  if (opts.reduction or 'mean') == 'none' then gl = gl:unsqueeze(-1) end
+  return ds * tensor.to_dtype(gl, ds.dtype), nil, nil
+end, {
+  nout = 1,
+  forward = function(f, student, teacher, opts)
+    if type(opts) ~= 'table' and opts ~= nil then return nil, f(student, teacher, opts) end -- f raises
+    local o2 = {}
+    for k, v in pairs(opts or {}) do o2[k] = v end
+    o2.grad = true
+    local loss, ds = f(student, teacher, o2)
+    if opts and opts.grad then return {ds}, loss, ds end
+    return {ds}, loss
+  end,
+})
+
+return gp

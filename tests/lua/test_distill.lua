@@ -1,0 +1,198 @@
+-- distill_loss: equal to a plain composition of log_softmax, exp, sum and mean
+-- in f64 (all three kinds, T != 1, alpha 0 / 0.5 / 1, ignored rows), its
+-- gradient to the composition's autograd gradient, gradcheck, wide rows,
+-- CUDA against the CPU, bad input.
+local T = require 'lib'
+local gp = require 'gpush'
+
+local CPU64 = {dtype = 'f64', device = 'cpu'}
+local I64 = {dtype = 'i64', device = 'cpu'}
+
+-- the composition: per-row alpha T^2 D + (1 - alpha) CE, mean over kept rows
+local function compose(s, t, tg, o)
+  local N, V = s:size(1), s:size(2)
+  local temp, alpha, kind = o.temperature or 1, o.alpha, o.kind or 'forward_kl'
+  local a, b = (s / temp):log_softmax(2), (t / temp):log_softmax(2)
+  local p, q = a:exp(), b:exp()
+  local D
+  if kind == 'forward_kl' then D = (q * (b - a)):sum(2)
+  elseif kind == 'reverse_kl' then D = (p * (a - b)):sum(2)
+  else
+    local m = ((p + q) * 0.5):log()
+    D = ((q * (b - m)):sum(2) + (p * (a - m)):sum(2)) * 0.5
+  end
+  local keep, safe, nkeep = {}, {}, 0
+  local tt = tg:totable()
+  for n = 1, N do
+    keep[n] = tt[n] == (o.ignore_index or -100) and 0 or 1
+    safe[n] = keep[n] == 1 and tt[n] or 0
+    nkeep = nkeep + keep[n]
+  end
+  local ce = -s:log_softmax(2):gather(2, gp.tensor(safe, I64):view {N, 1}):view {N}
+  assert(V > 0)
+  local row = (D * (alpha * temp * temp) + ce * (1 - alpha)) * gp.tensor(keep, CPU64)
+  if o.reduction == 'none' then return row end
+  if o.reduction == 'sum' then return row:sum() end
+  return row:sum() / nkeep
+end
+
+local KINDS = {'forward_kl', 'reverse_kl', 'jsd'}
+
+T.test('distill_loss equals log_softmax/exp/sum/mean in f64: kinds, T, alpha, ignored rows, reductions; and its gradient', function()
+  gp.manual_seed(3)
+  local N, V = 6, 11
+  local s0, t0 = gp.randn({N, V}, CPU64) * 2, gp.randn({N, V}, CPU64) * 2
+  local tg = gp.tensor({3, -100, 10, 0, 7, -100}, I64)
+  for _, kind in ipairs(KINDS) do
+    for _, temp in ipairs {1, 2.5, 0.7} do
+      for _, alpha in ipairs {0, 0.5, 1} do
+        for _, red in ipairs {'mean', 'sum', 'none'} do
+          local o = {temperature = temp, alpha = alpha, kind = kind, targets = tg, reduction = red}
+          local what = string.format('%s T=%g alpha=%g %s', kind, temp, alpha, red)
+          local s1, s2 = s0:clone():requires_grad(), s0:clone():requires_grad()
+          local got = gp.distill_loss(s1, t0, o)
+          local want = compose(s2, t0, tg, o)
+          T.eq(got.dtype, 'f32')
+          T.ok(T.relnorm(got, want) < 1e-6, what .. ': loss ' .. T.relnorm(got, want))
+          local up = red == 'none' and gp.randn({N}, CPU64) or gp.full({}, 1.7, CPU64)
+          got:backward(up)
+          want:backward(up)
+          T.ok(T.relnorm(s1.grad, s2.grad) < 1e-6, what .. ': grad ' .. T.relnorm(s1.grad, s2.grad))
+        end
+      end
+    end
+  end
+  -- loss:backward() with no argument (the seed: the kernel's dstudent, already / count, is the
+  -- gradient as it is), on a leaf and through a non-leaf (a product before the loss)
+  for _, kind in ipairs(KINDS) do
+    local o = {temperature = 2, alpha = 0.5, kind = kind, targets = tg}
+    local w0 = gp.randn({V, V}, CPU64)
+    local s1, s2 = s0:clone():requires_grad(), s0:clone():requires_grad()
+    gp.distill_loss(s1:matmul(w0), t0, o):backward()
+    compose(s2:matmul(w0), t0, tg, o):backward()
+    T.ok(T.relnorm(s1.grad, s2.grad) < 1e-6, kind .. ': seed path through a product')
+    local s3, s4 = s0:clone():requires_grad(), s0:clone():requires_grad()
+    gp.distill_loss(s3, t0, o):backward()
+    compose(s4, t0, tg, o):backward()
+    T.ok(T.relnorm(s3.grad, s4.grad) < 1e-6, kind .. ': seed path on a leaf')
+    -- a retained graph: the second backward adds the same gradient again (the first .grad was a copy)
+    local s5 = s0:clone():requires_grad()
+    local l5 = gp.distill_loss(s5, t0, o)
+    l5:backward(nil, {retain_graph = true})
+    l5:backward()
+    T.ok(T.relnorm(s5.grad, s4.grad * 2) < 1e-6, kind .. ': retained graph, two backwards')
+  end
+  -- no targets: distillation only (alpha 1), every row counts; leading dims
+  local s3, t3 = gp.randn({2, 3, V}, CPU64), gp.randn({2, 3, V}, CPU64)
+  local want = compose(s3:reshape {6, V}, t3:reshape {6, V}, gp.zeros({6}, I64), {temperature = 2, alpha = 1})
+  T.ok(T.relnorm(gp.distill_loss(s3, t3, {temperature = 2}), want) < 1e-6)
+  -- identical logits: KL and JSD are 0
+  for _, kind in ipairs(KINDS) do T.near(gp.distill_loss(s3, s3, {kind = kind, temperature = 3}):item(), 0, 1e-6) end
+end)
+
+T.test('distill_loss: dstudent from the kernel against finite differences (gradcheck in f64)', function()
+  local s, t = gp.randn({5, 7}, CPU64), gp.randn({5, 7}, CPU64)
+  local tg = gp.tensor({0, 6, -100, 3, 3}, I64)
+  -- the loss is f32: a larger step keeps the rounding out of the differences
+  local o = {eps = 1e-2, atol = 1e-4, rtol = 1e-3}
+  for _, kind in ipairs(KINDS) do
+    for _, red in ipairs {'mean', 'none'} do
+      T.ok(gp.gradcheck(function(x)
+        return gp.distill_loss(x, t, {kind = kind, temperature = 1.7, alpha = 0.3, targets = tg, reduction = red})
+      end, {s}, o))
+    end
+  end
+  -- grad=true returns dstudent (already / count for 'mean'), detached; the teacher gets no gradient
+  local x, y = s:detach():clone():requires_grad(), t:clone():requires_grad()
+  local loss, ds = gp.distill_loss(x, y, {targets = tg, temperature = 2, grad = true})
+  T.ok(loss:needs_grad() and not ds:needs_grad())
+  loss:backward()
+  T.ok(T.relnorm(x.grad, ds) < 1e-6)
+  T.ok(y.grad == nil)
+  -- ignored rows: zero gradient
+  T.same(T.flat(ds:narrow(1, 3, 1)), {0, 0, 0, 0, 0, 0, 0})
+end)
+
+T.test('distill_loss: wide rows (V = 131072 and an odd 50305) in f32 and bf16 match the f64 composition', function()
+  for _, V in ipairs {131072, 50305} do
+    local s, t = gp.randn({2, V}, CPU64) * 3, gp.randn({2, V}, CPU64) * 3
+    local tg = gp.tensor({V - 1, 5}, I64)
+    for _, kind in ipairs(KINDS) do
+      local o = {kind = kind, temperature = 2, alpha = 0.5, targets = tg, reduction = 'none'}
+      local want = compose(s, t, tg, o)
+      T.ok(T.relnorm(gp.distill_loss(s:float(), t:float(), o), want) < 1e-5, kind .. ' f32 V=' .. V)
+      -- bf16 logits: the same values rounded; compared with the composition of the rounded values
+      local sb, tb = s:bf16(), t:bf16()
+      local wb = compose(sb:to('f64'), tb:to('f64'), tg, o)
+      T.ok(T.relnorm(gp.distill_loss(sb, tb, o), wb) < 1e-5, kind .. ' bf16 V=' .. V)
+    end
+  end
+end)
+
+T.test('distill_loss (cuda): matches the CPU for every dtype and kind, forward and backward; a bad target is reported', function()
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16', 'f16'} do
+    for _, V in ipairs {1, 7, 64, 49152, 50305, 131072} do
+      for _, kind in ipairs(KINDS) do
+        local s = gp.randn({5, V}, {device = 'cpu'}):to(dt)
+        local t = (gp.randn({5, V}, {device = 'cpu'}) * 2):to(dt)
+        local tg = gp.randint(0, V, {5}, {device = 'cpu'})
+        tg = gp.cat({tg:narrow(1, 1, 4), gp.full({1}, -100, I64)})
+        local o = {kind = kind, temperature = 1.5, alpha = 0.5, targets = tg, grad = true, reduction = 'sum'}
+        local l, d = gp.distill_loss(s, t, o)
+        o.targets = tg:cuda()
+        local lc, dc = gp.distill_loss(s:cuda(), t:cuda(), o)
+        local tol = dt == 'f32' and 1e-5 or 1e-2
+        local what = string.format('%s %s V=%d', dt, kind, V)
+        T.ok(T.relnorm(lc, l) < 1e-4, what .. ' loss ' .. T.relnorm(lc, l))
+        T.ok(T.relnorm(dc, d) < tol, what .. ' dstudent ' .. T.relnorm(dc, d))
+      end
+    end
+  end
+  local loss = gp.distill_loss(gp.randn({2, 5}, {device = 'cuda'}), gp.randn({2, 5}, {device = 'cuda'}),
+    {targets = gp.tensor({1, 9}, {dtype = 'i64', device = 'cuda'}), reduction = 'none'})
+  T.raises(function() loss:totable() end, 'distill', 'target 9', 'size 5', 'next synchronization')
+end)
+
+T.test('distill_loss: bad input', function()
+  local s, t = gp.randn({3, 5}, CPU64), gp.randn({3, 5}, CPU64)
+  local tg = gp.tensor({0, 1, 2}, I64)
+  T.raises(function() gp.distill_loss(s, gp.randn({3, 6}, CPU64)) end, 'distill_loss', '(3,5)', '(3,6)', 'vocabulary')
+  T.raises(function() gp.distill_loss(s, t, {temperature = 0}) end, 'distill_loss', 'temperature', '0')
+  T.raises(function() gp.distill_loss(s, t, {temperature = -1}) end, 'distill_loss', 'temperature')
+  T.raises(function() gp.distill_loss(s, t, {kind = 'kl'}) end, 'distill_loss', 'kind', 'kl')
+  T.raises(function() gp.distill_loss(s, t, {targets = gp.tensor({0, 1}, I64)}) end, 'distill_loss', '(3,5)', '(3)', '(2)')
+  T.raises(function() gp.distill_loss(s, t, {targets = gp.tensor({0, 1, 2}, CPU64)}) end, 'distill_loss', 'targets', 'i64')
+  T.raises(function() gp.distill_loss(s, t, {targets = gp.tensor({0, 5, 1}, I64)}) end, 'distill_loss', 'target 5', '5 classes')
+  T.raises(function() gp.distill_loss(s, t, {alpha = 0.5}) end, 'distill_loss', 'alpha', 'targets')
+  T.raises(function() gp.distill_loss(s, t, {alpha = 2, targets = tg}) end, 'distill_loss', 'alpha', '[0, 1]')
+  T.raises(function() gp.distill_loss(s, t, {reduction = 'avg'}) end, 'distill_loss', 'reduction')
+  T.raises(function() gp.distill_loss(s, 3) end, 'distill_loss', 'tensors')
+  T.raises(function() gp.distill_loss(gp.randint(0, 3, {3, 5}, I64), t) end, 'distill_loss', 'floating point')
+  -- the kernel checks its scalars too
+  local loss = gp.empty({3}, {device = 'cpu'})
+  T.raises(function() gp.k.distill_loss(loss, s, t, tg, 0, 0.5, 0, -100) end, 'distill_loss', 'temperature')
+  T.raises(function() gp.k.distill_loss(loss, s, t, tg, 1, 0.5, 3, -100) end, 'distill_loss', 'kind')
+end)
+
+T.test('scripts/distill.lua --tiny: hard-target and distilled students, 2 seeds, held-out losses, JSONL log', function()
+  local log = os.tmpname()
+  local out, rc = T.sh(string.format('%s --device cpu %s/scripts/distill.lua --tiny --quiet --log %s', T.exe, T.root, log))
+  T.eq(rc, 0, out)
+  T.ok(out:find('teacher held-out loss', 1, true), out)
+  T.ok(out:find('seed 1: hard targets', 1, true) and out:find('seed 2: hard targets', 1, true), out)
+  T.ok(out:find('mean over 2 seeds', 1, true), out)
+  local recs = gp.data.jsonl(log)
+  os.remove(log)
+  local results, summary = {}, nil
+  for _, r in ipairs(recs) do
+    if r.event == 'result' then results[#results + 1] = r end
+    if r.event == 'summary' then summary = r end
+  end
+  T.eq(#results, 4)
+  for _, r in ipairs(results) do T.ok(r.heldout_loss > 0 and r.heldout_loss < 10, 'a finite held-out loss') end
+  -- the same init and batches: the two arms of a seed differ only by the loss
+  T.ok(results[1].arm == 'hard' and results[2].arm == 'distill' and results[1].seed == results[2].seed)
+  T.ok(summary and math.abs(summary.mean_diff - ((results[2].heldout_loss - results[1].heldout_loss) +
+    (results[4].heldout_loss - results[3].heldout_loss)) / 2) < 1e-9)
+end)
