@@ -165,7 +165,8 @@ DEB_PKGS := ccache=4.8+really4.7.5-1 \
             lua-check=1.1.0-1 \
             tmux=3.3a-3 \
             clang=1:14.0-55.7~deb12u1 \
-            libclang-rt-14-dev=1:14.0.6-12
+            libclang-rt-14-dev=1:14.0.6-12 \
+            gnuplot-nox=5.4.4+dfsg1-2+b2
 deps:
 	@missing=""; for p in $(DEB_PKGS); do n=$${p%%=*}; \
 	  dpkg-query -W -f='$${Status}' $$n 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; done; \

@@ -1,24 +1,34 @@
--- moe.lua: a character-level GPT with Mixture-of-Experts feed-forward layers
--- (8 experts, top-2, load-balancing and z losses) against a dense baseline of
--- the same active size (SwiGLU MLP of hidden H against experts of hidden H/k),
--- trained on the same data (the built-in corpus, data/corpus.txt, or --data)
--- with the same batches. Prints both validation losses (final and best of the
--- evaluations), the expert load per layer (share of assignments relative to
--- uniform, measured over the final evaluation), and tokens/s.
+-- moe.lua: a GPT with Mixture-of-Experts feed-forward layers (8 experts,
+-- top-2, load-balancing and z losses) against two dense baselines, trained on
+-- the same real text with the same batches:
+--   dense        equal ACTIVE parameters: a SwiGLU MLP of hidden H against E experts of hidden H/k
+--   dense_total  equal TOTAL parameters: a SwiGLU MLP of hidden H E / k (the experts' sum)
+-- The text is the Shakespeare corpus of `make models` when present (the last
+-- whole plays held out, never trained on), else data/corpus.txt; --data
+-- facts is the synthetic encyclopedia, --data FILE any text; characters, or
+-- --tokenizer gpt2 for BPE. Prints each model's held-out loss (final and
+-- best of the evaluations) against the unigram baseline, the expert load per
+-- layer (share of assignments relative to uniform, over the final
+-- evaluation) and tokens/s; --plot FILE draws the curves and the load.
 --
 --   gpush scripts/moe.lua                      -- the defaults
 --   gpush scripts/moe.lua --iters 2000 --bf16 --capacity-factor 1.25
+--   gpush scripts/moe.lua --experts 64 --k 8   -- fine-grained experts (hidden H/8 each)
+--   gpush scripts/moe.lua --runs dense,moe     -- the equal-active comparison only
 --   gpush scripts/moe.lua --infer              -- dense vs MoE generation with a KV cache (d 768, 12 layers, 8 heads, 200 new tokens)
---   gpush scripts/moe.lua --tiny               -- a seconds-long CPU run (the test suite runs it)
+--   gpush scripts/moe.lua --tiny --plot moe.png   -- a seconds-long CPU run and its picture (the test suite runs it)
 --   gpush scripts/moe.lua --ckpt run.ckpt --ckpt-every 100; gpush scripts/moe.lua --resume run.ckpt
 local gp = rawget(_G, 'gp') or require 'gpush'
 
 local script_dir = (arg and arg[0] or 'scripts/moe.lua'):match('^(.*)/[^/]*$') or '.'
 
 local o = gp.args.parse(arg, {
-  {'data', '', 'a text file (default: gp.data.facts_text, a synthetic encyclopedia; "corpus" for data/corpus.txt)'},
-  {'entities', 1000, 'default data: creatures in the synthetic encyclopedia'},
-  {'data-bytes', 400000, 'default data: its size in bytes'},
+  {'data', '', 'a text file, shakespeare, corpus (data/corpus.txt) or facts (gp.data.facts_text, a synthetic encyclopedia); default: Shakespeare when `make models` fetched it, else corpus'},
+  {'tokenizer', '', 'BPE tokens instead of characters: gpt2, smollm2, a tokenizer.json or a Hugging Face directory'},
+  {'entities', 1000, '--data facts: creatures in the synthetic encyclopedia'},
+  {'data-bytes', 400000, '--data facts: its size in bytes'},
+  {'runs', 'dense,moe,dense_total', 'the models, in order: dense (equal active parameters), moe, dense_total (equal total parameters)'},
+  {'plot', '', 'draw the curves (loss, held-out loss, tokens/s) and the expert load into this .png or .svg (gnuplot); the log goes beside it unless --log'},
   {'n-embd', 128, 'embedding width'},
   {'n-layer', 4, 'transformer blocks'},
   {'n-head', 4, 'attention heads'},
@@ -42,7 +52,7 @@ local o = gp.args.parse(arg, {
   {'bf16', false, 'bf16 parameters (f32 master weights in AdamW)'},
   {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
   {'seed', 1337, 'random seed'},
-  {'only', '', 'train only "dense" or "moe"'},
+  {'only', '', 'train only this one of --runs (dense, moe or dense_total)'},
   {'infer', false, 'generation benchmark instead of training: dense vs MoE with a KV cache'},
   {'infer-embd', 768, '--infer: embedding width'},
   {'infer-layer', 12, '--infer: blocks'},
@@ -71,9 +81,9 @@ if o.resume ~= '' then
 end
 
 if o.tiny then -- flags given on the command line win
-  local tiny = {n_embd = 32, n_layer = 2, n_head = 2, block = 16, batch = 4, iters = 12, eval_every = 6, eval_iters = 2,
-                log_every = 6, warmup = 2, experts = 4, infer_embd = 32, infer_layer = 2, infer_head = 2, new_tokens = 8,
-                entities = 100, data_bytes = 20000}
+  local tiny = {n_embd = 32, n_layer = 2, n_head = 2, block = 16, batch = 4, iters = 60, eval_every = 20, eval_iters = 2,
+                log_every = 5, warmup = 2, experts = 4, infer_embd = 32, infer_layer = 2, infer_head = 2, new_tokens = 8,
+                entities = 100, data_bytes = 20000, runs = 'dense,moe'}
   for k, v in pairs(tiny) do if not o._given[k] then o[k] = v end end
 end
 if o.device ~= '' then gp.set_device(o.device) end
@@ -137,24 +147,38 @@ end
 ---------------------------------------------------------------------------
 -- training
 
-local ds, data_path
-if o.data == '' then
-  data_path = string.format('gp.data.facts_text{entities=%d, bytes=%d}', o.entities, o.data_bytes)
+local ds
+local tok = o.tokenizer ~= '' and gp.models.tokenizer(o.tokenizer) or nil
+if o.data == 'facts' then
   ds = gp.data.text {text = gp.data.facts_text {entities = o.entities, bytes = o.data_bytes, seed = o.seed},
-                     vocab = 'present', val_fraction = 0.1}
+                     vocab = 'present', val_fraction = 0.1, tokenizer = tok}
+  ds.name = 'facts'
+  ds.description = string.format('gp.data.facts_text{entities=%d, bytes=%d}; the last 10%% held out', o.entities, o.data_bytes)
 else
-  data_path = o.data == 'corpus' and (script_dir .. '/../data/corpus.txt') or o.data
-  ds = gp.data.text {path = data_path, vocab = 'present', val_fraction = 0.1}
+  ds = gp.data.corpus {data = o.data, fallback = script_dir .. '/../data/corpus.txt', vocab = 'present', tokenizer = tok}
 end
 local B, Tn = o.batch, o.block
-print(string.format('moe: %s, %d bytes, vocab %d, device %s%s; n_layer %d, n_head %d, n_embd %d, block %d, batch %d, %d steps',
-  data_path, ds.text_len, ds.vocab_size, dev, o.bf16 and ', bf16' or '', o.n_layer, o.n_head, o.n_embd, Tn, B, o.iters))
+local runs = {}
+for name in o.runs:gmatch('[^,%s]+') do
+  if name ~= 'dense' and name ~= 'moe' and name ~= 'dense_total' then
+    error(string.format("--runs: unknown model '%s' (dense, moe, dense_total)", name))
+  end
+  if o.only == '' or o.only == name then runs[#runs + 1] = name end
+end
+if #runs == 0 then error(string.format('--runs %s --only %s: no model to train', o.runs, o.only)) end
+local log_path = o.log ~= '' and o.log or (o.plot ~= '' and gp.plot.log_path(o.plot)) or nil
+print('data: ' .. ds.description)
+print(string.format('moe: vocab %d (%s), device %s%s; n_layer %d, n_head %d, n_embd %d, block %d, batch %d, %d steps',
+  ds.vocab_size, tok and 'BPE' or 'characters', dev, o.bf16 and ', bf16' or '', o.n_layer, o.n_head, o.n_embd, Tn, B,
+  o.iters))
 
 local function build(kind)
   local cfg = {vocab_size = ds.vocab_size, block_size = Tn, n_embd = o.n_embd, n_layer = o.n_layer, n_head = o.n_head,
                dropout = o.dropout}
   if kind == 'moe' then
     cfg.mlp, cfg.mlp_hidden, cfg.moe = 'moe', hidden / o.k, moe_cfg
+  elseif kind == 'dense_total' then -- the experts' parameters in one MLP
+    cfg.mlp, cfg.mlp_hidden = dense_mlp, hidden * o.experts / o.k
   else
     cfg.mlp, cfg.mlp_hidden = dense_mlp, hidden
   end
@@ -185,7 +209,7 @@ local function train(kind, phase, done)
   print(string.format('%s: %d parameters, %d active per token%s', kind, total, active,
     kind == 'moe' and string.format(' (%d experts of hidden %d, top-%d, %s%s)', o.experts, hidden / o.k, o.k, o.act,
       moe_cfg.capacity_factor and (', capacity factor ' .. moe_cfg.capacity_factor) or ', dropless') or
-      string.format(' (%s MLP of hidden %d)', dense_mlp, hidden)))
+      string.format(' (%s MLP of hidden %d)', dense_mlp, kind == 'dense_total' and hidden * o.experts / o.k or hidden)))
   local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, 0.95}, weight_decay = o.weight_decay})
   local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.lr / 10, warmup = o.warmup, max_steps = o.iters}
   local best, excluded = math.huge, 0
@@ -200,6 +224,7 @@ local function train(kind, phase, done)
     log:exclude(dt)
     excluded = excluded + dt
     log:print(string.format('%s step %d: val loss %.4f', kind, step, va))
+    log:write {step = step, val_loss = va, model = kind}
     return va
   end
   gp.manual_seed(o.seed + 1) -- the same batches for both models
@@ -210,7 +235,7 @@ local function train(kind, phase, done)
     print(string.format('%s: resumed from %s after step %d', kind, o.resume, start))
   end
   log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * Tn, print = not o.quiet,
-                         file = o.log ~= '' and o.log or nil, start = start,
+                         file = log_path, start = start,
                          append = resume_meta ~= nil or phase > 1}
   local function save_ckpt(step)
     if o.ckpt == '' then return 0 end
@@ -267,26 +292,33 @@ local function train(kind, phase, done)
     loads[i] = rel
     l:track_load(false)
   end
-  return {kind = kind, val = va, best = best, train = tr, tps = tps, loads = loads, worst = worst}
+  local r = {kind = kind, val = va, best = best, train = tr, tps = tps, loads = loads, worst = worst, params = total,
+             active = active}
+  if log_path then
+    local f = assert(io.open(log_path, 'a'))
+    f:write(gp.json.encode {step = o.iters, model = kind, val_loss = va, train_loss = tr, tokens_per_s = tps, final = true,
+      params = total, active_params = active, load = #loads > 0 and loads or nil,
+      load_worst = #loads > 0 and worst or nil, unigram_entropy = ds.unigram_entropy}, '\n')
+    f:close()
+  end
+  return r
 end
 
 local results = resume_meta and resume_meta.done or {}
 local phase = 0
-for _, kind in ipairs {'dense', 'moe'} do
-  if o.only == '' or o.only == kind then
-    phase = phase + 1
-    if phase > #results then -- not trained before the run was resumed
-      local r = train(kind, phase, results)
-      if not r then return end
-      results[#results + 1] = r
-    end
+for _, kind in ipairs(runs) do
+  phase = phase + 1
+  if phase > #results then -- not trained before the run was resumed
+    local r = train(kind, phase, results)
+    if not r then return end
+    results[#results + 1] = r
   end
 end
 
 print('')
 for _, r in ipairs(results) do
-  print(string.format('%s: val loss %.4f (best %.4f) | train loss %.4f | %.0f tokens/s', r.kind, r.val, r.best, r.train,
-    r.tps))
+  print(string.format('%s: val loss %.4f (best %.4f) | train loss %.4f | %.0f tokens/s | %d params, %d active', r.kind,
+    r.val, r.best, r.train, r.tps, r.params or 0, r.active or 0))
   for i, rel in ipairs(r.loads) do
     local cells = {}
     for e, v in ipairs(rel) do cells[e] = string.format('%.2f', v) end
@@ -296,8 +328,45 @@ for _, r in ipairs(results) do
     print(string.format('  largest deviation from uniform: %.1f%% (%s 20%%)', 100 * r.worst, r.worst <= 0.2 and 'within' or 'OUTSIDE'))
   end
 end
-if #results == 2 then
-  local d, m = results[1], results[2]
-  print(string.format('moe - dense: val %+.4f, best val %+.4f (negative: MoE better); tokens/s ratio %.2f',
-    m.val - d.val, m.best - d.best, m.tps / d.tps))
+local by = {}
+for _, r in ipairs(results) do by[r.kind] = r end
+print(string.format('unigram baseline: %.4f nats per %s (%s)', ds.unigram_entropy, tok and 'token' or 'character', ds.name))
+for _, base in ipairs {{'dense', 'equal active parameters'}, {'dense_total', 'equal total parameters'}} do
+  local d, m = by[base[1]], by.moe
+  if d and m then
+    print(string.format('moe - %s (%s): val %+.4f, best val %+.4f (negative: MoE better); tokens/s ratio %.2f', base[1],
+      base[2], m.val - d.val, m.best - d.best, m.tps / d.tps))
+  end
 end
+
+-- the picture: loss per model, held-out loss, tokens/s, the MoE's expert load per layer
+local function draw(path)
+  local recs, steps = gp.plot.read_jsonl(log_path), {}
+  for _, r in ipairs(recs) do if not r.final then steps[#steps + 1] = r end end
+  local S = gp.plot.series
+  local loss, val, tps = {}, {}, {}
+  for _, r in ipairs(results) do
+    local w = {model = r.kind}
+    loss[#loss + 1] = S(steps, 'step', 'loss', {where = w, title = r.kind})
+    val[#val + 1] = S(recs, 'step', 'val_loss', {where = w, title = r.kind, style = 'linespoints'})
+    tps[#tps + 1] = S(steps, 'step', 'tokens_per_s', {where = w, title = r.kind})
+  end
+  local hl = {{y = ds.unigram_entropy, title = string.format('unigram %.2f', ds.unigram_entropy)}}
+  local panels = {
+    {title = 'training loss', xlabel = 'step', ylabel = 'nats', lines = loss, hlines = hl},
+    {title = 'held-out loss', xlabel = 'step', ylabel = 'nats', lines = val},
+    {title = 'tokens/s', xlabel = 'step', lines = tps},
+  }
+  local m = by.moe
+  if m and #m.loads > 0 then
+    local labels, groups = {}, {}
+    for e = 1, #m.loads[1] do labels[e] = tostring(e) end
+    for i, rel in ipairs(m.loads) do groups[i] = {title = 'layer ' .. i, values = rel} end
+    panels[#panels + 1] = {title = string.format('expert load (1 = uniform; worst %.0f%%)', 100 * m.worst),
+      xlabel = 'expert', bars = {labels = labels, groups = groups},
+      hlines = {{y = 0.8, title = '-20%'}, {y = 1.2, title = '+20%', color = '#aa0000'}}}
+  end
+  return gp.plot.draw {out = path, title = string.format('moe.lua on %s: %d experts top-%d, %d layers, %d wide, %d steps',
+    ds.name, o.experts, o.k, o.n_layer, o.n_embd, o.iters), panels = panels}
+end
+if o.plot ~= '' then gp.plot.try(draw, o.plot) end

@@ -1,9 +1,15 @@
--- train_gpt.lua: a character-level GPT on a text file (or the built-in
--- corpus, data/corpus.txt): AdamW with a cosine schedule, gradient clipping
--- on the device, optional gradient accumulation and bf16 mixed precision.
+-- train_gpt.lua: a GPT on real text: the Shakespeare corpus of `make models`
+-- by default (the last whole plays held out, never trained on), else the
+-- offline fallback data/corpus.txt, or --data FILE; character level, or a real
+-- tokenizer's ids (--tokenizer gpt2). AdamW with a cosine schedule, gradient
+-- clipping on the device, optional gradient accumulation and bf16 mixed
+-- precision; on one GPU the whole step is a replayed CUDA graph.
 --
---   gpush scripts/train_gpt.lua                       -- the defaults, on data/corpus.txt
---   gpush scripts/train_gpt.lua --data input.txt --iters 5000 --bf16 --out gpt.safetensors
+--   gpush scripts/train_gpt.lua                       -- the seed config (4 layers, 128 wide; fewer steps on a CPU)
+--   gpush scripts/train_gpt.lua --config shakespeare --bf16   -- nanoGPT's shakespeare_char (6 layers, 384 wide)
+--   gpush scripts/train_gpt.lua --tiny --plot out.png -- a CPU run of a few seconds, and its curves
+--   gpush scripts/train_gpt.lua --tokenizer gpt2      -- BPE tokens (GPT-2's vocabulary) instead of characters
+--   gpush scripts/train_gpt.lua --data input.txt --iters 5000 --bf16 --out gpt.safetensors --log train.jsonl
 --   gpush scripts/train_gpt.lua --help                -- every flag
 --
 --   gpush scripts/train_gpt.lua --nproc 2 --bf16      -- data parallel on 2 GPUs (gp.dist, NCCL)
@@ -22,32 +28,53 @@
 --   gpush scripts/train_gpt.lua --resume run.ckpt     -- after a crash, a kill, a time limit
 --
 -- The loss stays on the device; the host reads it every --log-every steps.
--- At the end: train and validation loss, tokens/s, and the unigram baseline
--- (the entropy of the byte distribution: what a model that ignores context
--- would score).
+-- At the end: train and held-out loss, tokens/s, the unigram baseline (the
+-- entropy of the token distribution: what a model that ignores context would
+-- score) and, for --config shakespeare, nanoGPT's published
+-- validation loss. --plot FILE draws the loss (train and held-out), the
+-- learning rate and tokens/s from the JSONL log (gnuplot).
 local gp = rawget(_G, 'gp') or require 'gpush'
 
 local script_dir = (arg and arg[0] or 'scripts/train_gpt.lua'):match('^(.*)/[^/]*$') or '.'
 
+-- nanoGPT's config/train_shakespeare_char.py, and its validation loss there
+-- (about 1.47 nats on tiny shakespeare, the last 10% of a 1.1 MB file)
+local CONFIGS = {
+  shakespeare = {n_layer = 6, n_head = 6, n_embd = 384, block = 256, batch = 64, dropout = 0.2, lr = 1e-3,
+                      min_lr = 1e-4, warmup = 100, iters = 5000, beta2 = 0.99, weight_decay = 0.1, grad_clip = 1.0,
+                      eval_every = 500, eval_iters = 200, log_every = 50, bias = false},
+}
+CONFIGS.shakespeare_char = CONFIGS.shakespeare
+local REFERENCE = {shakespeare = 1.47, shakespeare_char = 1.47}
+-- a CPU run of seconds (the test suite draws its picture)
+local TINY = {n_layer = 2, n_head = 2, n_embd = 32, block = 32, batch = 8, iters = 150, eval_every = 50, eval_iters = 4,
+              log_every = 10, lr = 3e-3}
+
 local o = gp.args.parse(arg, {
-  {'data', '', 'a text file (default: the built-in corpus, data/corpus.txt)'},
+  {'data', '', 'a text file, shakespeare or corpus (default: the Shakespeare corpus of `make models` when present, else data/corpus.txt)'},
+  {'tokenizer', '', 'BPE tokens instead of characters: a short name (gpt2, smollm2), a tokenizer.json, a Hugging Face directory or a .gguf file'},
+  {'config', '', 'a named config: shakespeare (nanoGPT\'s shakespeare_char: 6 layers, 384 wide, 6 heads, block 256, dropout 0.2, lr 1e-3, 5000 steps of 64); flags given override it'},
+  {'tiny', false, 'a tiny config that trains in seconds on a CPU (2 layers, 32 wide, 150 steps)'},
+  {'plot', '', 'draw the curves (loss, held-out loss, lr, tokens/s) into this .png or .svg (gnuplot); the log goes beside it unless --log'},
   {'n-embd', 128, 'embedding width'},
   {'n-layer', 4, 'transformer blocks'},
   {'n-head', 4, 'attention heads'},
   {'block', 64, 'context length (tokens)'},
   {'batch', 16, 'sequences per micro-batch'},
-  {'iters', 1000, 'optimizer steps'},
+  {'iters', 1000, 'optimizer steps (on a CPU without --config or --tiny: 200)'},
   {'lr', 3e-4, 'peak learning rate'},
   {'min-lr', -1, 'final learning rate of the cosine schedule (default lr/10)'},
   {'warmup', -1, 'warmup steps (default min(100, iters/10))'},
   {'weight-decay', 0.1, 'AdamW weight decay (on matrices only)'},
+  {'beta2', 0.95, 'AdamW beta2'},
+  {'bias', true, 'biases in the linear layers and norms (--no-bias: none, as nanoGPT\'s configs)'},
   {'grad-clip', 1.0, 'clip the gradient norm to this (0: no clipping)'},
   {'grad-accum', 1, 'micro-batches per step (the loss is scaled by 1/grad-accum)'},
   {'dropout', 0, 'dropout probability'},
   {'mlp', 'gelu', 'gelu or swiglu'},
   {'norm', 'layer', 'layer or rms'},
   {'vocab', 'printable', 'printable (the printable ASCII, tab and newline, plus any other byte of the text: any prompt typed on a keyboard can be sampled from), present (the bytes of the text only) or bytes (all 256)'},
-  {'val-fraction', 0.1, 'the last part of the text held out for validation'},
+  {'val-fraction', 0.1, 'the last part of the text held out (never trained on; for Shakespeare rounded up to whole works)'},
   {'bf16', false, 'bf16 parameters for the forward and backward, f32 master weights in AdamW'},
   {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
   {'seed', 1337, 'random seed (model init, batches, dropout)'},
@@ -65,7 +92,12 @@ local o = gp.args.parse(arg, {
   {'nproc', 1, 'data parallel over N processes, one GPU each (re-runs this script under gpush --nproc N)'},
   {'bucket-mb', 25, 'data parallel: gradient bucket size in MB'},
   {'graph', true, 'on one GPU, capture the training step (batch, forward, backward, clip, AdamW) as a CUDA graph after one eager step and replay it (--no-graph: eager steps)'},
-}, {usage = 'gpush scripts/train_gpt.lua [flags]', description = 'Train a character-level GPT.'})
+}, {usage = 'gpush scripts/train_gpt.lua [flags]', description = 'Train a GPT on text (character level or BPE).'})
+
+if o.config ~= '' then
+  gp.args.preset(o, CONFIGS[o.config] or error(string.format("--config: unknown config '%s' (shakespeare)", o.config)))
+end
+if o.tiny then gp.args.preset(o, TINY) end
 
 -- a resumed run takes the flags it was started with, except those given again
 local OWN_FLAGS = {'resume', 'stop-after', 'nproc'}
@@ -81,6 +113,8 @@ if o.nproc > 1 and not dist.launched() then
 end
 
 if o.device ~= '' then gp.set_device(o.device) end
+-- the CPU default: the seed config for fewer steps (about 4 minutes on 2 cores, not 20)
+if gp.device() == 'cpu' and o.config == '' and not o.tiny and o.resume == '' then gp.args.preset(o, {iters = 200, eval_every = 100}) end
 local world = dist.world_size()
 if world > 1 then dist.init {backend = gp.device() == 'cuda' and 'nccl' or 'tcp'} end
 local main = dist.rank() == 0
@@ -88,14 +122,15 @@ if not main then o.quiet = true end
 local say = main and print or function() end
 gp.manual_seed(o.seed)
 
-local data_path = o.data ~= '' and o.data or (script_dir .. '/../data/corpus.txt')
-local ds = gp.data.text {path = data_path, vocab = o.vocab, val_fraction = o.val_fraction}
+local tok = o.tokenizer ~= '' and gp.models.tokenizer(o.tokenizer) or nil
+local ds = gp.data.corpus {data = o.data, fallback = script_dir .. '/../data/corpus.txt', vocab = o.vocab, tokenizer = tok,
+                           val_fraction = o.val_fraction}
 local B, T, accum = o.batch, o.block, o.grad_accum
 if accum < 1 or accum ~= math.floor(accum) then error('--grad-accum must be a positive integer') end
 
 local config = {
   vocab_size = ds.vocab_size, block_size = T, n_embd = o.n_embd, n_layer = o.n_layer, n_head = o.n_head,
-  dropout = o.dropout, mlp = o.mlp, norm = o.norm,
+  dropout = o.dropout, mlp = o.mlp, norm = o.norm, bias = o.bias,
 }
 local model
 if o.model ~= '' then
@@ -124,8 +159,10 @@ end
 
 local nparams = 0
 for _, p in ipairs(model:parameters()) do nparams = nparams + p:numel() end
-say(string.format('train_gpt: %s, %d bytes, vocab %d, %d parameters, device %s%s', data_path, ds.text_len,
-  ds.vocab_size, nparams, gp.device(), o.bf16 and ', bf16' or ''))
+say('data: ' .. ds.description)
+say(string.format('train_gpt: %s, vocab %d (%s), %d parameters, device %s%s', o.config ~= '' and ('config ' .. o.config) or
+  (o.tiny and 'tiny' or 'seed config'), ds.vocab_size, tok and string.format('%s, %.2f bytes a token', tostring(tok.path or
+  o.tokenizer), ds.bytes_per_token) or 'characters', nparams, gp.device(), o.bf16 and ', bf16' or ''))
 say(string.format('  n_layer %d, n_head %d, n_embd %d, block %d, batch %d x %d accum, %d steps, lr %g',
   o.n_layer, o.n_head, o.n_embd, T, B, accum, o.iters, o.lr))
 if world > 1 then
@@ -135,9 +172,9 @@ end
 -- a captured step replays its launches with no Lua in between: one GPU, no
 -- data parallel (NCCL calls from the DDP hooks are not captured here)
 local use_graph = o.graph and gp.device() == 'cuda' and world == 1
-local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, 0.95}, weight_decay = o.weight_decay,
+local opt = gp.optim.AdamW(model, {lr = o.lr, betas = {0.9, o.beta2}, weight_decay = o.weight_decay,
                                    device_hyper = use_graph})
-local warmup = o.warmup >= 0 and o.warmup or math.min(100, math.floor(o.iters / 10))
+local warmup = math.min(o.warmup >= 0 and o.warmup or math.min(100, math.floor(o.iters / 10)), o.iters)
 local sched = gp.optim.schedule.cosine {lr = o.lr, min_lr = o.min_lr >= 0 and o.min_lr or o.lr / 10, warmup = warmup,
                                          max_steps = o.iters}
 -- mean loss over eval_iters batches of a split, read once
@@ -201,8 +238,9 @@ if o.resume ~= '' then
   start = gp.train.load_state(o.resume, {model = model, optimizer = opt})
   say(string.format('  resumed from %s after step %d', o.resume, start))
 end
+local log_path = o.log ~= '' and o.log or (o.plot ~= '' and gp.plot.log_path(o.plot)) or nil
 local log = gp.train.logger {steps = o.iters, every = o.log_every, tokens_per_step = B * world * T * accum,
-                             file = (main and o.log ~= '') and o.log or nil, print = not o.quiet,
+                             file = main and log_path or nil, print = not o.quiet,
                              start = start, append = start > 0}
 
 model:train()
@@ -251,12 +289,44 @@ log:write {step = o.iters, train_loss = tr, val_loss = va, tokens_per_s = tokens
 log:finish()
 say(string.format('final: train loss %.4f | val loss %s | unigram baseline %.4f nats | %.0f tokens/s | %.1f s',
   tr, va and string.format('%.4f', va) or '-', ds.unigram_entropy, tokens_per_s, train_time))
+local ref = not tok and REFERENCE[o.config] or nil
+if va then
+  local gap = ds.unigram_entropy - va
+  say(string.format('held-out loss %.4f nats per %s (%.4f per byte) on %s: %.4f %s the unigram baseline (%.4f)%s',
+    va, tok and 'token' or 'character', va / ds.bytes_per_token, ds.name, math.abs(gap), gap >= 0 and 'below' or 'ABOVE',
+    ds.unigram_entropy,
+    ref and string.format('; nanoGPT %s reaches about %.2f on tiny shakespeare (%s)', o.config, ref,
+      va <= ref + 0.03 and 'matched' or string.format('%+.3f from it', va - ref)) or ''))
+end
+
+local function draw(path)
+  local recs = gp.plot.read_jsonl(log_path)
+  local steps, final = {}, nil
+  for _, r in ipairs(recs) do if r.final then final = r else steps[#steps + 1] = r end end
+  local S = gp.plot.series
+  local hl = {{y = ds.unigram_entropy, title = string.format('unigram baseline %.2f', ds.unigram_entropy)}}
+  if ref then hl[2] = {y = ref, title = string.format('nanoGPT %s %.2f', o.config, ref), color = '#aa0000'} end
+  local loss = {S(steps, 'step', 'loss', {title = 'train (batch)'}),
+                S(recs, 'step', 'train_loss', {title = 'train (estimate)', style = 'linespoints'}),
+                S(recs, 'step', 'val_loss', {title = 'held-out', style = 'linespoints'})}
+  return gp.plot.draw {out = path, title = string.format('train_gpt on %s: %d layers, %d wide, %d steps%s', ds.name,
+    o.n_layer, o.n_embd, o.iters, final and final.val_loss and string.format(', held-out %.3f', final.val_loss) or ''),
+    panels = {
+      {title = 'loss', xlabel = 'step', ylabel = 'nats per ' .. (tok and 'token' or 'character'), lines = loss, hlines = hl},
+      {title = 'learning rate', xlabel = 'step', lines = {S(steps, 'step', 'lr', {title = 'lr'})}, key = false},
+      {title = 'tokens/s', xlabel = 'step', lines = {S(steps, 'step', 'tokens_per_s', {title = 'tokens/s'})}, key = false},
+    }}
+end
+if main and o.plot ~= '' then gp.plot.try(draw, o.plot) end
 
 if main and o.out ~= '' then
-  local vocab = {}
-  for i = 0, ds.vocab_size - 1 do vocab[i + 1] = ds.itos[i] end
+  local vocab
+  if not tok then
+    vocab = {}
+    for i = 0, ds.vocab_size - 1 do vocab[i + 1] = ds.itos[i] end
+  end
   gp.save(o.out, model:state_dict(), {config = config, step = o.iters, vocab = vocab, train_loss = tr, val_loss = va,
-                                      seed = o.seed})
+                                      seed = o.seed, tokenizer = tok and (tok.path or o.tokenizer) or nil})
   print('checkpoint: ' .. o.out)
 end
 if ddp then

@@ -8,7 +8,7 @@
 --   models/       models and generation          -> gp.models, gp.generate
 --   train/        optimizers, data, logs, dist   -> gp.optim, gp.data, gp.train, gp.dist
 --   experiments/  research libraries             -> gp.polychromic, gp.titans
---   tools/        prompt, help, profiler, NVRTC  -> gp.help, gp.profile, gp.rtc, gp.args
+--   tools/        prompt, help, profiler, NVRTC, plots -> gp.help, gp.profile, gp.rtc, gp.args, gp.plot
 local core = require 'gpush.core'
 local autograd = require 'gpush.core.autograd'
 
@@ -38,6 +38,7 @@ gp.help = require('gpush.tools.help').help
 gp.profile = require('gpush.tools.profile').profile
 gp.rtc = require('gpush.tools.rtc').api
 gp.args = require 'gpush.tools.args'
+gp.plot = require 'gpush.tools.plot'
 
 -- the names the layers had under gp.nn before they moved out of it
 local nn, titans = gp.nn, gp.titans

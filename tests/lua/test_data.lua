@@ -148,3 +148,84 @@ T.test('facts_text: deterministic, the requested size, and every fact stated the
   T.ok(ds.vocab_size < 60, 'letters, digits, punctuation: ' .. ds.vocab_size)
   T.raises(function() gp.data.facts_text {entities = 1} end, 'entities')
 end)
+
+-- a text in the Shakespeare corpus' layout: titles, a blank line, "by William
+-- Shakespeare"; a work's last line runs into the next title
+local function works_text()
+  local parts = {}
+  for i, title in ipairs {'THE FIRST PLAY', "KING JOHN'S SECOND", 'THE LAST, A POEM'} do
+    parts[#parts + 1] = title .. '\n\nby William Shakespeare\n\n' .. string.rep(string.format('Line %d of the work.\n', i), 40) ..
+      (i < 3 and 'THE END' or '')
+  end
+  return table.concat(parts)
+end
+
+T.test('works: titles found, the held-out cut at the start of a whole work', function()
+  local text = works_text()
+  local w = data.works(text)
+  T.eq(#w, 3)
+  T.eq(w[1].title, 'THE FIRST PLAY'); T.eq(w[1].pos, 1)
+  T.eq(w[2].title, "KING JOHN'S SECOND")
+  T.eq(w[3].title, 'THE LAST, A POEM')
+  T.eq(text:sub(w[3].pos, w[3].pos + 7), 'THE LAST')
+  local cut, held = data.works_cut(text, 0.1)
+  T.eq(cut, w[3].pos)
+  T.eq(#held, 1); T.eq(held[1], 'THE LAST, A POEM')
+  cut, held = data.works_cut(text, 0.5) -- more than the last work: the last two
+  T.eq(cut, w[2].pos); T.eq(#held, 2)
+end)
+
+T.test('corpus: a Shakespeare-layout file held out by whole works, never in the training split', function()
+  local path = os.tmpname()
+  local f = assert(io.open(path, 'wb')); f:write(works_text()); f:close()
+  local ds = data.shakespeare {path = path, vocab = 'present'}
+  local text = works_text()
+  local w = data.works(text)
+  T.eq(ds.val_start, w[3].pos)
+  T.eq(ds.train:numel(), w[3].pos - 1)
+  T.eq(ds:decode(ds.val):sub(1, 8), 'THE LAST')
+  T.ok(ds.description:find('THE LAST, A POEM', 1, true), ds.description)
+  -- every training window ends before the cut
+  gp.manual_seed(3)
+  local x = ds:batch('train', 64, 8)
+  T.ok(not ds:decode(x:view {x:numel()}):find('POEM', 1, true), 'a training batch holds held-out text')
+  -- a plain file: its last val_fraction held out
+  local ds2 = data.corpus {data = path, val_fraction = 0.25}
+  T.eq(ds2.text_len - ds2.val_start + 1, math.floor(#text * 0.25))
+  T.ok(ds2.description:find('held out', 1, true))
+  -- data = 'corpus': the fallback file
+  local ds3 = data.corpus {data = 'corpus', fallback = path}
+  T.eq(ds3.path, path)
+  T.raises(function() data.corpus {data = 'corpus'} end, 'no data')
+  T.raises(function() data.shakespeare {path = path .. '.missing'} end, 'make models')
+  os.remove(path)
+end)
+
+T.test('a tokenizer dataset: the two splits encoded apart, the unigram baseline per token', function()
+  -- a stand-in tokenizer: one id per word and per space
+  local vocab, words = {}, {}
+  local tok = {vocab_size = 0}
+  function tok:encode(s)
+    local out = {}
+    for piece in s:gmatch('%S+%s*') do
+      if not vocab[piece] then vocab[piece] = #words; words[#words + 1] = piece; self.vocab_size = #words end
+      out[#out + 1] = vocab[piece]
+    end
+    return out
+  end
+  function tok:decode(ids)
+    local t = {}
+    for i, id in ipairs(ids) do t[i] = words[id + 1] end
+    return table.concat(t)
+  end
+  for _, w in ipairs {'a ', 'b ', 'c ', 'd '} do tok:encode(w) end
+  local text = string.rep('a b c ', 30) .. 'd d d d '
+  local ds = data.text {text = text, tokenizer = tok, val_start = #text - 7}
+  T.eq(ds.train:numel(), 90); T.eq(ds.val:numel(), 4)
+  T.same(ds.val:totable(), {3, 3, 3, 3})
+  T.near(ds.bytes_per_token, #text / 94, 1e-9)
+  T.near(ds.unigram_entropy, -(3 * (30 / 94) * math.log(30 / 94) + (4 / 94) * math.log(4 / 94)), 1e-9)
+  T.eq(ds:decode({0, 1}), 'a b ')
+  T.raises(function() data.text {text = text, tokenizer = {}} end, 'gp.tokenizer')
+  T.raises(function() data.text {text = text, val_start = 1} end, 'val_start')
+end)

@@ -240,7 +240,10 @@ T.test('compressed caches on the GPU: the kernels write the CPU\'s bytes; decode
       local g16, gq = caches(o, kvd, k:bf16():cuda(), v:bf16():cuda())
       local got = gq:attend(1, q:bf16():cuda(), o.opts):float():cpu()
       T.ok(T.relnorm(got, ccpu:attend(1, q:bf16(), o.opts):float()) < 1e-2, kvd .. ' GPU vs CPU decode')
-      T.ok(T.relnorm(got, g16:attend(1, q:bf16():cuda(), o.opts):float():cpu()) < 2e-2, kvd .. ' vs the bf16 cache')
+      -- e4m3 keeps 3 mantissa bits: fp8 is within 5e-2 of the bf16 cache (docs/generation.md), int8 within 2e-2
+      local bound = kvd == 'fp8' and 5e-2 or 2e-2
+      local err = T.relnorm(got, g16:attend(1, q:bf16():cuda(), o.opts):float():cpu())
+      T.ok(err < bound, string.format('%s vs the bf16 cache: %.3g (bound %g)', kvd, err, bound))
     end
   end
   local m = gp.models.load(root .. '/llama3_rope', {dtype = 'f32', device = 'cuda'})

@@ -400,6 +400,20 @@ T.test('scripts/moe.lua --tiny: dense and MoE train, val losses, load histogram,
 end)
 
 T.test('scripts/moe.lua --resume: stopped within each model and resumed, the losses equal one run (bitwise, cpu)', function()
-  local cmd = string.format('%s --device cpu %s/scripts/moe.lua --tiny --log-every 1 --quiet', T.exe, T.root)
+  local cmd = string.format('%s --device cpu %s/scripts/moe.lua --tiny --iters 12 --eval-every 6 --log-every 1 --quiet', T.exe, T.root)
   T.check_resume(cmd, {5, 17}) -- in the dense model, in the MoE one (12 steps each)
+end)
+
+T.test('scripts/moe.lua: dense at equal active and at equal total parameters beside the MoE (tiny, cpu)', function()
+  local out, rc = T.sh(string.format('%s --device cpu %s/scripts/moe.lua --tiny --quiet --iters 4 --eval-every 0 --runs dense,moe,dense_total',
+    T.exe, T.root))
+  T.eq(rc, 0, out)
+  local p = {}
+  for kind, total, active in out:gmatch('\n(%S+): val loss [^\n]* | (%d+) params, (%d+) active') do p[kind] = {tonumber(total), tonumber(active)} end
+  T.ok(p.dense and p.moe and p.dense_total, out)
+  T.ok(math.abs(p.dense[1] - p.moe[2]) / p.moe[2] < 0.02, 'dense: the MoE\'s active count')
+  T.ok(math.abs(p.dense_total[1] - p.moe[1]) / p.moe[1] < 0.02, 'dense_total: the MoE\'s total count')
+  T.ok(out:find('(equal active parameters)', 1, true) and out:find('(equal total parameters)', 1, true), out)
+  out, rc = T.sh(string.format('%s --device cpu %s/scripts/moe.lua --tiny --runs dense,sparse', T.exe, T.root))
+  T.ok(rc ~= 0 and out:find("unknown model 'sparse'", 1, true), out)
 end)

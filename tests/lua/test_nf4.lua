@@ -234,6 +234,15 @@ end)
 T.test('nf4: gp.nf4_linear on the GPU equals x @ dequant(W)^T in f64 (cuda)', function()
   T.cuda()
   check_products('cuda')
+  -- rows of x whose staged tile filled the 48 KB of shared memory beside the
+  -- kernel's static table (4 rows, K 4096, two splits): the launch was refused
+  local w = gp.randn({11008, 4096}, {device = 'cuda'}):bf16()
+  local q = gp.quantize(w, {block = 64})
+  for _, m in ipairs {1, 2, 4, 8, 32} do
+    local x = gp.randn({m, 4096}, {device = 'cuda'}):bf16()
+    local want = x:float():matmul(q:dequantize():float():t())
+    T.ok(T.relnorm(gp.nf4_linear(x, q):float(), want) < 1e-2, 'M ' .. m)
+  end
 end)
 
 T.test('nf4: gradients of x and b by finite differences (f64), both paths; W gets none', function()

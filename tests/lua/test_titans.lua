@@ -299,3 +299,47 @@ T.test('titans.lua --resume: both tasks stopped and resumed log the losses of on
   T.check_resume(base .. ' --task recall --max-steps 4', {2, 6}) -- math.random batches: in mac, in swa
   T.check_resume(base .. ' --task lm --max-steps 4', {3})
 end)
+
+T.test('full attention and matched parameters: full sees past the window, SWA does not; counts within 1%', function()
+  local cfg = {seq_len = 32, dim = 16, num_layers = 2, num_heads = 2, chunk = 8, device = 'cpu'}
+  local hidden, mac, matched = gp.titans.matched_hidden(cfg)
+  T.ok(hidden > 4 * cfg.dim, 'a wider MLP than 4 dim: ' .. hidden)
+  T.ok(math.abs(matched - mac) / mac < 0.01, string.format('MAC %d, matched %d', mac, matched))
+  local function logits_change(model)
+    gp.manual_seed(1)
+    local m = gp.nn.TitansLM {model = model, seq_len = 32, dim = 16, num_layers = 2, num_heads = 2, chunk = 8,
+                              mlp_hidden = hidden, device = 'cpu'}
+    T.eq(m:num_parameters(), matched)
+    local t = {}
+    for i = 1, 32 do t[i] = 48 + i % 10 end
+    local a = m(gp.tensor({t}, {dtype = 'i64', device = 'cpu'})):totable()
+    t[2] = 65
+    local b = m(gp.tensor({t}, {dtype = 'i64', device = 'cpu'})):totable()
+    local diff = 0
+    for j = 1, 256 do diff = diff + math.abs(a[1][32][j] - b[1][32][j]) end
+    return diff
+  end
+  T.ok(logits_change('full') > 0, 'full attention: the last token sees the second')
+  T.eq(logits_change('swa'), 0, 'a window of 8: the last token does not see the second')
+  T.raises(function() gp.nn.TitansLM {model = 'nope', seq_len = 8, dim = 8, num_layers = 1, num_heads = 1, chunk = 8} end,
+    "'mac', 'swa' or 'full'")
+end)
+
+T.test('titans.lua recall: --window and --gap sweeps, a row per gap, full attention beside MAC and SWA (tiny, cpu)', function()
+  local out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --quiet --max-steps 2' ..
+    ' --window 4,8 --gap 0,8,24')
+  T.eq(rc, 0, out)
+  for _, name in ipairs {'mac@4', 'swa@4', 'mac@8', 'swa@8', 'full'} do T.ok(out:find('recall ' .. name .. ':', 1, true), out) end
+  T.ok(out:find('\n%s+24%s+[%d.]+%s+[%d.]+%s+[%d.]+%s+[%d.]+%s+[%d.]+\n'), 'a row for gap 24 with 5 accuracies: ' .. out)
+  T.ok(out:find('MAC / SWA tokens/s', 1, true), out)
+  -- a needle in a haystack: the pairs inside real text, measured on held-out text
+  out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --quiet --max-steps 2 --filler text')
+  T.eq(rc, 0, out)
+  T.ok(out:find('text (its held-out works for the accuracy)', 1, true) and out:find('recall accuracy: mac', 1, true), out)
+  out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --filler noise')
+  T.ok(rc ~= 0 and out:find("'digits' or 'text'", 1, true), out)
+  out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --gap 25')
+  T.ok(rc ~= 0 and out:find('at most 24', 1, true), out)
+  out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --window 5')
+  T.ok(rc ~= 0 and out:find('must divide', 1, true), out)
+end)

@@ -243,3 +243,58 @@ T.test('gp.train.save_state / load_state: model, optimizer, step and generator s
   T.raises(function() gp.set_rng_state {seed = 'x', offset = '0'} end, 'decimal string')
   os.execute('rm -rf ' .. d)
 end)
+
+-- a GPT-2-style tokenizer directory (encoder.json: every byte's character,
+-- a few merges; vocab.bpe) written on the spot, as `make models` lays out gpt2-tokenizer
+local function gpt2_dir()
+  local function utf8(cp)
+    if cp < 0x80 then return string.char(cp) end
+    return string.char(0xC0 + math.floor(cp / 64), 0x80 + cp % 64)
+  end
+  -- GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others for 256 + n
+  local enc, n, id = {}, 0, 0
+  local chars = {}
+  for b = 0, 255 do
+    local printable = (b >= 33 and b <= 126) or (b >= 161 and b <= 172) or (b >= 174 and b <= 255)
+    local cp = printable and b or 256 + n
+    if not printable then n = n + 1 end
+    chars[b] = utf8(cp)
+  end
+  for b = 0, 255 do enc[#enc + 1] = string.format('%q: %d', chars[b], id); id = id + 1 end
+  local sp = chars[32] -- the space's character (U+0120)
+  local merges = {sp .. ' t', sp .. 't h', sp .. 'th e', 't h', 'th e'}
+  for _, m in ipairs(merges) do enc[#enc + 1] = string.format('%q: %d', (m:gsub(' ', '')), id); id = id + 1 end
+  enc[#enc + 1] = string.format('"<|endoftext|>": %d', id)
+  local d = os.tmpname(); os.remove(d)
+  assert(os.execute('mkdir -p ' .. d) == 0)
+  local f = assert(io.open(d .. '/encoder.json', 'w')); f:write('{', table.concat(enc, ', '), '}'); f:close()
+  f = assert(io.open(d .. '/vocab.bpe', 'w')); f:write('#version: 0.2\n', table.concat(merges, '\n'), '\n'); f:close()
+  return d, id + 1
+end
+
+T.test('gp.models.tokenizer on GPT-2 files, and train_gpt --tokenizer: BPE ids, the held-out loss per token and per byte', function()
+  local d, V = gpt2_dir()
+  local tok = gp.models.tokenizer(d)
+  T.eq(tok.vocab_size, V)
+  local ids = tok:encode('the the', {add_special_tokens = false})
+  T.eq(#ids, 2, 'the, then " the" merged')
+  T.eq(tok:decode(ids), 'the the')
+  T.raises(function() gp.models.tokenizer(d .. '/missing') end, 'neither a short name')
+  local out, rc = sh(string.format('%s %s/scripts/train_gpt.lua --device cpu --data corpus --tokenizer %s --iters 3 --n-embd 16' ..
+    ' --n-layer 1 --n-head 2 --block 16 --batch 2 --eval-every 0 --eval-iters 1 --quiet', exe, root, d))
+  T.eq(rc, 0, out)
+  T.ok(out:find('vocab ' .. V, 1, true), out)
+  T.ok(out:find('nats per token %([%d.]+ per byte%)'), out)
+  os.execute('rm -rf ' .. d)
+end)
+
+T.test('train_gpt --config shakespeare: nanoGPT\'s shakespeare_char flags, command-line flags win; --tiny', function()
+  local out, rc = sh(string.format('%s %s/scripts/train_gpt.lua --device cpu --data corpus --config shakespeare --iters 1' ..
+    ' --n-layer 1 --block 16 --batch 2 --eval-iters 1 --quiet', exe, root))
+  T.eq(rc, 0, out)
+  T.ok(out:find('config shakespeare', 1, true), out)
+  T.ok(out:find('n_layer 1, n_head 6, n_embd 384, block 16, batch 2 x 1 accum, 1 steps, lr 0.001', 1, true), out)
+  T.ok(out:find('nanoGPT shakespeare reaches about 1.47', 1, true), out)
+  out, rc = sh(string.format('%s %s/scripts/train_gpt.lua --device cpu --config nope', exe, root))
+  T.ok(rc ~= 0 and out:find("unknown config 'nope'", 1, true), out)
+end)

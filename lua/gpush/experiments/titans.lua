@@ -341,7 +341,8 @@ function MACBlock:forward(x)
   return x + self.mlp(self.ln2(x))
 end
 
--- nn.SWABlock{dim=, heads=, window=}: pre-norm block with causal sliding-window attention
+-- nn.SWABlock{dim=, heads=, window=, mlp_hidden=4 dim}: pre-norm block with causal
+-- sliding-window attention (window 0: full causal attention)
 local SWABlock = Module:extend('SWABlock')
 T.SWABlock = SWABlock
 function SWABlock:init(cfg)
@@ -351,7 +352,7 @@ function SWABlock:init(cfg)
   self.qkv = Linear(C, 3 * C, {bias = false, dtype = o.dtype, device = o.device})
   self.proj = Linear(C, C, {bias = false, dtype = o.dtype, device = o.device})
   self.ln2 = nn.RMSNorm(C, o)
-  self.mlp = nn.MLP(C, 4 * C, o)
+  self.mlp = nn.MLP(C, cfg.mlp_hidden or 4 * C, o)
 end
 function SWABlock:forward(x)
   local q, k, v = mha_qkv(self.qkv, self.ln1(x), self.heads)
@@ -359,9 +360,13 @@ function SWABlock:forward(x)
   return x + self.mlp(self.ln2(x))
 end
 
--- nn.TitansLM{model='mac'|'swa', vocab_size=256, seq_len=, dim=, num_layers=, num_heads=, chunk=,
---             persistent=4, memory='linear'|'mlp'}: byte LM; model(idx) -> logits, model(idx, targets) -> logits, loss
--- The SWA model's window is the chunk size (the span MAC's attention sees).
+-- nn.TitansLM{model='mac'|'swa'|'full', vocab_size=256, seq_len=, dim=, num_layers=, num_heads=, chunk=,
+--             persistent=4, memory='linear'|'mlp', window=chunk, mlp_hidden=4 dim}: byte LM;
+--             model(idx) -> logits, model(idx, targets) -> logits, loss
+-- The SWA model's window is the chunk size (the span MAC's attention sees)
+-- unless window= is given; 'full' is causal attention over the whole sequence
+-- (the upper baseline). mlp_hidden (SWA and full only) widens their MLPs, to
+-- match MAC's parameter count (gp.titans.matched_hidden).
 local TitansLM = Module:extend('TitansLM')
 T.TitansLM = TitansLM
 function TitansLM:init(cfg)
@@ -371,7 +376,10 @@ function TitansLM:init(cfg)
   for k, v in pairs(cfg) do c[k] = v end
   c.model = c.model or 'mac'
   c.vocab_size = c.vocab_size or 256
-  if c.model ~= 'mac' and c.model ~= 'swa' then raise("TitansLM: model must be 'mac' or 'swa', got " .. tostring(c.model)) end
+  if c.model ~= 'mac' and c.model ~= 'swa' and c.model ~= 'full' then
+    raise("TitansLM: model must be 'mac', 'swa' or 'full', got " .. tostring(c.model))
+  end
+  if c.window ~= nil then need_int('TitansLM', 'window', c.window) end
   if c.dim % c.num_heads ~= 0 then raise(string.format('TitansLM: dim %d is not a multiple of num_heads %d', c.dim, c.num_heads)) end
   if c.seq_len % c.chunk ~= 0 then raise(string.format('TitansLM: seq_len %d is not a multiple of the chunk size %d', c.seq_len, c.chunk)) end
   self.config = c
@@ -380,8 +388,9 @@ function TitansLM:init(cfg)
   self.wpe = nn.Embedding(c.seq_len, c.dim, o)
   local blocks = {}
   for i = 1, c.num_layers do
-    local bc = {dim = c.dim, heads = c.num_heads, chunk = c.chunk, window = c.chunk, persistent = c.persistent,
-                memory = c.memory, mem_heads = c.mem_heads, conv = c.conv, dtype = c.dtype, device = c.device}
+    local bc = {dim = c.dim, heads = c.num_heads, chunk = c.chunk, window = c.model == 'full' and 0 or (c.window or c.chunk),
+                persistent = c.persistent, memory = c.memory, mem_heads = c.mem_heads, conv = c.conv, dtype = c.dtype,
+                device = c.device, mlp_hidden = c.model ~= 'mac' and c.mlp_hidden or nil}
     blocks[i] = c.model == 'mac' and MACBlock(bc) or SWABlock(bc)
   end
   self.h = blocks
@@ -412,6 +421,25 @@ function TitansLM:extra_repr()
     c.num_layers, c.num_heads, c.chunk, c.seq_len)
 end
 
+-- the MLP hidden size that gives an SWA or full-attention TitansLM of cfg
+-- (about) the parameter count of the MAC model of the same cfg: MAC's extra
+-- parameters per block (memory, gate, persistent tokens) spread over the
+-- MLP's two matrices and bias (2 dim + 1 per hidden unit). Returns the
+-- hidden size and the two counts (MAC's, the matched model's).
+function T.matched_hidden(cfg)
+  local function count(c) return TitansLM(c):num_parameters() end
+  local c = {}
+  for k, v in pairs(cfg) do c[k] = v end
+  c.device, c.mlp_hidden = 'cpu', nil
+  c.model = 'mac'
+  local mac = count(c)
+  c.model = 'swa'
+  local plain = count(c)
+  local hidden = 4 * c.dim + math.max(0, math.floor((mac - plain) / (c.num_layers * (2 * c.dim + 1)) + 0.5))
+  c.mlp_hidden = hidden
+  return hidden, mac, count(c)
+end
+
 local doc = gp.doc
 doc(T.memory_scan, 'gp.titans.memory_scan{kind=, init=, k=, v=, q=, theta=, eta=, alpha=, chunk=, momentum=}',
   'the chunked Titans memory over (N, T, d) keys, values and queries with per-token gates (N, T): returns the ' ..
@@ -424,7 +452,9 @@ doc(T.NeuralMemory, "nn.NeuralMemory{dim=, heads=1, chunk=64, kind='linear'|'mlp
   'theta per token, eta and alpha per chunk (sigmoids of linear maps), chunked updates (gp.titans.memory_scan)')
 doc(T.MACBlock, "nn.MACBlock{dim=, heads=, chunk=, persistent=4, memory='linear', mem_heads=heads, conv=true}",
   'memory-as-context block: attention per segment over [persistent || retrievals interleaved with tokens], gated by the memory')
-doc(T.SWABlock, 'nn.SWABlock{dim=, heads=, window=}', 'pre-norm block with causal sliding-window attention')
-doc(T.TitansLM, "nn.TitansLM{model='mac'|'swa', seq_len=, dim=, num_layers=, num_heads=, chunk=, vocab_size=256}",
-  'byte-level LM of MAC blocks or sliding-window blocks (window = chunk): model(idx, targets) -> logits, loss')
+doc(T.SWABlock, 'nn.SWABlock{dim=, heads=, window=, mlp_hidden=4 dim}', 'pre-norm block with causal sliding-window attention (window 0: full)')
+doc(T.TitansLM, "nn.TitansLM{model='mac'|'swa'|'full', seq_len=, dim=, num_layers=, num_heads=, chunk=, window=chunk, mlp_hidden=, vocab_size=256}",
+  'byte-level LM of MAC blocks, sliding-window blocks (window = chunk) or full causal attention: model(idx, targets) -> logits, loss')
+doc(T.matched_hidden, 'gp.titans.matched_hidden(cfg)',
+  'the MLP hidden size that gives the SWA / full TitansLM of cfg the parameter count of its MAC model: hidden, mac_params, matched_params')
 return T

@@ -4,6 +4,8 @@
 local rt = require 'gpush.core.runtime'
 local gp = require 'gpush.core'
 local hf = require 'gpush.models.hf'
+local text = require 'gpush.text'
+local core_gguf = require 'gpush.core.gguf'
 local gguf = require 'gpush.models.gguf'
 local raise = rt.raise
 
@@ -43,6 +45,62 @@ function M.path(name)
   return p
 end
 gp.doc(M.path, "gp.models.path('smollm2')", 'the file or directory of a model `make models` fetched, by its short name (also \'shakespeare\': the text)')
+
+-- GPT-2's byte-level BPE from its original files (encoder.json: token -> id,
+-- vocab.bpe: the merges), as the gpt2-tokenizer of `make models` holds them
+local function gpt2_files(dir)
+  local enc = hf.read_json(dir .. '/encoder.json')
+  local f = io.open(dir .. '/vocab.bpe', 'rb')
+  if not f then raise('models.tokenizer: no vocab.bpe in ' .. dir) end
+  local merges = {}
+  for line in f:lines() do
+    if not line:match('^#version') and line:find('%S') then merges[#merges + 1] = line end
+  end
+  f:close()
+  local added = {}
+  if enc['<|endoftext|>'] then added[1] = {id = enc['<|endoftext|>'], content = '<|endoftext|>', special = true} end
+  local tok = text.tokenizer.from_json({
+    model = {type = 'BPE', vocab = enc, merges = merges},
+    pre_tokenizer = {type = 'ByteLevel', add_prefix_space = false, use_regex = true, trim_offsets = true},
+    decoder = {type = 'ByteLevel', add_prefix_space = false, use_regex = true, trim_offsets = true},
+    added_tokens = added,
+  })
+  tok.path = dir
+  return tok
+end
+
+-- tokenizers by short name (besides the models' own): where they land under dir()
+M.TOKENIZERS = {gpt2 = 'gpt2-tokenizer', ['gpt2-tokenizer'] = 'gpt2-tokenizer'}
+
+-- a tokenizer without its model: a short name (gpt2, or a model's: smollm2,
+-- all-minilm-l6-v2), a Hugging Face directory or tokenizer.json, a .gguf file
+-- (its metadata only: no tensor is read) or a directory of GPT-2's
+-- encoder.json and vocab.bpe
+function M.tokenizer(name)
+  if type(name) ~= 'string' or name == '' then raise('models.tokenizer: needs a name or a path') end
+  local path = name
+  if M.TOKENIZERS[name] and not exists(name) then
+    path = M.dir() .. '/' .. M.TOKENIZERS[name]
+    if not exists(path .. '/encoder.json') then
+      raise(string.format("models: the tokenizer '%s' is not fetched (%s is missing): run `make models`", name, path))
+    end
+  elseif M.NAMES[name] and not exists(name) then
+    path = M.path(name)
+  end
+  if path:match('%.gguf$') then
+    local g = core_gguf.open(path)
+    local tok = text.tokenizer.from_gguf(g.meta)
+    g:close()
+    tok.path = path
+    return tok
+  end
+  if exists(path .. '/encoder.json') and exists(path .. '/vocab.bpe') then return gpt2_files(path) end
+  if exists(path) then return text.tokenizer.load(path) end
+  raise(string.format('models.tokenizer: %s is neither a short name (%s) nor a tokenizer file or directory', name,
+    'gpt2, smollm2, all-minilm-l6-v2'))
+end
+gp.doc(M.tokenizer, "gp.models.tokenizer('gpt2' | 'smollm2' | 'tokenizer.json' | 'dir' | 'model.gguf')",
+  "a tokenizer alone: a short name fetched by make models (gpt2: GPT-2's encoder.json and vocab.bpe), a Hugging Face directory or tokenizer.json, or a GGUF file's metadata")
 
 -- the architectures entry of a config.json, by model_type
 local CLASS = {llama = 'LlamaForCausalLM', mistral = 'MistralForCausalLM', qwen2 = 'Qwen2ForCausalLM', gpt2 = 'GPT2LMHeadModel',

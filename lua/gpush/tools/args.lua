@@ -8,6 +8,7 @@
 --   }, {usage = 'gpush scripts/x.lua [flags]'})
 --   o.iters, o.bf16, o.out      -- '-' in names becomes '_' in keys; o._rest: positional arguments;
 --                               -- o._given[key]: the flag was on the command line
+--   gp.args.preset(o, {iters = 50, batch = 4})   -- a preset (--tiny): sets what the command line did not give
 --
 -- `--name value` and `--name=value`; `--help` (or -h) prints every flag with
 -- its default and exits (opts.exit = false returns nil, the help text instead).
@@ -123,7 +124,19 @@ function M.parse(argv, spec, opts)
   return o
 end
 
+-- set the values of a preset (a table of keys as parse returns them) except
+-- those the command line gave; returns o
+function M.preset(o, values)
+  if type(o) ~= 'table' or type(values) ~= 'table' then raise('args.preset: usage gp.args.preset(o, {key = value, ...})') end
+  local given = o._given or {}
+  for k, v in pairs(values) do
+    if not given[k] then o[k] = v end
+  end
+  return o
+end
+
 doc(M.parse, "gp.args.parse(arg, {{'iters', 1000, 'help'}, ...}, {usage=})", 'script flags: --name value, --name=value, --flag, --no-flag, --help')
+doc(M.preset, 'gp.args.preset(o, {iters = 50, ...})', 'apply a preset to parsed flags: each value unless the command line gave that flag (o._given)')
 doc(M.help, 'gp.args.help(spec, {usage=, description=})', 'the --help text of a flag spec')
 
 return M

@@ -1,9 +1,11 @@
--- gp.data: byte-level text datasets and JSONL files.
+-- gp.data: text datasets (bytes, or a tokenizer's ids) and JSONL files.
 --
 --   local ds = gp.data.text{path = 'input.txt'}          -- or {text = '...'}
 --   ds.vocab_size, ds:encode('hi'), ds:decode({7, 8})     -- ids are 0-based
 --   local x, y = ds:batch('train', 16, 64)                -- (16,64) i64 on the device
---   ds.unigram_entropy                                    -- the byte-frequency baseline, in nats
+--   ds.unigram_entropy                                    -- the unigram baseline, in nats per token
+--   local ds = gp.data.shakespeare{}                      -- the plays from `make models`, the last ones held out whole
+--   local ds = gp.data.corpus{data = '', fallback = 'data/corpus.txt'}  -- Shakespeare when fetched, else the fallback
 --
 -- The text is encoded once (on the host, then moved to the device); a batch
 -- is gp.randint offsets from the seeded generator and two gp.k.windows
@@ -11,6 +13,12 @@
 -- the same seed gives the same batches, no per-batch host loop touches the
 -- tokens, and nothing waits for the GPU (index_select would read back its
 -- range flag; windows' starts are in range by construction).
+--
+-- The validation split is the end of the text (val_fraction of it, or from
+-- the byte val_start on) and is never trained on: batch('train') draws
+-- windows from the part before it only. gp.data.shakespeare puts the cut at
+-- the start of a play, so the held-out plays are whole ones the model never
+-- saw (their characters' names included).
 local ffi = require 'ffi'
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
@@ -33,10 +41,31 @@ local Text = {}
 Text.__index = Text
 M.Text = Text
 
+-- entropy (nats) of a count table {[id] = count} over n items: the loss of a
+-- model that predicts the frequency of each token and ignores the context
+local function entropy(counts, n)
+  local H = 0
+  for _, c in pairs(counts) do
+    if c > 0 then local p = c / n; H = H - p * math.log(p) end
+  end
+  return H
+end
+
+-- a list of ids -> an i64 tensor on the device (one host pass, one transfer)
+local function ids_tensor(list, device, op)
+  local t = tensor.empty({math.max(#list, 1)}, 'i64', 'cpu', op)
+  local p = ffi.cast('int64_t *', t.c.data) + t.c.offset
+  for i = 1, #list do p[i - 1] = list[i] end
+  if #list == 0 then return nil end
+  return t:to(device)
+end
+
 -- opts: text= or path=; vocab = 'present' (the bytes that occur, default),
 -- 'printable' (the printable ASCII, tab and newline, and any other byte that
--- occurs: whatever a user types can be encoded) or 'bytes' (all 256);
--- val_fraction (0.1; the last part of the text); device
+-- occurs: whatever a user types can be encoded) or 'bytes' (all 256), or
+-- tokenizer = a gp.tokenizer (its ids instead of bytes); val_fraction (0.1;
+-- the last part of the text) or val_start (the first byte of the validation
+-- split, 1-based); device
 function M.text(opts)
   local op = 'data.text'
   if type(opts) == 'string' then opts = {text = opts} end
@@ -47,8 +76,18 @@ function M.text(opts)
   local n = #text
   local vf = opts.val_fraction or 0.1
   if type(vf) ~= 'number' or vf < 0 or vf >= 1 then raise(op .. ': val_fraction must be in [0, 1)') end
-  local vocab = opts.vocab or 'present'
+  -- the validation split: bytes cut .. n (1-based); none when cut > n
+  local cut = n - math.floor(n * vf) + 1
+  if opts.val_start ~= nil then
+    cut = opts.val_start
+    if type(cut) ~= 'number' or cut ~= math.floor(cut) or cut < 2 or cut > n + 1 then
+      raise(string.format('%s: val_start must be an integer in [2, %d] (the text has %d bytes), got %s', op, n + 1, n,
+        tostring(cut)))
+    end
+  end
   local device = opts.device or tensor.state.device
+  if opts.tokenizer ~= nil then return M.tokenized(text, cut, opts.tokenizer, device) end
+  local vocab = opts.vocab or 'present'
   local bytes = ffi.cast('const uint8_t *', text)
   local counts = {}
   for b = 0, 255 do counts[b] = 0 end
@@ -69,30 +108,160 @@ function M.text(opts)
   local V = vocab == 'bytes' and 256 or 0
   if V == 0 then for _ in pairs(itos) do V = V + 1 end end
   -- entropy of the byte distribution (nats): the loss of a unigram model
-  local H = 0
-  for b = 0, 255 do
-    local c = counts[b]
-    if c > 0 then local p = c / n; H = H - p * math.log(p) end
-  end
+  local H = entropy(counts, n)
   -- ids as i64 on the host in one pass, then one transfer
   local ids = tensor.empty({n}, 'i64', 'cpu', op)
   local p = ffi.cast('int64_t *', ids.c.data) + ids.c.offset
   for i = 0, n - 1 do p[i] = stoi[bytes[i]] end
   ids = ids:to(device)
-  local nval = math.floor(n * vf)
-  local ntrain = n - nval
+  local ntrain = cut - 1
+  local nval = n - ntrain
   local self = setmetatable({
     text_len = n, vocab = vocab, vocab_size = V, stoi = stoi, itos = itos, device = device,
-    unigram_entropy = H, data = ids, counts = counts,
+    unigram_entropy = H, data = ids, counts = counts, bytes_per_token = 1, val_start = cut,
   }, Text)
   self.train = ids:narrow(1, 1, ntrain)
   self.val = nval > 0 and ids:narrow(1, ntrain + 1, nval) or nil
   return self
 end
 
+-- a dataset of a tokenizer's ids: the training text (bytes 1 .. cut-1) and
+-- the held-out text (cut .. n) encoded separately, so no token spans the cut
+function M.tokenized(text, cut, tok, device)
+  local op = 'data.text'
+  if type(tok) ~= 'table' or type(tok.encode) ~= 'function' or type(tok.vocab_size) ~= 'number' then
+    raise(op .. ': tokenizer must be a gp.tokenizer (encode, decode, vocab_size)')
+  end
+  local eo = {add_special_tokens = false, truncation = false, padding = false}
+  local tr = tok:encode(text:sub(1, cut - 1), eo)
+  local va = cut <= #text and tok:encode(text:sub(cut), eo) or {}
+  local counts = {}
+  for _, list in ipairs {tr, va} do
+    for _, id in ipairs(list) do counts[id] = (counts[id] or 0) + 1 end
+  end
+  local ntok = #tr + #va
+  local self = setmetatable({
+    text_len = #text, vocab = 'tokenizer', tokenizer = tok, vocab_size = tok.vocab_size, device = device,
+    unigram_entropy = entropy(counts, math.max(ntok, 1)), counts = counts, bytes_per_token = #text / math.max(ntok, 1),
+    val_start = cut, n_tokens = ntok,
+  }, Text)
+  self.train = ids_tensor(tr, device, op)
+  self.val = ids_tensor(va, device, op)
+  if not self.train then raise(op .. ': the training text encodes to no tokens') end
+  self.data = self.val and gp.cat({self.train, self.val}, 1) or self.train
+  return self
+end
+
+---------------------------------------------------------------------------
+-- Shakespeare: the plays and poems that `make models` fetches (the
+-- shakespeare 0.6 package's modern-spelling texts, one after another in the
+-- order of their file names, about 5 MB)
+
+local function exists(path)
+  local f = io.open(path, 'rb')
+  if f then f:close() end
+  return f ~= nil
+end
+
+-- $GPUSH_CACHE/models/shakespeare/shakespeare.txt (whether it is there or not)
+function M.shakespeare_path()
+  return (rt.cache_dir() or '.') .. '/models/shakespeare/shakespeare.txt'
+end
+
+-- the works of a text in the corpus' layout: {pos = the first byte of the
+-- title (1-based), title = ...} for every title line followed by a blank line
+-- and "by William Shakespeare". A work's last line runs into the next title in
+-- the file (no newline between them), so the title is the line's tail of
+-- capitals, spaces and , ; ' - (and a leading "THE END" belongs to the work before).
+function M.works(text)
+  local out = {}
+  local at = 1
+  while true do
+    local s = text:find('\n\nby William Shakespeare\n', at, true)
+    if not s then break end
+    local ls = s - 1
+    while ls >= 1 and text:byte(ls) ~= 10 do ls = ls - 1 end
+    local title = text:sub(ls + 1, s - 1):match("[A-Z][A-Z ,;'%-]*$")
+    if title then
+      if title:match('^THE END%S') then title = title:sub(8) end
+      out[#out + 1] = {pos = s - #title, title = title}
+    end
+    at = s + 1
+  end
+  return out
+end
+
+-- the first byte of the held-out part: the start of the work that holds the
+-- byte n - floor(n * val_fraction) + 1, so that the held-out works are whole
+-- and make at least val_fraction of the text; without works, that byte
+function M.works_cut(text, val_fraction)
+  local n = #text
+  local cut = n - math.floor(n * val_fraction) + 1
+  if val_fraction == 0 then return cut, {} end
+  local works = M.works(text)
+  local pos, held = nil, {}
+  for i = #works, 1, -1 do
+    if works[i].pos > 1 then
+      table.insert(held, 1, works[i].title)
+      if works[i].pos <= cut then pos = works[i].pos; break end
+    end
+  end
+  if not pos then return cut, {} end
+  return pos, held
+end
+
+-- the Shakespeare corpus as a dataset (gp.data.text's options: vocab,
+-- tokenizer, device; val_fraction 0.1 rounded up to whole works; path)
+function M.shakespeare(opts)
+  opts = opts or {}
+  local path = opts.path or M.shakespeare_path()
+  if not exists(path) then
+    raise(string.format('data.shakespeare: %s is missing: run `make models` (`make models MODELS=shakespeare` fetches only it, 5 MB)', path))
+  end
+  local text = M.read_file(path)
+  local cut, held = M.works_cut(text, opts.val_fraction or 0.1)
+  local o = {text = text, val_start = cut <= #text and cut or nil, val_fraction = 0}
+  for _, k in ipairs {'vocab', 'tokenizer', 'device'} do o[k] = opts[k] end
+  local ds = M.text(o)
+  ds.path, ds.name, ds.held_out_works = path, 'Shakespeare', held
+  local nval = #text - cut + 1
+  ds.description = string.format('Shakespeare (%s, %d bytes); held out, never trained on: %s, %d bytes (%.1f%%)',
+    path, #text, #held > 0 and string.format('the last %d works (%s)', #held, table.concat(held, ', ')) or 'nothing',
+    nval, 100 * nval / #text)
+  return ds
+end
+
+-- a script's data: opts.data = '' (Shakespeare when `make models` fetched
+-- it, else opts.fallback), 'shakespeare', 'corpus' (opts.fallback) or a file
+-- (its last val_fraction held out); vocab, tokenizer, val_fraction, device as
+-- gp.data.text. ds.description says which data it is and what is held out.
+function M.corpus(opts)
+  opts = opts or {}
+  local data, fallback = opts.data or '', opts.fallback
+  local pass = {vocab = opts.vocab, tokenizer = opts.tokenizer, device = opts.device, val_fraction = opts.val_fraction}
+  if data == 'shakespeare' or (data == '' and exists(M.shakespeare_path())) then
+    return M.shakespeare(pass)
+  end
+  local path, note = data, ''
+  if data == '' or data == 'corpus' then
+    if not fallback then raise('data.corpus: no data: give data = a file (or run `make models` for Shakespeare)') end
+    path = fallback
+    note = data == '' and ' (the offline fallback: `make models` fetches the Shakespeare corpus, the default when present)' or ''
+  end
+  local o = {path = path}
+  for k, v in pairs(pass) do o[k] = v end
+  local ds = M.text(o)
+  ds.path, ds.name = path, path
+  local nval = ds.text_len - ds.val_start + 1
+  ds.description = string.format('%s%s, %d bytes; held out, never trained on: the last %d bytes (%.1f%%)', path, note,
+    ds.text_len, nval, 100 * nval / math.max(ds.text_len, 1))
+  return ds
+end
+
 -- string -> Lua list of 0-based ids (an unknown byte is an error)
 function Text:encode(s)
   if type(s) ~= 'string' then raise('encode: needs a string') end
+  if self.tokenizer then return self.tokenizer:encode(s, {add_special_tokens = false, truncation = false, padding = false}) end
   local out = {}
   for i = 1, #s do
     local id = self.stoi[s:byte(i)]
@@ -106,6 +275,7 @@ end
 function Text:decode(ids)
   if tensor.is_tensor(ids) then ids = ids:cpu():contiguous():view {ids:numel()}:totable() end
   if type(ids) ~= 'table' then raise('decode: needs a list or a tensor of ids') end
+  if self.tokenizer then return self.tokenizer:decode(ids) end
   local chars = {}
   for i, id in ipairs(ids) do
     local b = self.itos[id]
@@ -253,8 +423,17 @@ doc(M.Text.encode, 'ds:encode(s)', 'a string -> a list of 0-based ids')
 doc(M.Text.decode, 'ds:decode(ids)', 'a list or tensor of ids -> a string')
 doc(M.read_file, 'gp.data.read_file(path)', 'the bytes of a file as a string')
 doc(M.write_jsonl, 'gp.data.write_jsonl(path, list)', 'write a list of values, one JSON line each')
-doc(M.text, "gp.data.text{path=FILE | text=STRING, vocab='present'|'printable'|'bytes', val_fraction=0.1}",
-  'a byte-level dataset: vocab_size, encode, decode, batch(split, B, T) -> x, y (i64 on the device), unigram_entropy')
+doc(M.text, "gp.data.text{path=FILE | text=STRING, vocab='present'|'printable'|'bytes', tokenizer=, val_fraction=0.1, val_start=}",
+  'a byte-level dataset (or a tokenizer\'s ids), the end held out: vocab_size, encode, decode, batch(split, B, T) -> x, y (i64 on the device), unigram_entropy (nats per token), bytes_per_token')
+doc(M.shakespeare_path, 'gp.data.shakespeare_path()', 'where `make models` puts the Shakespeare corpus: $GPUSH_CACHE/models/shakespeare/shakespeare.txt')
+doc(M.works, 'gp.data.works(text)', 'the works of a text in the Shakespeare corpus layout: a list of {pos = the first byte of the title, title}')
+doc(M.works_cut, 'gp.data.works_cut(text, val_fraction)',
+  'the first held-out byte: the start of the work holding the last val_fraction (whole works held out), and their titles')
+doc(M.shakespeare, "gp.data.shakespeare{vocab=, tokenizer=, val_fraction=0.1, path=}",
+  'the Shakespeare corpus (`make models`) as gp.data.text, the last whole works (at least val_fraction of the text) held out; ds.description says which')
+doc(M.corpus, "gp.data.corpus{data='', fallback=FILE, vocab=, tokenizer=, val_fraction=0.1}",
+  "a script's data: Shakespeare when fetched (data = ''), 'shakespeare', 'corpus' (the fallback file) or a file; ds.description names it and its held-out part")
+doc(M.tokenized, 'gp.data.tokenized(text, val_start, tok, device)', "gp.data.text{text=, tokenizer=}'s dataset: the training and held-out parts encoded separately")
 doc(M.facts_text, 'gp.data.facts_text{entities=1000, bytes=400000, seed=1}',
   'a synthetic encyclopedia: fixed facts about invented creatures in seeded sentences (a capacity test; moe.lua\'s default data)')
 doc(M.jsonl, 'gp.data.jsonl(path)', 'the values of a JSONL file as a list (a bad line is an error naming its line number)')
