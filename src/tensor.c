@@ -680,7 +680,14 @@ uint64_t gp_rng_reserve(uint64_t n) {
 
 /* ---- devices ---- */
 
-int gp_cuda_available(void) { return gp_cuda_compiled() && gp_cuda_init() == GP_OK; }
+/* 1 when CUDA is usable; else 0 with the reason as the last error */
+int gp_cuda_available(void) {
+  if (!gp_cuda_compiled()) {
+    gp_error("cuda: this gpush was built without CUDA (CPU backend only)");
+    return 0;
+  }
+  return gp_cuda_init() == GP_OK;
+}
 
 int gp_sync(void) { return gp_cuda_available() ? gp_cuda_device_sync("sync") : GP_OK; }
 int gp_device_sync(void) { return gp_sync(); }
