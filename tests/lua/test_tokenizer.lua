@@ -373,3 +373,10 @@ T.test('tok:stop_ids(): eos and the end-of-turn tokens; gp.generate stops at the
   r = gp.generate(model, {{1, 2}}, {max_new = 4, greedy = true, tokenizer = tok, stop = {}})
   T.eq(#r.lists[1], 4)
 end)
+
+T.test('a typed tokenizer.json field that is null is absent (fuzz finding: truncation.max_length null)', function()
+  local spec = json.decode([[{"version":"1.0","model":{"type":"WordLevel","vocab":{"[UNK]":0,"hi":1},"unk_token":"[UNK]"},
+    "pre_tokenizer":{"type":"Whitespace"},"truncation":{"max_length":null,"stride":0,"strategy":"LongestFirst","direction":"Right"}}]])
+  local tok = gp.tokenizer.from_json(spec)
+  T.eq(show(tok:encode('hi hi hi')), '{1 1 1}')
+end)

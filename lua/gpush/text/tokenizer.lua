@@ -211,7 +211,8 @@ end
 -- The type of every field the parts read (a name means the same in every
 -- part that has it): checked over the whole file but the model (models.lua
 -- checks its own) and the added tokens before anything is built, so a value
--- of another type is an error naming it, never a failure inside encode.
+-- of another type is an error naming it, never a failure inside encode; a
+-- null one is removed.
 local FIELD_TYPES = {
   type = 'string', pattern = 'table string', content = 'string', Regex = 'string', String = 'string',
   add_prefix_space = 'boolean', replacement = 'string', prepend_scheme = 'string', behavior = 'string',
@@ -230,6 +231,9 @@ local function check_fields(v, path, where, depth)
   if depth > 32 then raise(string.format('tokenizer: %s nests too deeply in %s', path, where)) end
   for k, x in pairs(v) do
     local want = type(k) == 'string' and FIELD_TYPES[k]
+    -- a typed field that is null is absent (as tokenizers reads it): the code
+    -- after this never meets the null sentinel where it expects a value
+    if want and x == null then v[k] = nil end
     if want and x ~= null and not want:find(type(x), 1, true) then
       raise(string.format('tokenizer: %s.%s is a %s, not a %s (%s)', path, k, type(x), want:gsub(' ', ' or '), where))
     end
