@@ -205,8 +205,28 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
   if (P.win > 0 && j0 >= P.ng) ihi = (int)min((int64_t)P.T, (int64_t)jmax + P.win - off);
   const int n_qt = ihi > ilo ? (ihi - ilo + BQ - 1) / BQ : 0;
   const QTiles<GQA> qt(P, bkv, ilo, n_qt, BQ);
+  /* G = 1 keeps the one head's pointers and the compile-time tile rows: with
+   * the per-tile head of the group walk, the fused kernel (3 CTAs an SM, 168
+   * registers) got two more compiler-injected warpgroup waits and its
+   * backward fell from 298 to 237 TFLOP/s on the H100 */
+  const T *q1 = (const T *)P.q + head_at(P.sq, bkv, P.H), *g1 = (const T *)P.dout + head_at(P.sg, bkv, P.H);
+  const float *lse1 = P.lse_in + (int64_t)bkv * P.T, *dlt1 = delta + (int64_t)bkv * P.T;
+  auto row0 = [&](int t) { return GQA ? qt.row0(t) : ilo + t * BQ; };
   auto load_q = [&](int stage, int t) {
-    load_q_tile<T, D, BQ, NTH>(P, delta, qt, t, Qs + stage * BQ * D, Gs + stage * BQ * D, Ls + stage * BQ, Dl + stage * BQ);
+    if constexpr (GQA) {
+      load_q_tile<T, D, BQ, NTH>(P, delta, qt, t, Qs + stage * BQ * D, Gs + stage * BQ * D, Ls + stage * BQ,
+                                 Dl + stage * BQ);
+    } else {
+      const int i0 = ilo + t * BQ;
+      load_tile<T, D, BQ, NTH>(Qs + stage * BQ * D, q1, P.sq.r, i0, P.T);
+      load_tile<T, D, BQ, NTH>(Gs + stage * BQ * D, g1, P.sg.r, i0, P.T);
+      for (int e = threadIdx.x; e < BQ; e += NTH) {
+        const int i = i0 + e;
+        const bool ok = i < P.T;
+        cp_async4(smem_u32(Ls + stage * BQ + e), lse1 + (ok ? i : 0), ok ? 4 : 0);
+        cp_async4(smem_u32(Dl + stage * BQ + e), dlt1 + (ok ? i : 0), ok ? 4 : 0);
+      }
+    }
   };
   load_tile<T, D, BNK, NTH>(Ks, k, P.sk.r, j0, P.S);
   load_tile<T, D, BNK, NTH>(Vs, v, P.sv.r, j0, P.S);
@@ -227,7 +247,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
 
   auto tile = [&](auto mk_tag, int t) {
     constexpr int MK = decltype(mk_tag)::value;
-    const int st = t & 1, i0 = qt.row0(t);
+    const int st = t & 1, i0 = row0(t);
     if (t + 1 < qt.n) load_q(st ^ 1, t + 1);
     cp_async_commit();
     cp_async_wait<1>();
@@ -299,7 +319,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
                                          kk > 0);
       wg::commit();
       wg::wait<0>();
-      float *dst = P.dqa + ((int64_t)qt.head(t) * ((P.T + 63) >> 6) + (i0 >> 6)) * 4096 + (threadIdx.x & 127) * 4;
+      float *dst = P.dqa + ((int64_t)(GQA ? qt.head(t) : bkv) * ((P.T + 63) >> 6) + (i0 >> 6)) * 4096 + (threadIdx.x & 127) * 4;
 #pragma unroll
       for (int j = 0; j < DT; j++)
         asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + j * 512), "f"(dq[j][0]),
@@ -311,7 +331,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     __syncthreads(); /* the next iteration loads into this stage (DQ: and writes Ds) */
   };
   for (int t = 0; t < qt.n; t++) {
-    if (q_masked(qt.row0(t))) tile(std::integral_constant<int, 1>(), t);
+    if (q_masked(row0(t))) tile(std::integral_constant<int, 1>(), t);
     else tile(std::integral_constant<int, 0>(), t);
   }
   cp_async_wait<0>();
