@@ -119,3 +119,12 @@ T.test('chat template: dictionaries keep the order their metatable gives, else s
   T.eq(tpl:render{d = {b = 1, a = 2}, e = {}}, '{"a": 2, "b": 1} ab []')
   T.eq(tpl:render{d = setmetatable({b = 1, a = 2}, {__keys = {'b', 'a'}}), e = {}}, '{"b": 1, "a": 2} ba []')
 end)
+
+T.test('chat template: slice bounds that are not integers are a template error (fuzz finding)', function()
+  local t = gp.tokenizer.template("{{ 'abcdef'[1:4] }}|{{ [1, 2, 3][::-1] }}")
+  T.eq(t:render({}), 'bcd|[3, 2, 1]')
+  for _, src in ipairs {"{{ 'abc'[1:'x'] }}", "{{ [1, 2][x:] }}", "{{ 'abc'[0.5:] }}"} do
+    local ok, err = pcall(function() return gp.tokenizer.template(src):render({x = {1}}) end)
+    T.ok(not ok and tostring(err):find('slice indices must be integers or none', 1, true), src .. ': ' .. tostring(err))
+  end
+end)

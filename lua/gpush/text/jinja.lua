@@ -1017,6 +1017,12 @@ local function slice(obj, a, b, c, line)
   local items = type(obj) == 'string' and U.chars(obj) or obj
   if type(items) ~= 'table' or items == none then fail('cannot slice a ' .. type(obj), line) end
   local n = #items
+  -- bounds and step are integers or none (Python: "slice indices must be integers or None")
+  for _, x in ipairs {a == nil and none or a, b == nil and none or b, c == nil and none or c} do
+    if x ~= none and (type(x) ~= 'number' or x ~= math.floor(x)) then
+      fail('slice indices must be integers or none, not a ' .. (type(x) == 'number' and 'float' or type(x)), line)
+    end
+  end
   local step = (c == nil or c == none) and 1 or c
   if step == 0 then fail('slice step cannot be zero', line) end
   local function norm(x, default)
