@@ -77,6 +77,20 @@ static int mm_workspace(const char *op, cudaStream_t st, void **ws, size_t *byte
   return GP_OK;
 }
 
+/* the handles and workspaces back to the driver (gp_shutdown, at exit: a leak
+ * check then sees no block still held) */
+extern "C" void gp_matmul_release(void) {
+  if (g_blas) cublasDestroy(g_blas);
+  if (g_lt) cublasLtDestroy(g_lt);
+  g_blas = nullptr;
+  g_lt = nullptr;
+  for (int i = 0; i < g_nws; i++) gp_cuda_free(g_ws[i].ws);
+  g_nws = 0;
+  g_bound_set = 0;
+  g_cur_ws = nullptr;
+  g_cur_ws_bytes = 0;
+}
+
 static int mm_init(const char *op) {
   GP_TRY(gp_cuda_init());
   cublasStatus_t s;

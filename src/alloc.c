@@ -362,6 +362,11 @@ int gp_empty_cache(void) {
   return GP_OK;
 }
 
+void gp_shutdown(void) {
+  gp_empty_cache();
+  gp_cuda_shutdown();
+}
+
 int gp_memory_stats(gp_memstats *out) {
   if (!out) return gp_error("memory_stats: null output");
   *out = S;

@@ -104,6 +104,23 @@ extern "C" int gp_cuda_init(void) {
   return g_state == 1 ? GP_OK : gp_error("%s", g_why);
 }
 
+/* every device resource the library holds, back to the driver (gp_shutdown):
+ * cuBLAS's handles and workspaces, the index flag, the stream; CUDA is then
+ * unusable in this process (a later call says so) */
+extern "C" void gp_matmul_release(void); /* kernels/matmul.cu */
+extern "C" void gp_cuda_shutdown(void) {
+  if (g_state != 1) return;
+  cudaDeviceSynchronize();
+  gp_alloc_release_pending();
+  gp_matmul_release();
+  cudaFree(g_bad);
+  g_bad = nullptr;
+  cudaStreamDestroy(g_stream);
+  g_stream = g_cur = nullptr;
+  snprintf(g_why, sizeof g_why, "CUDA was shut down in this process (gp_shutdown)");
+  g_state = 0;
+}
+
 /* Kernels are queued on the current stream. */
 cudaStream_t gp_cuda_stream(void) { return g_cur; }
 int gp_cuda_sm_count(void) { return g_sms; }

@@ -202,6 +202,10 @@ int gp_rtc_version(int *major, int *minor);    /* NVRTC version; GP_ERR without 
 /* ---- memory ---- */
 int gp_memory_stats(gp_memstats *out);
 int gp_empty_cache(void);
+/* at exit, after the last tensor is freed: every cached block, cuBLAS's handles and
+ * workspaces and the stream back to the driver (a leak checker then sees none); the
+ * CUDA backend is unusable afterwards */
+void gp_shutdown(void);
 int gp_set_memory_limit(int64_t bytes);  /* soft cap on reserved device bytes (and host in-use); 0 = none */
 
 /* ---- safetensors files (src/safetensors.c); tensors read and written on the cpu ---- */

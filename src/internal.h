@@ -226,6 +226,7 @@ int gp_cuda_event_wait(void *stream, void *ev);
 int gp_cuda_event_sync(void *ev, int query); /* 1 done, 0 pending (query), -GP_ERR on error */
 int gp_cuda_device_sync(const char *op);     /* every stream; releases the allocator's pending blocks */
 int gp_cuda_streams_used(void);              /* a user stream was current since the last device sync */
+void gp_cuda_shutdown(void);                 /* gp_shutdown's CUDA part */
 /* CUDA launchers note the kernel they launch (for gp.profile's registers and
  * occupancy): GP_NOTE_LAUNCH(k_name<T>, block, shared_bytes) before <<<>>>. */
 void gp_cuda_note_launch(const void *fn, int block, int smem);

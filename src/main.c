@@ -115,7 +115,7 @@ static int os_exit(lua_State *L) {
   fflush(NULL);
   if (close) {
     lua_close(L);
-    gp_empty_cache();
+    gp_shutdown();
   }
   exit(code);
 }
@@ -371,6 +371,6 @@ int main(int argc, char **argv) {
   /* the prompt also follows a failed script, so its state can be inspected */
   if (interactive && dostring(L, "require('gpush.tools.repl').run()", "=(repl)") != 0 && !rc) rc = 1;
   lua_close(L);
-  gp_empty_cache();
+  gp_shutdown();
   return rc ? 1 : 0;
 }

@@ -288,6 +288,30 @@ Test(cuda, allocator_caches) {
   cr_assert_eq(b.cached_blocks, 0);
 }
 
+/* every test of the cuda suite ends with the library's exit path: no device
+ * block is left for compute-sanitizer's leak check (make sanitize) */
+static void cuda_fini(void) { gp_shutdown(); }
+TestSuite(cuda, .fini = cuda_fini);
+
+Test(cuda, shutdown_returns_everything) {
+  if (!gp_cuda_available()) cr_skip_test("no CUDA GPU");
+  int64_t s[] = {1 << 20};
+  gp_tensor *t = mk(GP_F32, GP_CUDA, 1, s);
+  gp_tensor_free(t); /* cached, still reserved */
+  gp_memstats m;
+  gp_memory_stats(&m);
+  cr_assert_gt(m.reserved, 0);
+  gp_shutdown();
+  gp_memory_stats(&m);
+  cr_assert_eq(m.reserved, 0);
+  cr_assert_eq(m.cached_blocks, 0);
+  cr_assert_eq(gp_cuda_available(), 0);
+  gp_tensor *u = NULL;
+  cr_assert_neq(gp_tensor_empty(&u, GP_F32, GP_CUDA, 1, s), GP_OK);
+  cr_assert(strstr(gp_last_error(), "no CUDA GPU is usable"), "%s", gp_last_error());
+  gp_shutdown(); /* twice is harmless */
+}
+
 /* ---- atomic file replacement (src/atomic.c), both ways: O_TMPFILE and mkstemp ---- */
 
 static int count_entries(const char *dir) {

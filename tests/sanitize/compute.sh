@@ -9,7 +9,9 @@
 # error or a suite failed.
 #
 # LuaJIT's machine code is not run under the sanitizer: the Lua suite runs
-# with the JIT off (-e 'jit.off()'). racecheck and synccheck are slow on the
+# with the JIT off (-e 'jit.off()'), one process a test file, SANITIZE_JOBS
+# (default 8) at a time on the one GPU; each file's log is
+# $BUILD/sanitize/TOOL-lua/FILE.log. racecheck and synccheck are slow on the
 # big cases: SANITIZE_TOOLS='memcheck initcheck' picks tools, SANITIZE_ARGS
 # adds compute-sanitizer flags (e.g. --target-processes application-only).
 set -u
@@ -32,24 +34,32 @@ for tool in $tools; do
   extra=""
   [ "$tool" = memcheck ] && extra="--leak-check full"
   [ "$tool" = initcheck ] && extra="--track-unused-memory no"
-  for suite in c lua; do
-    log=$out/$tool-$suite.log
-    if [ $suite = c ]; then
-      "$cs" --tool "$tool" $extra --error-exitcode 99 ${SANITIZE_ARGS:-} "$build/test_c" --jobs 1 > "$log" 2>&1
-    else
-      "$cs" --tool "$tool" $extra --error-exitcode 99 ${SANITIZE_ARGS:-} \
-        "$build/gpush" -e 'jit.off()' tests/lua/run.lua $filter > "$log" 2>&1
-    fi
-    rc=$?
-    summary=$(grep -a "ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY" "$log" | tail -n 2 | tr '\n' ' ')
-    runner=$(grep -a "Synthesis:\|passed, .* failed" "$log" | tail -n 1)
-    printf '%-9s %-3s %-12s %s | %s\n' "$tool" "$suite" "$(status $rc)" "${summary:-NO SANITIZER SUMMARY}" \
+  report() { # NAME LOG RC: one line, and the log's end when it failed
+    local summary runner
+    summary=$(grep -a "ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY" "$2" | tail -n 2 | tr '\n' ' ')
+    runner=$(grep -a "Synthesis:\|passed, .* failed" "$2" | tail -n 1)
+    printf '%-9s %-24s %-12s %s | %s\n' "$tool" "$1" "$(status "$3")" "${summary:-NO SANITIZER SUMMARY}" \
       "${runner:-NO RUNNER SUMMARY}"
-    if [ $rc -ne 0 ]; then
+    if [ "$3" -ne 0 ] || [ -z "$summary" ] || [ -z "$runner" ]; then
       rc_all=1
-      echo "          log: $log (its last lines:)"
-      tail -n 15 "$log" | sed 's/^/          /'
+      echo "          log: $2 (its last lines:)"
+      tail -n 15 "$2" | sed 's/^/          /'
     fi
+  }
+  log=$out/$tool-c.log
+  "$cs" --tool "$tool" $extra --error-exitcode 99 ${SANITIZE_ARGS:-} "$build/test_c" --jobs 1 > "$log" 2>&1
+  report c "$log" $?
+  rm -rf "$out/$tool-lua"
+  mkdir -p "$out/$tool-lua"
+  # one process a test file (FILTER: the files whose name contains it), in parallel
+  ls tests/lua/test_*.lua | sed 's|.*/||; s|\.lua$||' | grep -F -- "$filter" |
+    SAN_CS=$cs SAN_TOOL=$tool SAN_EXTRA=$extra SAN_OUT=$out/$tool-lua SAN_BUILD=$build \
+    xargs -P "${SANITIZE_JOBS:-8}" -I{} sh -c '"$SAN_CS" --tool "$SAN_TOOL" $SAN_EXTRA --error-exitcode 99 \
+      ${SANITIZE_ARGS:-} "$SAN_BUILD/gpush" -e "jit.off()" tests/lua/run.lua "{}: " > "$SAN_OUT/{}.log" 2>&1;
+      echo $? > "$SAN_OUT/{}.rc"'
+  for rcf in "$out/$tool-lua"/*.rc; do
+    f=${rcf%.rc}
+    report "lua ${f##*/}" "$f.log" "$(cat "$rcf")"
   done
 done
 exit $rc_all
