@@ -184,8 +184,15 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   P.scale = (float)scale;
   P.win = (int)(window > INT32_MAX / 2 ? INT32_MAX / 2 : window);
   P.ng = (int)(n_global > C ? C : n_global);
-  /* enough blocks for 4 an SM, slices of at least 128 keys */
-  int64_t want = ((int64_t)gp_cuda_sm_count() * 4 + BH - 1) / BH, most = (C + 127) / 128;
+  const bool vec = (((uintptr_t)P.q | (uintptr_t)P.kc | (uintptr_t)P.vc) & 15) == 0;
+  const int nq = vec ? decode_heads_per_block(P.G) : 1; /* query heads a block (a KV head's read serves them) */
+  /* slices of the cache: as many as fill the GPU's block slots once (equal
+   * slices: a second, partial wave would cost a whole slice's time), of at
+   * least 128 keys */
+  int per_sm = 1;
+  decode(P, BH, q->dtype, (int)D, vec, fmt, nq, &per_sm);
+  const int64_t rows = BH / nq, slots = (int64_t)gp_cuda_sm_count() * per_sm;
+  int64_t want = rows >= slots ? 1 : slots / rows, most = (C + 127) / 128;
   int64_t nsplit = want < most ? want : most;
   if (nsplit < 1) nsplit = 1;
   int64_t chunk = (C + nsplit - 1) / nsplit;
@@ -198,8 +205,7 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   int64_t pn = BH * nsplit * (D + 2);
   GP_TRY(gp_tensor_scratch(&part, GP_F32, GP_CUDA, 1, &pn));
   P.part = (float *)gp_ptr(part);
-  const bool vec = (((uintptr_t)P.q | (uintptr_t)P.kc | (uintptr_t)P.vc) & 15) == 0;
-  int rc = decode(P, BH, q->dtype, (int)D, vec, fmt);
+  int rc = decode(P, BH, q->dtype, (int)D, vec, fmt, nq, nullptr);
   gp_tensor_free(part); /* stream-ordered: the allocator reuses it after the kernels */
   GP_TRY(rc);
   return gp_cuda_check_launch(op);
