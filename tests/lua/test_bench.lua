@@ -148,3 +148,16 @@ T.test('kv decode bench (scripts/bench/kv_decode.lua) prints a row per cache dty
     T.ok(tonumber(diff) < 5e-2, kvd .. ': output differs from the bf16 cache\'s by ' .. tostring(diff))
   end
 end)
+
+T.test('kv agreement bench (scripts/bench/kv_agree.lua) compares the caches and their capacity', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/kv_agree.lua --model ' .. root ..
+    '/tests/fixtures/models/llama_gqa --dtype f32 --prompts 3 --max-new 4 --budget-mb 1')
+  T.eq(rc, 0, out)
+  for _, kvd in ipairs {'int8', 'fp8'} do
+    local same = out:match('\n  ' .. kvd .. '%s+identical continuations: (%d+) of 3')
+    T.ok(tonumber(same), kvd .. ' row in\n' .. out)
+  end
+  local f32, i8 = out:match('f32%s+most positions in 1 MiB: (%d+)'), out:match('int8%s+most positions in 1 MiB: (%d+)')
+  T.ok(tonumber(f32) and tonumber(f32) > 0, out)
+  T.ok(tonumber(i8) > 3 * tonumber(f32), 'int8 codes and scales hold more than 3x the f32 positions:\n' .. out)
+end)
