@@ -92,7 +92,10 @@ test('profile total agrees with gp.time within 50% (cuda)', function()
     if best < 0.5 then break end
   end
   -- a units or double-counting error shows as a factor; the two clocks differ
-  -- by host gaps and event overhead (10-22% on a shared H100), so the bound is loose
+  -- by host gaps and event overhead (10-22% on a shared H100), so the bound is
+  -- loose; under compute-sanitizer (make sanitize) every kernel is instrumented
+  -- and the two clocks say nothing of each other
+  if os.getenv('GPUSH_SANITIZER') then return end
   T.ok(best < 0.5, string.format('profile and gp.time differ by %.1f%%', 100 * best))
 end)
 

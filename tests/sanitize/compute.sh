@@ -2,8 +2,8 @@
 # tests/sanitize/compute.sh [BUILD] [FILTER]: the test suites of an existing
 # CUDA build under compute-sanitizer's four tools (make sanitize runs it on a
 # GPU machine). For each tool it runs the Criterion tests and the Lua suite
-# (FILTER: only the Lua cases whose name contains it; the CUDA ones are what
-# matter), then prints the sanitizer's ERROR SUMMARY line, the runner's own
+# (FILTER: an extended regular expression; only the Lua test files whose name
+# matches it, e.g. 'kernels|attention'), then prints the sanitizer's ERROR SUMMARY line, the runner's own
 # summary line, the exit status (and the signal, when one ended the process)
 # and where the whole log is. Exit status: non-zero when a tool reported an
 # error or a suite failed.
@@ -31,9 +31,9 @@ status() { # the exit status in words: 'exit 0', 'exit 1', 'signal SEGV'
 }
 rc_all=0
 for tool in $tools; do
+  export GPUSH_SANITIZER=$tool # tests that time things skip those checks under an instrumented GPU
   extra=""
   [ "$tool" = memcheck ] && extra="--leak-check full"
-  [ "$tool" = initcheck ] && extra="--track-unused-memory no"
   report() { # NAME LOG RC: one line, and the log's end when it failed
     local summary runner
     summary=$(grep -a "ERROR SUMMARY\|RACECHECK SUMMARY\|LEAK SUMMARY" "$2" | tail -n 2 | tr '\n' ' ')
@@ -51,8 +51,8 @@ for tool in $tools; do
   report c "$log" $?
   rm -rf "$out/$tool-lua"
   mkdir -p "$out/$tool-lua"
-  # one process a test file (FILTER: the files whose name contains it), in parallel
-  ls tests/lua/test_*.lua | sed 's|.*/||; s|\.lua$||' | grep -F -- "$filter" |
+  # one process a test file (FILTER: the files whose name matches it), in parallel
+  ls tests/lua/test_*.lua | sed 's|.*/||; s|\.lua$||' | grep -E -- "$filter" |
     SAN_CS=$cs SAN_TOOL=$tool SAN_EXTRA=$extra SAN_OUT=$out/$tool-lua SAN_BUILD=$build \
     xargs -P "${SANITIZE_JOBS:-8}" -I{} sh -c '"$SAN_CS" --tool "$SAN_TOOL" $SAN_EXTRA --error-exitcode 99 \
       ${SANITIZE_ARGS:-} "$SAN_BUILD/gpush" -e "jit.off()" tests/lua/run.lua "{}: " > "$SAN_OUT/{}.log" 2>&1;
