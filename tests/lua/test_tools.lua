@@ -87,7 +87,7 @@ test('profile total agrees with gp.time within 50% (cuda)', function()
       T.ok(names[k] and names[k].calls == 10, 'profile misses ' .. k)
       T.ok(names[k].regs and names[k].regs > 0, 'registers of ' .. k)
       T.ok(names[k].occupancy and names[k].occupancy > 0 and names[k].occupancy <= 1, 'occupancy of ' .. k)
-      T.ok(names[k].gbps and names[k].gbps > 10, 'GB/s of ' .. k)
+      T.ok(names[k].gbps and (names[k].gbps > 10 or os.getenv('GPUSH_SANITIZER')), 'GB/s of ' .. k) -- instrumented: slow
     end
     if best < 0.5 then break end
   end
