@@ -2,6 +2,7 @@
 -- (tests/fixtures/models/NAME, made by make.py there with transformers) and
 -- the logits and greedy tokens transformers computed with them.
 local T = require 'lib'
+local nn = gp.nn
 local root = (GPUSH_ROOT or '.') .. '/tests/fixtures/models'
 local ARCHS = {'llama_gqa', 'llama3_rope', 'qwen2', 'gpt2'}
 
@@ -34,6 +35,41 @@ for _, name in ipairs(ARCHS) do
     T.ok(T.relnorm(lg, e.logits) < 2e-2, 'logits: ' .. T.relnorm(lg, e.logits))
   end)
 end
+
+T.test('models: without autograd q/k/v and gate/up run as one product each, with the same logits; a replaced weight ends it', function()
+  for _, name in ipairs {'llama_gqa', 'qwen2'} do -- qwen2: q, k, v with biases
+    local m = gp.models.load(root .. '/' .. name, {dtype = 'f32', device = 'cpu'})
+    local e = expected(name)
+    local core = require 'gpush.core' -- the table the models call through
+    local linear, calls = core.linear, 0
+    local function counted(f)
+      calls = 0
+      core.linear = function(...) calls = calls + 1; return linear(...) end
+      local ok, r = pcall(f)
+      core.linear = linear
+      assert(ok, r)
+      return r, calls
+    end
+    local L = m.config.num_hidden_layers
+    local with_grad, n1 = counted(function() return m(e.ids) end)
+    local fused, n2 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
+    T.eq(n1, 7 * L + 1, name .. ': products with autograd')
+    T.eq(n2, 4 * L + 1, name .. ': products without')
+    T.ok(T.relnorm(fused, with_grad) < 1e-6, name .. ': ' .. T.relnorm(fused, with_grad))
+    T.ok(T.relnorm(fused, e.logits) < 1e-4, name .. ': ' .. T.relnorm(fused, e.logits))
+    -- the state dict holds the blocks as the checkpoint's tensors
+    local sd = m:state_dict()
+    local q = sd['model.layers.0.self_attn.q_proj.weight']
+    T.eq(q:size(1), m.config.num_attention_heads * m.config.head_dim)
+    T.ok(q:is_contiguous())
+    -- a replaced weight (here v_proj's) ends the sharing in that layer only: products alone again
+    local v = m.model.layers[1].self_attn.v_proj
+    v.weight = nn.Parameter(v.weight:clone())
+    local after, n3 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
+    T.eq(n3, 4 * L + 1 + 2, name .. ': products after one replaced weight')
+    T.ok(T.relnorm(after, fused) < 1e-6)
+  end
+end)
 
 T.test('models: state_dict() gives back the checkpoint\'s names, shapes and values', function()
   for _, name in ipairs(ARCHS) do

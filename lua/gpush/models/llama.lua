@@ -14,6 +14,7 @@ local gp = require 'gpush.core'
 local nn = require 'gpush.nn'
 local raise, is_tensor, shape_str = rt.raise, tensor.is_tensor, tensor.shape_str
 local Module, Linear = nn.Module, nn.Linear
+local autograd = require 'gpush.core.autograd'
 
 -- the config fields gpush reads, with Hugging Face's defaults; the model keeps them in .config
 local function config_of(c)
@@ -58,6 +59,48 @@ end
 
 ---------------------------------------------------------------------------
 
+-- Projections that read the same input share one weight: the Linears' weights
+-- (and biases) are row blocks of one (sum of outs, in) tensor, so that
+-- without autograd (generation, evaluation) one product serves them all (a
+-- decode step launches one GEMM for q, k and v instead of three, one for gate
+-- and up instead of two). Checkpoints load into the blocks in place
+-- (load_state_dict copies); anything that replaces a weight (:to, LoRA, NF4
+-- quantization) ends the sharing and the Linears run alone (fused_weight).
+local function fuse(...)
+  local ls = {...}
+  local w0 = ls[1].weight
+  local ws, bs = {}, {}
+  for i, l in ipairs(ls) do ws[i], bs[i] = l.weight:detach(), rawget(l, 'bias') and l.bias:detach() end
+  local W = gp.cat(ws, 1)
+  local B = bs[1] and gp.cat(bs, 1) or nil
+  local r0 = 1
+  for i, l in ipairs(ls) do
+    local n = ws[i]:size(1)
+    l.weight = nn.Parameter(W:narrow(1, r0, n), rawget(w0, '_rg') == true)
+    if B then l.bias = nn.Parameter(B:narrow(1, r0, n), rawget(w0, '_rg') == true) end
+    r0 = r0 + n
+  end
+  return {w = W, b = B, ls = ls}
+end
+
+-- the fused weight and bias of f, when the Linears still are its row blocks
+-- (plain Linears, weights and biases unreplaced); nil otherwise
+local function fused_weight(f)
+  if not f or autograd.enabled then return nil end
+  local W, B = f.w, f.b
+  local off, boff = W.c.offset, B and B.c.offset
+  for _, l in ipairs(f.ls) do
+    local w, b = rawget(l, 'weight'), rawget(l, 'bias')
+    if getmetatable(l) ~= Linear._imt or not w or w.c.data ~= W.c.data or w.c.offset ~= off or
+      (B == nil) ~= (b == nil) or (B and (b.c.data ~= B.c.data or b.c.offset ~= boff)) then
+      return nil
+    end
+    off = off + w.c.shape[0] * w.c.shape[1]
+    if B then boff = boff + b.c.shape[0] end
+  end
+  return W, B
+end
+
 local Attention = Module:extend('LlamaAttention')
 function Attention:init(cfg, o)
   local d, H, Hkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
@@ -68,6 +111,7 @@ function Attention:init(cfg, o)
   self.v_proj = Linear(d, Hkv * hd, ob)
   self.o_proj = Linear(H * hd, d, {bias = cfg.attention_bias, dtype = o.dtype, device = o.device})
   self.window = cfg.sliding_window
+  rawset(self, '_qkv', fuse(self.q_proj, self.k_proj, self.v_proj))
 end
 
 -- q (B, H, T, hd) over k, v (B, Hkv, S, hd), the queries being the last T of S
@@ -102,9 +146,17 @@ end
 function Attention:forward(x, pos, inv_freq, cache, layer, at)
   local B, T = x:size(1), x:size(2)
   local H, Hkv, hd = self.H, self.Hkv, self.hd
-  local q = gp.rope(self.q_proj(x):view {B, T, H, hd}, at and at.pos or pos, inv_freq):transpose(2, 3)
-  local k = gp.rope(self.k_proj(x):view {B, T, Hkv, hd}, at and at.pos or pos, inv_freq):transpose(2, 3)
-  local v = self.v_proj(x):view {B, T, Hkv, hd}:transpose(2, 3)
+  local xq, xk, xv
+  local W, Wb = fused_weight(rawget(self, '_qkv'))
+  if W then -- one product, then row blocks of its output (rope and the cache take strided views)
+    local y = gp.linear(x, W, Wb)
+    xq, xk, xv = y:narrow(3, 1, H * hd), y:narrow(3, H * hd + 1, Hkv * hd), y:narrow(3, (H + Hkv) * hd + 1, Hkv * hd)
+  else
+    xq, xk, xv = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+  end
+  local q = gp.rope(xq:view {B, T, H, hd}, at and at.pos or pos, inv_freq):transpose(2, 3)
+  local k = gp.rope(xk:view {B, T, Hkv, hd}, at and at.pos or pos, inv_freq):transpose(2, 3)
+  local v = xv:view {B, T, Hkv, hd}:transpose(2, 3)
   local y
   if at then -- nothing read on the host: the cache written and read at device positions
     cache:append_at(layer, k, v, at.pos)
@@ -134,8 +186,17 @@ function MLP:init(cfg, o)
   self.gate_proj = Linear(d, h, ob)
   self.up_proj = Linear(d, h, ob)
   self.down_proj = Linear(h, d, ob)
+  rawset(self, '_gate_up', fuse(self.gate_proj, self.up_proj))
 end
-function MLP:forward(x) return self.down_proj(gp.swiglu(self.gate_proj(x), self.up_proj(x))) end
+function MLP:forward(x)
+  local W = fused_weight(rawget(self, '_gate_up'))
+  if W then
+    local y, h = gp.linear(x, W), self.gate_proj.out_features
+    local n = y:dim()
+    return self.down_proj(gp.swiglu(y:narrow(n, 1, h), y:narrow(n, h + 1, h)))
+  end
+  return self.down_proj(gp.swiglu(self.gate_proj(x), self.up_proj(x)))
+end
 
 local Layer = Module:extend('LlamaDecoderLayer')
 function Layer:init(cfg, o)
