@@ -161,3 +161,13 @@ T.test('kv agreement bench (scripts/bench/kv_agree.lua) compares the caches and 
   T.ok(tonumber(f32) and tonumber(f32) > 0, out)
   T.ok(tonumber(i8) > 3 * tonumber(f32), 'int8 codes and scales hold more than 3x the f32 positions:\n' .. out)
 end)
+
+T.test('decode step profile (scripts/bench/profile_decode.lua) lists the step\'s kernels', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/profile_decode.lua --model ' .. root ..
+    '/tests/fixtures/models/llama3_rope --context 16 --top 5')
+  T.eq(rc, 0, out)
+  local n = tonumber(out:match('(%d+) kernels a step'))
+  T.ok(n and n > 10, out)
+  T.ok(out:find('\n  matmul%s+%d+'), out)
+  T.ok(out:find('step: eager [%d.]+ us'), out)
+end)

@@ -1,0 +1,56 @@
+-- profile_decode.lua: one decode step of a Llama-family model, kernel by
+-- kernel: the step gp.generate captures as a CUDA graph (the token's forward
+-- at a device position over a KV cache filled with --context tokens), run
+-- eagerly under gp.profile (events around every gp.k call: the matmuls are
+-- cuBLAS's), then timed eagerly and as a replayed graph.
+--   gpush scripts/bench/profile_decode.lua [--model smollm2] [--batch 1] [--context 128]
+-- The floor printed is the weights' bytes over the copy bandwidth measured
+-- in the same run (gp.k.copy of 512 MB): a step cannot read them faster.
+local gp = rawget(_G, 'gp') or require 'gpush'
+local a = gp.args.parse(arg, {
+  {'model', 'smollm2', 'a short name, a Hugging Face directory or a .gguf file'},
+  {'dtype', '', 'the model\'s dtype (default bf16 on the GPU, f32 on the CPU)'},
+  {'batch', 1, 'rows decoded together'}, {'context', 128, 'cached positions before the step'},
+  {'top', 20, 'kernels listed'},
+}, {usage = 'gpush scripts/bench/profile_decode.lua [flags]', description = 'A decode step, kernel by kernel.'})
+
+local dev = gp.device()
+local dtype = a.dtype ~= '' and a.dtype or (dev == 'cuda' and 'bf16' or 'f32')
+local model = gp.models.load(a.model, {dtype = dtype})
+local c, B = model.config, a.batch
+local cache = model:new_cache(B, a.context + 1, dtype, dev)
+local pos = gp.full({1}, a.context, {dtype = 'i64', device = dev})
+local nxt = gp.zeros({B, 1}, {dtype = 'i64', device = dev})
+gp.no_grad(function()
+  model:forward_cached(gp.randint(0, c.vocab_size, {B, a.context}, {device = dev}), cache, 0)
+end)
+local function step() gp.no_grad(function() model:forward_cached(nxt, cache, pos) end) end
+
+local bytes = 0
+for _, p in ipairs(model:parameters()) do bytes = bytes + p:numel() * p:element_size() end
+local copy_bw
+do
+  local n = dev == 'cuda' and 128 * 2 ^ 20 or 2 ^ 20
+  local s, d = gp.empty({n}, {device = dev}), gp.empty({n}, {device = dev})
+  copy_bw = 2 * 4 * n / (gp.time(function() gp.k.copy(d, s) end, {warmup = 2, iters = 10}) * 1e6)
+end
+print(string.format('decode step profile: %s %s on %s, batch %d after %d cached positions; %.1f MB of weights, copy %.0f GB/s: floor %.1f us',
+  a.model, dtype, dev, B, a.context, bytes / 1e6, copy_bw, bytes / copy_bw / 1e3))
+local p = gp.profile(step, {warmup = 2, iters = 5})
+print(string.format('%d kernels a step, %.1f us of kernel time a step (events around each)', p.calls / p.iters,
+  p.kernel_ms * 1e3 / p.iters))
+print(string.format('  %-28s %7s %10s %9s %6s', 'kernel', 'calls', 'us a step', 'mean us', '%'))
+for i = 1, math.min(a.top, #p.kernels) do
+  local k = p.kernels[i]
+  print(string.format('  %-28s %7d %10.1f %9.2f %6.1f', k.name, k.calls / p.iters, k.total_us / p.iters, k.mean_us, k.pct))
+end
+local eager = gp.time(step, {warmup = 2, iters = 20})
+local line = string.format('step: eager %.1f us', eager * 1e3)
+if dev == 'cuda' then
+  local g = gp.graph(step)
+  local ms = gp.time(function() g:replay() end, {warmup = 3, iters = 50})
+  line = line .. string.format(', CUDA graph %.1f us (%.0f steps/s, %.1f%% of the floor)', ms * 1e3, 1e3 / ms,
+    100 * bytes / copy_bw / 1e6 / ms)
+  g:free()
+end
+print(line)
