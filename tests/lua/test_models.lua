@@ -71,6 +71,33 @@ T.test('models: without autograd q/k/v and gate/up run as one product each, with
   end
 end)
 
+T.test('models: the residual adds run fused with the norms after them: the same logits and gradients as layer by layer', function()
+  local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
+  local e = expected('llama_gqa')
+  local L = m.config.num_hidden_layers
+  local function run()
+    for _, p in ipairs(m:parameters()) do p:zero_grad() end
+    local lg, loss = m(e.ids, e.ids)
+    loss:backward()
+    return lg, m.model.embed_tokens.weight.grad:clone(), m.model.layers[1].self_attn.q_proj.weight.grad:clone()
+  end
+  local core = require 'gpush.core'
+  local add_rms, calls = core.add_rms_norm, 0
+  core.add_rms_norm = function(...) calls = calls + 1; return add_rms(...) end
+  local ok, lg1, ge1, gq1 = pcall(run)
+  core.add_rms_norm = add_rms
+  assert(ok, lg1)
+  T.eq(calls, 2 * L)
+  -- a norm that is not a plain nn.RMSNorm (here a subclass) makes the body run layer by layer
+  local Norm = nn.RMSNorm:extend('TestNorm')
+  setmetatable(m.model.norm, Norm._imt)
+  local lg2, ge2, gq2 = run()
+  T.ok(T.relnorm(lg1, lg2) < 1e-6, 'logits ' .. T.relnorm(lg1, lg2))
+  T.ok(T.relnorm(ge1, ge2) < 1e-5, 'embedding grad ' .. T.relnorm(ge1, ge2))
+  T.ok(T.relnorm(gq1, gq2) < 1e-5, 'q_proj grad ' .. T.relnorm(gq1, gq2))
+  T.ok(T.relnorm(lg1, e.logits) < 1e-4)
+end)
+
 T.test('models: state_dict() gives back the checkpoint\'s names, shapes and values', function()
   for _, name in ipairs(ARCHS) do
     local file = gp.load(root .. '/' .. name .. '/model.safetensors')

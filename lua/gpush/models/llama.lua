@@ -146,17 +146,25 @@ end
 function Attention:forward(x, pos, inv_freq, cache, layer, at)
   local B, T = x:size(1), x:size(2)
   local H, Hkv, hd = self.H, self.Hkv, self.hd
-  local xq, xk, xv
+  local p = at and at.pos or pos
+  local q, k, v
   local W, Wb = fused_weight(rawget(self, '_qkv'))
   if W then -- one product, then row blocks of its output (rope and the cache take strided views)
     local y = gp.linear(x, W, Wb)
-    xq, xk, xv = y:narrow(3, 1, H * hd), y:narrow(3, H * hd + 1, Hkv * hd), y:narrow(3, (H + Hkv) * hd + 1, Hkv * hd)
+    local nq, nkv = H * hd, Hkv * hd
+    if B * T == 1 then -- one token: q and k roped by one kernel (their views of its output are contiguous)
+      local r = gp.rope(y:narrow(3, 1, nq + nkv):view {B, T, H + Hkv, hd}, p, inv_freq)
+      q, k = r:narrow(3, 1, H):transpose(2, 3), r:narrow(3, H + 1, Hkv):transpose(2, 3)
+    else
+      q = gp.rope(y:narrow(3, 1, nq):view {B, T, H, hd}, p, inv_freq):transpose(2, 3)
+      k = gp.rope(y:narrow(3, nq + 1, nkv):view {B, T, Hkv, hd}, p, inv_freq):transpose(2, 3)
+    end
+    v = y:narrow(3, nq + nkv + 1, nkv):view {B, T, Hkv, hd}:transpose(2, 3)
   else
-    xq, xk, xv = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+    q = gp.rope(self.q_proj(x):view {B, T, H, hd}, p, inv_freq):transpose(2, 3)
+    k = gp.rope(self.k_proj(x):view {B, T, Hkv, hd}, p, inv_freq):transpose(2, 3)
+    v = self.v_proj(x):view {B, T, Hkv, hd}:transpose(2, 3)
   end
-  local q = gp.rope(xq:view {B, T, H, hd}, at and at.pos or pos, inv_freq):transpose(2, 3)
-  local k = gp.rope(xk:view {B, T, Hkv, hd}, at and at.pos or pos, inv_freq):transpose(2, 3)
-  local v = xv:view {B, T, Hkv, hd}:transpose(2, 3)
   local y
   if at then -- nothing read on the host: the cache written and read at device positions
     cache:append_at(layer, k, v, at.pos)
@@ -266,13 +274,41 @@ local function check_ids(op, idx)
 end
 
 -- the final hidden states (after model.norm, before lm_head)
+-- the norms of the residual stream, when they are all plain nn.RMSNorm (not
+-- replaced or wrapped): each can run fused with the add before it
+local function plain_norms(body)
+  local rms = nn.RMSNorm._imt
+  if getmetatable(body.norm) ~= rms then return false end
+  for _, l in ipairs(body.layers) do
+    if getmetatable(l) ~= Layer._imt or getmetatable(l.input_layernorm) ~= rms or
+      getmetatable(l.post_attention_layernorm) ~= rms then
+      return false
+    end
+  end
+  return true
+end
+
 function Llama:_body(idx, pos, cache, at)
   local x = self.model.embed_tokens(idx)
   local freqs = rawget(self, '_inv_freq')
   local inv_freq = freqs[x.device]
   if not inv_freq then inv_freq = freqs.cpu:to(x.device); freqs[x.device] = inv_freq end
-  for i, layer in ipairs(self.model.layers) do x = layer(x, pos, inv_freq, cache, i, at) end
-  return self.model.norm(x)
+  local layers = self.model.layers
+  if #layers == 0 or not plain_norms(self.model) then
+    for i, layer in ipairs(layers) do x = layer(x, pos, inv_freq, cache, i, at) end
+    return self.model.norm(x)
+  end
+  -- Layer:forward's arithmetic with every residual add fused into the norm
+  -- after it (gp.add_rms_norm: h = h + branch, n = rms_norm(h) * w in one
+  -- kernel): two kernels a layer for its two adds and two norms
+  local n, h = layers[1].input_layernorm(x), x
+  for i, l in ipairs(layers) do
+    local pn = l.post_attention_layernorm
+    n, h = gp.add_rms_norm(l.self_attn(n, pos, inv_freq, cache, i, at), h, pn.weight, pn.eps)
+    local nx = i < #layers and layers[i + 1].input_layernorm or self.model.norm
+    n, h = gp.add_rms_norm(l.mlp(n), h, nx.weight, nx.eps)
+  end
+  return n
 end
 
 function Llama:_run(idx, pos, cache, at) return self.lm_head(self:_body(idx, pos, cache, at)) end
