@@ -225,3 +225,43 @@ T.test('generate (cuda): the decode step replayed as a CUDA graph equals the eag
   T.same(gp.generate(cpu_m, prompts, {greedy = true, max_new = 12, n = 2}).tokens:totable(), a.tokens:totable())
   sampled_twice(m, prompts, 4, 'graph')
 end)
+
+T.test('generate (cuda): the captured step is kept for the next call of the same shape; new weights are read, a replaced one captures anew', function()
+  T.cuda()
+  local m = gpt64('cuda')
+  local prompts = {{1, 2, 3}, {4, 5, 6, 7, 8}}
+  local o = {n = 2, max_new = 8, temperature = 0.9, top_k = 10, top_p = 0.95, repetition_penalty = 1.3, stop = {3},
+             check_every = 2}
+  local function run(seed, p, graph)
+    o.graph = graph
+    gp.manual_seed(seed)
+    local r = gp.generate(m, p, o)
+    o.graph = nil
+    return r
+  end
+  local a = run(21, prompts)
+  T.ok(a.graph and not a.graph_reused, 'captured')
+  local b = run(21, prompts)
+  T.ok(b.graph_reused, 'the second call replays the kept graph')
+  T.same(a.tokens:totable(), b.tokens:totable())
+  -- other prompts of the same shape, and weights changed in place: replayed, equal to the eager step
+  gp.no_grad(function() m.ln_f.weight:mul_(1.7) end)
+  local p2 = {{7, 7, 1}, {2, 2, 2, 2, 9}}
+  local c = run(4, p2)
+  T.ok(c.graph_reused)
+  local d = run(4, p2, false) -- another key: the kept graph is freed
+  T.ok(not d.graph and not d.graph_reused)
+  T.same(c.tokens:totable(), d.tokens:totable())
+  T.eq(rawget(m, '_generate_session'), nil)
+  local e = run(4, p2)
+  T.ok(e.graph and not e.graph_reused)
+  -- a replaced weight: captured anew (the kept graph would read the old tensor)
+  m.ln_f.weight = nn.Parameter(m.ln_f.weight:clone():mul_(0.5))
+  local f = run(4, p2)
+  T.ok(f.graph and not f.graph_reused, 'a replaced parameter captures anew')
+  T.same(f.tokens:totable(), run(4, p2, false).tokens:totable())
+  -- keep_graph = false: nothing kept
+  o.keep_graph = false
+  run(4, p2)
+  T.eq(rawget(m, '_generate_session'), nil)
+end)

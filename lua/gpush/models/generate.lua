@@ -17,8 +17,11 @@
 -- (nn.GPT with a head dim decode attention takes, and a gp.KVCache), the step reads its
 -- position from a device scalar (KV-cache writes, the position embedding,
 -- the decode-attention lengths, the token column), so on the GPU it is
--- captured once per generate call as a CUDA graph (gp.graph) after one eager
--- warm-up step, and replayed per token; random draws come from the seeded
+-- captured as a CUDA graph (gp.graph) after one eager warm-up step, and
+-- replayed per token; the graph and its buffers (the KV cache included) stay
+-- on the model for the next call with the same shape, sampling options and
+-- parameter tensors, which replays it at once (opts.keep_graph = false frees
+-- them at the end of the call instead); random draws come from the seeded
 -- generator as the eager step would take them, so opts.graph = false (the
 -- same step run eagerly) gives the same tokens. opts.device_pos = false
 -- takes the older host-position loop.
@@ -90,6 +93,19 @@ local function encode_prompts(prompts, tok, V)
   return lists
 end
 
+-- what a captured decode step depends on: the batch and positions, the
+-- sampling options (kernel arguments in the graph) and the address of every
+-- parameter (a replaced weight, LoRA adapters added, :to(), ... make another
+-- key: the graph would read the old memory); in-place updates keep the key
+local function session_key(model, R, total, dtype, kvd, temp, top_k, top_p, min_p, pen, stops, pad)
+  local k = {R, total, dtype, tostring(kvd), temp, top_k, top_p, min_p, pen, tostring(pad), table.concat(stops, ',')}
+  for _, p in ipairs(model:parameters()) do
+    local c = p.c
+    k[#k + 1] = string.format('%s+%d', tostring(c.data), tonumber(c.offset))
+  end
+  return table.concat(k, '|')
+end
+
 function M.generate(model, prompts, opts)
   opts = opts or {}
   if type(model) ~= 'table' or not model.forward_cached then raise('generate: the model needs forward_cached (nn.GPT has it)') end
@@ -119,9 +135,23 @@ function M.generate(model, prompts, opts)
   local dev, dtype = w.device, w.dtype
   local Cache = gp.KVCache or function(o) return M.simple_cache(o) end
   local kvd = opts.kv_dtype -- 'int8' / 'fp8': a compressed gp.KVCache (gp.KVCache checks the name)
-  local cache = opts.cache or (model.new_cache and model:new_cache(R, total, dtype, dev, kvd)) or
+  local use_graph = opts.graph
+  if use_graph == nil then use_graph = true end
+  -- the last call's captured step, reused when this call has the same shape,
+  -- options and parameter tensors (session_key): its buffers are refilled
+  local key = use_graph and dev == 'cuda' and not opts.cache and opts.keep_graph ~= false and
+    session_key(model, R, total, dtype, kvd, temp, top_k, top_p, min_p, pen, stops, opts.pad)
+  local session = rawget(model, '_generate_session')
+  if session and session.key ~= key then
+    session.g:free()
+    rawset(model, '_generate_session', nil)
+    session = nil
+  end
+  local cache = opts.cache or session and session.cache or
+    (model.new_cache and model:new_cache(R, total, dtype, dev, kvd)) or
     Cache {batch = R, heads = H, capacity = total, head_dim = C / H, layers = L, dtype = dtype, device = dev,
            kv_dtype = kvd}
+  if session then cache:reset() end
 
   -- prompts (row-major, prompt-major rows) and the mask of prompt positions
   local tok_h, mask_h = {}, {}
@@ -133,26 +163,34 @@ function M.generate(model, prompts, opts)
       tok_h[r], mask_h[r] = tr, mr
     end
   end
-  local tokens = gp.tensor(tok_h, {dtype = 'i64', device = dev})
-  local mask = gp.tensor(mask_h, {dtype = 'u8', device = dev})
-  -- buffers of the decode step
-  local lens = gp.zeros({R}, {dtype = 'i64', device = dev})
-  local nxt = gp.zeros({R}, {dtype = 'i64', device = dev})
-  local probs = gp.empty({R, V}, {dtype = dtype, device = dev})
-  local penalized = pen ~= 1 and gp.empty({R, V}, {dtype = dtype, device = dev}) or nil
-  local done = gp.zeros({R}, {dtype = 'u8', device = dev})
-  local hit = gp.zeros({R}, {dtype = 'u8', device = dev})
-  local zero8 = gp.zeros({R}, {dtype = 'u8', device = dev})
-  local pad = gp.full({R}, opts.pad or (stops[1] or 0), {dtype = 'i64', device = dev})
+  local tokens, mask, lens, nxt, probs, penalized, done, hit, zero8, pad
+  if session then -- the captured step's own buffers, refilled
+    local b = session.buf
+    tokens, mask, lens, nxt, probs, penalized, done, hit, zero8, pad =
+      b.tokens, b.mask, b.lens, b.nxt, b.probs, b.penalized, b.done, b.hit, b.zero8, b.pad
+    tokens:copy_(gp.tensor(tok_h, {dtype = 'i64'}))
+    mask:copy_(gp.tensor(mask_h, {dtype = 'u8'}))
+    for _, t in ipairs {lens, nxt, done, hit} do gp.k.fill(t, 0) end
+  else
+    tokens = gp.tensor(tok_h, {dtype = 'i64', device = dev})
+    mask = gp.tensor(mask_h, {dtype = 'u8', device = dev})
+    -- buffers of the decode step
+    lens = gp.zeros({R}, {dtype = 'i64', device = dev})
+    nxt = gp.zeros({R}, {dtype = 'i64', device = dev})
+    probs = gp.empty({R, V}, {dtype = dtype, device = dev})
+    penalized = pen ~= 1 and gp.empty({R, V}, {dtype = dtype, device = dev}) or nil
+    done = gp.zeros({R}, {dtype = 'u8', device = dev})
+    hit = gp.zeros({R}, {dtype = 'u8', device = dev})
+    zero8 = gp.zeros({R}, {dtype = 'u8', device = dev})
+    pad = gp.full({R}, opts.pad or (stops[1] or 0), {dtype = 'i64', device = dev})
+  end
   local callback, check_every = opts.callback, opts.check_every or 16
 
   local was_training = model.training
   model:eval()
-  local use_graph = opts.graph
-  if use_graph == nil then use_graph = true end
   local device_pos = opts.device_pos ~= false and model.supports_device_positions ~= nil and
     model:supports_device_positions(cache)
-  local stats = {graph = false, steps = 0}
+  local stats = {graph = false, steps = 0, reused = false}
   -- the penalty (lens: the history length, set by set_lens) and the draw into nxt
   local function draw(x, set_lens)
     if penalized then
@@ -171,10 +209,16 @@ function M.generate(model, prompts, opts)
       -- token: on the GPU the step is captured once as a CUDA graph and
       -- replayed per token (opts.graph = false runs it eagerly: the same
       -- kernels, the same numbers).
-      local pos = gp.full({1}, lmin, {dtype = 'i64', device = dev})
+      local pos, tcol, mcol
+      if session then
+        pos, tcol, mcol = session.buf.pos, session.buf.tcol, session.buf.mcol
+        gp.k.fill(pos, lmin)
+      else
+        pos = gp.full({1}, lmin, {dtype = 'i64', device = dev})
+        tcol, mcol = gp.empty({R, 1, 1}, {dtype = 'i64', device = dev}), gp.empty({R, 1, 1}, {dtype = 'u8', device = dev})
+      end
       local tok3, tok4 = tokens:view {R, total, 1}, tokens:view {R, 1, total, 1}
       local mask3 = mask:view {R, total, 1}
-      local tcol, mcol = gp.empty({R, 1, 1}, {dtype = 'i64', device = dev}), gp.empty({R, 1, 1}, {dtype = 'u8', device = dev})
       local tcol1, mcol1, nxt4 = tcol:view {R}, mcol:view {R}, nxt:view {R, 1, 1, 1}
       -- sample position pos from logits x, apply the prompt and stop rules, write the token
       local function set_lens(l) gp.k.copy(l, pos) end
@@ -198,7 +242,8 @@ function M.generate(model, prompts, opts)
         sample_at(lg)
       end
       sample_at(last)
-      local cur, g = lmin, nil
+      local cur, g = lmin, session and session.g
+      stats.reused = g ~= nil
       while true do
         stats.steps = cur - lmin + 1
         if callback then callback(stats.steps, nxt:totable()) end
@@ -207,6 +252,7 @@ function M.generate(model, prompts, opts)
         cur = cur + 1
         if g then
           g:replay()
+          stats.graph = true
         elseif use_graph and dev == 'cuda' and cur > lmin + 1 then -- after one eager step (warm-up)
           g = gp.graph(step)
           g:replay()
@@ -215,7 +261,13 @@ function M.generate(model, prompts, opts)
           step()
         end
       end
-      if g then g:free() end
+      if g and key and not session then -- kept for the next call of the same shape
+        rawset(model, '_generate_session', {key = key, g = g, cache = cache, buf = {tokens = tokens, mask = mask,
+          lens = lens, nxt = nxt, probs = probs, penalized = penalized, done = done, hit = hit, zero8 = zero8, pad = pad,
+          pos = pos, tcol = tcol, mcol = mcol}})
+      elseif g and not session then
+        g:free()
+      end
       if cache.set_len then cache:set_len(cur) end
       return
     end
@@ -247,6 +299,7 @@ function M.generate(model, prompts, opts)
   local stopset = {}
   for _, s in ipairs(stops) do stopset[s] = true end
   local out = {tokens = tokens:cpu(), lists = {}, text = {}, prompt_lens = {}, n = n, graph = stats.graph,
+               graph_reused = stats.reused,
                device_positions = device_pos}
   for r = 1, R do
     local plen = #lists[math.floor((r - 1) / n) + 1]
@@ -262,7 +315,7 @@ function M.generate(model, prompts, opts)
   return out
 end
 
-gp.doc(M.generate, 'gp.generate(model, prompts, {n=1, max_new=64, temperature=1, greedy=false, top_k=0, top_p=1, min_p=0, repetition_penalty=1, stop={ids} (default: tokenizer:stop_ids() when it has them), tokenizer=, callback=function(step, ids) end, check_every=16, kv_dtype=nil})',
-  'B prompts (strings or 0-based id lists) x n samples in one batch with a KV cache (prefill, then decode): {tokens = i64 (B*n, L) cpu, lists = generated ids per row, text = decoded per row}; rows are prompt-major; kv_dtype = \'int8\' or \'fp8\': a compressed cache (gp.KVCache)')
+gp.doc(M.generate, 'gp.generate(model, prompts, {n=1, max_new=64, temperature=1, greedy=false, top_k=0, top_p=1, min_p=0, repetition_penalty=1, stop={ids} (default: tokenizer:stop_ids() when it has them), tokenizer=, callback=function(step, ids) end, check_every=16, kv_dtype=nil, graph=true, keep_graph=true})',
+  'B prompts (strings or 0-based id lists) x n samples in one batch with a KV cache (prefill, then decode): {tokens = i64 (B*n, L) cpu, lists = generated ids per row, text = decoded per row}; rows are prompt-major; kv_dtype = \'int8\' or \'fp8\': a compressed cache (gp.KVCache); on the GPU the decode step is a CUDA graph kept on the model for the next call of the same shape, options and parameters (r.graph_reused; keep_graph = false frees it)')
 
 return M
