@@ -256,7 +256,7 @@ T.test('generate (cuda): the captured step is kept for the next call of the same
   local e = run(4, p2)
   T.ok(e.graph and not e.graph_reused)
   -- a replaced weight: captured anew (the kept graph would read the old tensor)
-  m.ln_f.weight = nn.Parameter(m.ln_f.weight:clone():mul_(0.5))
+  m.ln_f.weight = nn.Parameter(gp.no_grad(function() return m.ln_f.weight:clone():mul_(0.5) end))
   local f = run(4, p2)
   T.ok(f.graph and not f.graph_reused, 'a replaced parameter captures anew')
   T.same(f.tokens:totable(), run(4, p2, false).tokens:totable())
