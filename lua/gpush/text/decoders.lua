@@ -106,6 +106,7 @@ local function replace_all(s, a, b)
 end
 M.replace_all = replace_all
 function M.cleanup(s)
+  if not s:find(" [.?!,'nd]") then return s end -- how every pattern starts (most tokens: none)
   for _, p in ipairs(CLEANUP) do s = replace_all(s, p[1], p[2]) end
   return s
 end

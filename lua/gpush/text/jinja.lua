@@ -18,7 +18,7 @@ local json = require 'gpush.core.json'
 local M = {}
 local none = json.null
 M.none = none
-local sub, byte, concat, format = string.sub, string.byte, table.concat, string.format
+local sub, byte, concat, format, find = string.sub, string.byte, table.concat, string.format, string.find
 local unpack = unpack or table.unpack -- luacheck: ignore 143
 
 -- the undefined value, remembering the name that was looked up
@@ -236,9 +236,13 @@ local function lex_expr(src, pos, line, closers)
       pos = pos + #num
     elseif c == "'" or c == '"' then
       local j, buf = pos + 1, {}
+      local stop = c == "'" and "[\\\n']" or '[\\\n"]' -- what ends a run of plain characters
       while true do
+        local k = find(src, stop, j)
+        if not k then fail('unterminated string', line) end
+        if k > j then buf[#buf + 1] = sub(src, j, k - 1) end
+        j = k
         local d = sub(src, j, j)
-        if d == '' then fail('unterminated string', line) end
         if d == c then break end
         if d == '\\' then
           local e = sub(src, j + 1, j + 1)
@@ -261,8 +265,8 @@ local function lex_expr(src, pos, line, closers)
             buf[#buf + 1] = '\\' .. e
             j = j + 2
           end
-        else
-          if d == '\n' then line = line + 1 end
+        else -- a newline
+          line = line + 1
           buf[#buf + 1] = d
           j = j + 1
         end
@@ -369,11 +373,15 @@ function Parser:next()
   return t
 end
 function Parser:is(kind, value, k)
-  local t = self:peek(k)
+  local t = self.toks[self.i + (k or 0)]
   return t ~= nil and t[1] == kind and (value == nil or t[2] == value)
 end
-function Parser:accept(kind, value)
-  if self:is(kind, value) then return self:next() end
+function Parser:accept(kind, value) -- self:is(kind, value) and self:next(), a call less (the parser's most run line)
+  local t = self.toks[self.i]
+  if t ~= nil and t[1] == kind and (value == nil or t[2] == value) then
+    self.i = self.i + 1
+    return t
+  end
 end
 function Parser:expect(kind, value)
   local t = self:next()
@@ -439,13 +447,23 @@ function Parser:compare()
   return node({'compare', e, ops}, self.line)
 end
 
+-- the operator token at the parser's position if it is one of ops, then past it
+local function op_in(self, ops)
+  local t = self.toks[self.i]
+  if t and t[1] == 'op' and ops[t[2]] then
+    self.i = self.i + 1
+    return t[2]
+  end
+end
+
+local MATH1, MATH2 = {['+'] = true, ['-'] = true}, {['*'] = true, ['/'] = true, ['//'] = true, ['%'] = true}
 function Parser:math1()
   local e = self:concat()
-  while self:is('op', '+') or self:is('op', '-') do
-    local op = self:next()[2]
+  while true do
+    local op = op_in(self, MATH1)
+    if not op then return e end
     e = node({'bin', op, e, self:concat()}, self.line)
   end
-  return e
 end
 
 function Parser:concat()
@@ -456,11 +474,11 @@ end
 
 function Parser:math2()
   local e = self:pow()
-  while self:is('op', '*') or self:is('op', '/') or self:is('op', '//') or self:is('op', '%') do
-    local op = self:next()[2]
+  while true do
+    local op = op_in(self, MATH2)
+    if not op then return e end
     e = node({'bin', op, e, self:pow()}, self.line)
   end
-  return e
 end
 
 function Parser:pow()
