@@ -208,22 +208,25 @@ end
 ---------------------------------------------------------------------------
 -- lexing: the template into text and tags, each tag into tokens
 
+local CLOSER_START = {['-'] = true, ['+'] = true, ['%'] = true, ['}'] = true}
 local function lex_expr(src, pos, line, closers)
   -- tokens from pos until a closer (at bracket depth 0); returns tokens, the
   -- position after the closer, the closer found
   local toks, depth = {}, {}
   local n = #src
   while true do
-    local ws = src:match('^[ \t\n\r\f\v]*', pos)
-    line = line + select(2, ws:gsub('\n', ''))
-    pos = pos + #ws
+    local ws_end = find(src, '[^ \t\n\r\f\v]', pos) or n + 1
+    if ws_end > pos then
+      line = line + select(2, sub(src, pos, ws_end - 1):gsub('\n', ''))
+      pos = ws_end
+    end
     if pos > n then fail('unterminated tag', line) end
-    if #depth == 0 then
-      for _, c in ipairs(closers) do
-        if sub(src, pos, pos + #c - 1) == c then return toks, pos + #c, c, line end
+    local c = sub(src, pos, pos)
+    if #depth == 0 and CLOSER_START[c] then -- every closer starts with one of these
+      for _, cl in ipairs(closers) do
+        if sub(src, pos, pos + #cl - 1) == cl then return toks, pos + #cl, cl, line end
       end
     end
-    local c = sub(src, pos, pos)
     local tok
     if c:match('[%a_]') then
       local w = src:match('^[%w_]+', pos)
