@@ -20,6 +20,18 @@ T.test('tokenizer.json: 400 broken files load and encode, or fail with a tokeniz
   run('tokenizer', 400, 26)
 end)
 
+T.test('randomized inputs: a seed draws the same inputs in every process (FUZZ_TEXT_DIGEST)', function()
+  for _, kind in ipairs {'jinja', 'tokenizer'} do
+    local digests = {}
+    for i = 1, 2 do
+      local out = T.sh(string.format('FUZZ_TEXT_DIGEST=1 %s %s/tests/fuzz/random_text.lua %s 200 5', T.exe, T.root, kind))
+      digests[i] = out:match('digest of the inputs %(seed 5%): (%x+)')
+      T.ok(digests[i], out:sub(1, 2000))
+    end
+    T.eq(digests[1], digests[2], kind .. ': the digests of two runs')
+  end
+end)
+
 T.test('fuzz check: a bug phrase counts where Lua raised it, not where a message quotes the input', function()
   package.path = T.root .. '/tests/fuzz/?.lua;' .. package.path
   local F = require 'fuzz'
