@@ -255,6 +255,7 @@ $(BUILD)/fuzz_tokenizer $(BUILD)/fuzz_jinja: $(BUILD)/fuzz_%: tests/fuzz/fuzz_lu
 fuzz: $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
 	@echo "  run one: $(BUILD)/fuzz_NAME -max_total_time=300 $(BUILD)/fuzz-corpus/NAME tests/fuzz/corpus/NAME"
 	@echo "  run all: make fuzz-ci FUZZ_SECONDS=60"
+	@echo "  Lua harnesses to 10M: make fuzz-long FUZZ_RUNS=10000000 FUZZ_WORKERS=16"
 
 # the Lua harnesses to FUZZ_RUNS executions each with FUZZ_WORKERS processes
 # (libFuzzer -fork; tests/fuzz/long.sh prints each total), e.g. issue 26's
