@@ -15,7 +15,7 @@
  * of its chunk name and first line, cached by closure for the input (the
  * chunk's name through lua_getinfo "S" on every line was a fifth of the time).
  * A count hook bounds each input's work (FUZZ_BUDGET thousand VM instructions,
- * 5 times what the largest seed takes): past it, the hook raises the table
+ * 10 times what the costliest input of a run took): past it, the hook raises the table
  * FUZZ_BUDGET, which ends the input like a timeout (fuzz.lua lets it through
  * every pcall). fuzz.lua raises "FINDING: ..." for an error that is not one of
  * gpush's own (an internal "attempt to index a nil value" and the like): that
@@ -53,7 +53,7 @@ static const char g_cdef[] =
 int luaopen_gpush_json(lua_State *L);
 
 #ifndef FUZZ_BUDGET
-#define FUZZ_BUDGET 2000 /* thousand VM instructions an input (the largest seed: about 400) */
+#define FUZZ_BUDGET 2000 /* thousand VM instructions an input (the costliest seen: about 200) */
 #endif
 
 #define NCOV (1 << 16)
