@@ -1285,6 +1285,11 @@ local function assign(targets, v, sc, line)
   end
 end
 
+-- macro calls under way: a macro that calls itself fails at this depth, long
+-- before Lua's stack overflows (which took a megabyte of stack and a million
+-- instructions a render)
+local MAX_MACRO_DEPTH, macro_depth = 100, 0
+
 local function render_body(b, sc)
   local buf = {}
   exec(b, sc, buf)
@@ -1369,7 +1374,12 @@ function exec(body, sc, out)
           end
           ms:set(p[1], v)
         end
-        return render_body(b, ms)
+        if macro_depth >= MAX_MACRO_DEPTH then fail('nested too deeply (a macro that calls itself?)', s.line) end
+        macro_depth = macro_depth + 1
+        local ok, r = pcall(render_body, b, ms)
+        macro_depth = macro_depth - 1
+        if not ok then error(r, 0) end
+        return r
       end
       sc:set(s[2], m)
     elseif k == 'with' then
@@ -1689,6 +1699,7 @@ end
 
 -- the text of the template with vars (a table of names to values)
 function Template:render(vars)
+  macro_depth = 0
   local root = scope(nil)
   for k, v in pairs(globals()) do root:set(k, v) end
   local sc = scope(root)
