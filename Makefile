@@ -84,7 +84,7 @@ OBJS := $(CORE_SRC:%.c=$(BUILD)/obj/%.o) $(BUILD)/obj/src/nocuda.o
 endif
 TEST_SRC := $(wildcard tests/c/*.c)
 
-.PHONY: all deps test check lint docs models run bench fuzz fuzz-ci asan sanitize clean headers
+.PHONY: all deps test check lint docs models run bench fuzz fuzz-ci fuzz-long asan sanitize clean headers
 all: $(BUILD)/gpush $(BUILD)/test_c
 
 # Objects depend on the flags they were compiled with: $(BUILD)/flags.c and
@@ -255,6 +255,16 @@ $(BUILD)/fuzz_tokenizer $(BUILD)/fuzz_jinja: $(BUILD)/fuzz_%: tests/fuzz/fuzz_lu
 fuzz: $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
 	@echo "  run one: $(BUILD)/fuzz_NAME -max_total_time=300 $(BUILD)/fuzz-corpus/NAME tests/fuzz/corpus/NAME"
 	@echo "  run all: make fuzz-ci FUZZ_SECONDS=60"
+	@echo "  Lua harnesses to 10M: make fuzz-long FUZZ_RUNS=10000000 FUZZ_WORKERS=16"
+
+# the Lua harnesses to FUZZ_RUNS executions each with FUZZ_WORKERS processes
+# (libFuzzer -fork; tests/fuzz/long.sh prints each total), e.g. issue 26's
+#   make fuzz-long FUZZ_RUNS=10000000 FUZZ_WORKERS=16
+FUZZ_RUNS    ?= 10000000
+FUZZ_WORKERS ?= $(shell nproc)
+FUZZ_LONG    ?= tokenizer jinja
+fuzz-long: fuzz
+	$(Q)rc=0; $(foreach n,$(FUZZ_LONG),tests/fuzz/long.sh $(n) $(FUZZ_RUNS) $(FUZZ_WORKERS) $(BUILD) || rc=1;) exit $$rc
 
 # every harness for FUZZ_SECONDS each (CI: 60), from its seeds and the corpus
 # of earlier runs; a crash stops it and leaves crash-* in build/fuzz-out/NAME

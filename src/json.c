@@ -12,6 +12,7 @@
 #include <lauxlib.h>
 #include <lua.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define MAX_DEPTH 128
@@ -119,6 +120,8 @@ static const char *checked_string(lua_State *L, int idx, const char *what) {
   return s;
 }
 
+static int key_order(const void *a, const void *b) { return strcmp(*(const char *const *)a, *(const char *const *)b); }
+
 /* attach item to parent (under key for an object; as the root when parent is NULL) */
 static cJSON *attach(lua_State *L, jbox *box, cJSON *parent, const char *key, cJSON *item) {
   if (!item) luaL_error(L, "json.encode: out of memory");
@@ -154,7 +157,7 @@ static void to_json(lua_State *L, int idx, int depth, jbox *box, cJSON *parent, 
         attach(L, box, parent, key, cJSON_CreateNull());
         return;
       }
-      luaL_checkstack(L, 4, "json.encode");
+      luaL_checkstack(L, 6, "json.encode");
       int n = seq_len(L, idx);
       if (n > 0) {
         cJSON *out = attach(L, box, parent, key, cJSON_CreateArray());
@@ -164,13 +167,31 @@ static void to_json(lua_State *L, int idx, int depth, jbox *box, cJSON *parent, 
           lua_pop(L, 1);
         }
       } else {
+        /* the members in the byte order of their keys: a table's own order
+         * follows string hashes that differ from process to process */
         cJSON *out = attach(L, box, parent, key, cJSON_CreateObject());
+        size_t nk = 0, i = 0;
         lua_pushnil(L);
         while (lua_next(L, idx)) {
-          if (lua_type(L, -2) != LUA_TSTRING) luaL_error(L, "json.encode: object keys must be strings");
-          to_json(L, -1, depth + 1, box, out, checked_string(L, -2, "a key"));
+          lua_pop(L, 1);
+          if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "json.encode: object keys must be strings");
+          nk++;
+        }
+        /* the table holds the keys: nothing changes it while it is written */
+        const char **keys = lua_newuserdata(L, nk ? nk * sizeof *keys : 1);
+        lua_pushnil(L);
+        while (lua_next(L, idx)) {
+          lua_pop(L, 1);
+          keys[i++] = checked_string(L, -1, "a key");
+        }
+        qsort(keys, i, sizeof *keys, key_order);
+        for (size_t k = 0; k < i; k++) {
+          lua_pushstring(L, keys[k]);
+          lua_rawget(L, idx);
+          to_json(L, -1, depth + 1, box, out, keys[k]);
           lua_pop(L, 1);
         }
+        lua_pop(L, 1); /* the keys */
       }
       return;
     }

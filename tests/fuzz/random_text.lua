@@ -3,7 +3,10 @@
 -- hand for longer runs):
 --
 --   build/gpush tests/fuzz/random_text.lua [jinja|tokenizer] [iterations] [seed]
+--   FUZZ_TEXT_DIGEST=1 build/gpush tests/fuzz/random_text.lua jinja 3000 26   (and a digest of the inputs)
 --
+-- A seed draws the same inputs on every run (keys are sorted before a draw,
+-- gp.json.encode writes them sorted): the digest shows it.
 -- jinja: templates drawn from a grammar of the Jinja subset (text, {{ }},
 -- if/elif/else, for with loop.*, set, namespace, macros, filters, tests,
 -- slices, every operator) and the fixture templates with bytes and tokens
@@ -129,11 +132,22 @@ for name in io.popen('ls ' .. root .. '/tests/fuzz/corpus/tokenizer/*.json'):lin
   seeds[#seeds + 1] = read(name)
 end
 
+-- numbers (array indices) before strings, each in their order
+local function by_key(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then return ta < tb end
+  return a < b
+end
+
 local function paths(t, prefix, out, depth)
   out[#out + 1] = prefix
   if depth > 6 or type(t) ~= 'table' then return out end
   local keys, n = {}, 0
   for k in pairs(t) do n = n + 1; keys[n] = k end
+  -- in a fixed order before drawing: pairs follows string hashes that differ
+  -- from process to process (and gp.json.encode writes keys sorted), so that
+  -- a seed draws the same inputs on every run
+  table.sort(keys, by_key)
   -- a vocabulary of thousands: a few of its entries
   for _ = 1, math.min(n, 12) do
     local k = keys[R(1, n)]
@@ -172,6 +186,19 @@ end
 
 ---------------------------------------------------------------------------
 
+-- FUZZ_TEXT_DIGEST=1: print a digest of every input drawn (FNV-1a, 32 bits),
+-- the same for the same seed on every run and machine
+local digest = os.getenv('FUZZ_TEXT_DIGEST') and 2166136261
+local function add_digest(s)
+  local h, byte, bxor, tobit, lshift = digest, string.byte, bit.bxor, bit.tobit, bit.lshift
+  h = tobit(lshift(bxor(h, #s), 24) + bxor(h, #s) * 403)
+  for i = 1, #s do
+    h = bxor(h, byte(s, i))
+    h = tobit(lshift(h, 24) + h * 403) -- h * 16777619 modulo 2^32
+  end
+  digest = h
+end
+
 local findings, t0 = 0, os.clock()
 for it = 1, iters do
   local input
@@ -184,7 +211,8 @@ for it = 1, iters do
     local ok2, text = pcall(gp.json.encode, change(doc)) -- a change may make a table JSON cannot write
     input = ok2 and (R(1, 8) == 1 and mutate(text) or text) or pick(seeds)
   end
-  local ok, err = F.bounded(20000, F[kind], input)
+  if digest then add_digest(input) end
+  local ok, err = F.bounded(500, F[kind], input) -- the harness's budget (fuzz_lua.c)
   if not ok and tostring(err):find('FINDING', 1, true) then
     findings = findings + 1
     print(string.format('finding %d (iteration %d, seed %d): %s\ninput: %q', findings, it, seed, tostring(err),
@@ -193,4 +221,5 @@ for it = 1, iters do
   end
 end
 print(string.format('%s: %d inputs, %d findings, %.1f s', kind, iters, findings, os.clock() - t0))
+if digest then print(string.format('%s: digest of the inputs (seed %d): %08x', kind, seed, digest % 2 ^ 32)) end
 os.exit(findings)

@@ -128,3 +128,22 @@ T.test('chat template: slice bounds that are not integers are a template error (
     T.ok(not ok and tostring(err):find('slice indices must be integers or none', 1, true), src .. ': ' .. tostring(err))
   end
 end)
+
+T.test('chat template: a macro nests 100 calls deep, then fails at once (a fuzzer input recursed to a stack overflow)', function()
+  local src = '{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{% else %}bottom{% endif %}{% endmacro %}{{ f(N) }}'
+  T.eq(gp.tokenizer.template(src:gsub('N', '99')):render({}), 'bottom')
+  T.raises(function() gp.tokenizer.template(src:gsub('N', '100')):render({}) end, 'nested too deeply')
+  -- a macro that calls itself: the error within a few thousand instructions, not a million
+  local t = gp.tokenizer.template('{% macro f(x) %}{{ f(x) }}{% endmacro %}{{ f(1) }}')
+  local n = 0
+  debug.sethook(function() n = n + 1 end, '', 1000)
+  local ok, err = pcall(t.render, t, {})
+  debug.sethook()
+  T.ok(not ok and tostring(err):find('nested too deeply (a macro that calls itself?)', 1, true), tostring(err))
+  T.ok(n < 200, n .. ' thousand instructions')
+  -- the depth is of calls under way: many calls one after another, and a break out of a macro, are fine
+  local seq = gp.tokenizer.template('{% macro g() %}{% break %}{% endmacro %}{% macro h() %}x{% endmacro %}' ..
+    '{% for i in range(300) %}{{ g() }}{% endfor %}{% for i in range(300) %}{{ h() }}{% endfor %}')
+  T.eq(#seq:render({}), 300)
+  T.eq(gp.tokenizer.template(src:gsub('N', '99')):render({}), 'bottom', 'again, in a second render')
+end)

@@ -201,6 +201,18 @@ T.test('E: gp.json leaks nothing when it raises (too deep, NaN, a cycle, a funct
   T.eq(gp.json.decode('{"x":[1,null,"s"]}').x[3], 's')
 end)
 
+T.test('E: gp.json.encode writes object keys in byte order, the same text in every process', function()
+  local t = {zeta = 1, alpha = {y = 2, x = {}, ['B'] = gp.json.null}, [''] = 0, ['a b'] = 'c', al = true}
+  local want = '{"":0,"a b":"c","al":true,"alpha":{"B":null,"x":{},"y":2},"zeta":1}'
+  T.eq(gp.json.encode(t), want)
+  local keys = {}
+  for i = 1, 300 do keys['k' .. (i * 7919 % 1000)] = i end -- enough to hash far from their order
+  local s = gp.json.encode(keys)
+  local last = ''
+  for k in s:gmatch('"(k%d+)"') do T.ok(k > last, k .. ' after ' .. last); last = k end
+  T.raises(function() gp.json.encode({a = 1, [2.5] = 2}) end, 'object keys must be strings')
+end)
+
 ---------------------------------------------------------------------------
 -- F, H: tensors without elements
 

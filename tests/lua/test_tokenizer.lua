@@ -380,3 +380,22 @@ T.test('a typed tokenizer.json field that is null is absent (fuzz finding: trunc
   local tok = gp.tokenizer.from_json(spec)
   T.eq(show(tok:encode('hi hi hi')), '{1 1 1}')
 end)
+
+T.test('ByteFallback decodes <0xXX> with two hex digits only (fuzz finding: <0x-1> raised in string.char)', function()
+  local tok = gp.tokenizer.from_json(json.decode([[{"model":{"type":"WordLevel",
+    "vocab":{"<0x-1>":0,"<0x41>":1,"<0x 5>":2,"<0x+1>":3,"<0xe9>":4,"<0xc3>":5,"<0xa9>":6},"unk_token":"<0x-1>"},
+    "pre_tokenizer":{"type":"Whitespace"},"decoder":{"type":"ByteFallback"}}]]))
+  T.eq(show(tok:encode('x y')), '{0 0}')
+  T.eq(tok:decode({1, 0, 2, 3, 1}), 'A<0x-1><0x 5><0x+1>A')
+  T.eq(tok:decode({5, 6}), 'é', 'bytes that make UTF-8 join')
+  T.eq(tok:decode({4, 1}), '\239\191\189\239\191\189', 'a run of bytes that is not UTF-8: U+FFFD each (as tokenizers)')
+end)
+
+T.test('tokens that share an id: the first in byte order names it, in every process', function()
+  local src = [[{"model":{"type":"WordLevel","vocab":{"zz":0,"b":0,"a":0,"c":1},"unk_token":"c"},
+    "pre_tokenizer":{"type":"Whitespace"}}]]
+  T.eq(gp.tokenizer.from_json(json.decode(src)):id_to_token(0), 'a')
+  local out = T.sh(string.format("%s -e %q", T.exe,
+    'io.write(gp.tokenizer.from_json(gp.json.decode([==[' .. src .. ']==])):decode({0, 0, 1}))'))
+  T.eq(out, 'a a c', 'in a process of its own')
+end)

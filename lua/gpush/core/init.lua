@@ -41,7 +41,7 @@ gp.save = doc(checkpoint.save, "gp.save('m.safetensors', {name = tensor, ...}, {
 gp.load = doc(checkpoint.load, "gp.load('m.safetensors', {device = 'cuda'})",
   'read a safetensors file: returns {name = tensor}, metadata; every header entry is checked before reading')
 gp.json = require 'gpush.core.json'
-doc(gp.json.encode, 'gp.json.encode(value)', 'JSON text of a Lua value (tables with keys 1..n are arrays)')
+doc(gp.json.encode, 'gp.json.encode(value)', 'JSON text of a Lua value (tables with keys 1..n are arrays; object keys in byte order, the same text in every process)')
 doc(gp.json.decode, 'gp.json.decode(text)', 'a Lua value from JSON text (null is gp.json.null)')
 
 -- autograd: wraps the differentiable methods and functions defined above

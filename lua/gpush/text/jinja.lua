@@ -18,7 +18,7 @@ local json = require 'gpush.core.json'
 local M = {}
 local none = json.null
 M.none = none
-local sub, byte, concat, format = string.sub, string.byte, table.concat, string.format
+local sub, byte, concat, format, find = string.sub, string.byte, table.concat, string.format, string.find
 local unpack = unpack or table.unpack -- luacheck: ignore 143
 
 -- the undefined value, remembering the name that was looked up
@@ -208,22 +208,25 @@ end
 ---------------------------------------------------------------------------
 -- lexing: the template into text and tags, each tag into tokens
 
+local CLOSER_START = {['-'] = true, ['+'] = true, ['%'] = true, ['}'] = true}
 local function lex_expr(src, pos, line, closers)
   -- tokens from pos until a closer (at bracket depth 0); returns tokens, the
   -- position after the closer, the closer found
   local toks, depth = {}, {}
   local n = #src
   while true do
-    local ws = src:match('^[ \t\n\r\f\v]*', pos)
-    line = line + select(2, ws:gsub('\n', ''))
-    pos = pos + #ws
+    local ws_end = find(src, '[^ \t\n\r\f\v]', pos) or n + 1
+    if ws_end > pos then
+      line = line + select(2, sub(src, pos, ws_end - 1):gsub('\n', ''))
+      pos = ws_end
+    end
     if pos > n then fail('unterminated tag', line) end
-    if #depth == 0 then
-      for _, c in ipairs(closers) do
-        if sub(src, pos, pos + #c - 1) == c then return toks, pos + #c, c, line end
+    local c = sub(src, pos, pos)
+    if #depth == 0 and CLOSER_START[c] then -- every closer starts with one of these
+      for _, cl in ipairs(closers) do
+        if sub(src, pos, pos + #cl - 1) == cl then return toks, pos + #cl, cl, line end
       end
     end
-    local c = sub(src, pos, pos)
     local tok
     if c:match('[%a_]') then
       local w = src:match('^[%w_]+', pos)
@@ -236,9 +239,13 @@ local function lex_expr(src, pos, line, closers)
       pos = pos + #num
     elseif c == "'" or c == '"' then
       local j, buf = pos + 1, {}
+      local stop = c == "'" and "[\\\n']" or '[\\\n"]' -- what ends a run of plain characters
       while true do
+        local k = find(src, stop, j)
+        if not k then fail('unterminated string', line) end
+        if k > j then buf[#buf + 1] = sub(src, j, k - 1) end
+        j = k
         local d = sub(src, j, j)
-        if d == '' then fail('unterminated string', line) end
         if d == c then break end
         if d == '\\' then
           local e = sub(src, j + 1, j + 1)
@@ -261,8 +268,8 @@ local function lex_expr(src, pos, line, closers)
             buf[#buf + 1] = '\\' .. e
             j = j + 2
           end
-        else
-          if d == '\n' then line = line + 1 end
+        else -- a newline
+          line = line + 1
           buf[#buf + 1] = d
           j = j + 1
         end
@@ -369,11 +376,15 @@ function Parser:next()
   return t
 end
 function Parser:is(kind, value, k)
-  local t = self:peek(k)
+  local t = self.toks[self.i + (k or 0)]
   return t ~= nil and t[1] == kind and (value == nil or t[2] == value)
 end
-function Parser:accept(kind, value)
-  if self:is(kind, value) then return self:next() end
+function Parser:accept(kind, value) -- self:is(kind, value) and self:next(), a call less (the parser's most run line)
+  local t = self.toks[self.i]
+  if t ~= nil and t[1] == kind and (value == nil or t[2] == value) then
+    self.i = self.i + 1
+    return t
+  end
 end
 function Parser:expect(kind, value)
   local t = self:next()
@@ -439,13 +450,23 @@ function Parser:compare()
   return node({'compare', e, ops}, self.line)
 end
 
+-- the operator token at the parser's position if it is one of ops, then past it
+local function op_in(self, ops)
+  local t = self.toks[self.i]
+  if t and t[1] == 'op' and ops[t[2]] then
+    self.i = self.i + 1
+    return t[2]
+  end
+end
+
+local MATH1, MATH2 = {['+'] = true, ['-'] = true}, {['*'] = true, ['/'] = true, ['//'] = true, ['%'] = true}
 function Parser:math1()
   local e = self:concat()
-  while self:is('op', '+') or self:is('op', '-') do
-    local op = self:next()[2]
+  while true do
+    local op = op_in(self, MATH1)
+    if not op then return e end
     e = node({'bin', op, e, self:concat()}, self.line)
   end
-  return e
 end
 
 function Parser:concat()
@@ -456,11 +477,11 @@ end
 
 function Parser:math2()
   local e = self:pow()
-  while self:is('op', '*') or self:is('op', '/') or self:is('op', '//') or self:is('op', '%') do
-    local op = self:next()[2]
+  while true do
+    local op = op_in(self, MATH2)
+    if not op then return e end
     e = node({'bin', op, e, self:pow()}, self.line)
   end
-  return e
 end
 
 function Parser:pow()
@@ -1264,6 +1285,11 @@ local function assign(targets, v, sc, line)
   end
 end
 
+-- macro calls under way: a macro that calls itself fails at this depth, long
+-- before Lua's stack overflows (which took a megabyte of stack and a million
+-- instructions a render)
+local MAX_MACRO_DEPTH, macro_depth = 100, 0
+
 local function render_body(b, sc)
   local buf = {}
   exec(b, sc, buf)
@@ -1348,7 +1374,12 @@ function exec(body, sc, out)
           end
           ms:set(p[1], v)
         end
-        return render_body(b, ms)
+        if macro_depth >= MAX_MACRO_DEPTH then fail('nested too deeply (a macro that calls itself?)', s.line) end
+        macro_depth = macro_depth + 1
+        local ok, r = pcall(render_body, b, ms)
+        macro_depth = macro_depth - 1
+        if not ok then error(r, 0) end
+        return r
       end
       sc:set(s[2], m)
     elseif k == 'with' then
@@ -1668,6 +1699,7 @@ end
 
 -- the text of the template with vars (a table of names to values)
 function Template:render(vars)
+  macro_depth = 0
   local root = scope(nil)
   for k, v in pairs(globals()) do root:set(k, v) end
   local sc = scope(root)

@@ -37,10 +37,14 @@ local function opt_of(spec, key, ty, kind, where)
   return v
 end
 
+-- id -> token; of tokens that share an id (a broken file), the first in byte
+-- order, so that the same file decodes the same in every process (pairs
+-- follows string hashes, seeded per process)
 local function reverse(vocab)
   local r, size = {}, 0
   for tok, id in pairs(vocab) do
-    r[id] = tok
+    local had = r[id]
+    if had == nil or tok < had then r[id] = tok end
     if id + 1 > size then size = id + 1 end
   end
   return r, size
