@@ -30,7 +30,8 @@ int pcre2_match_8(const pcre2_code_8 *code, const uint8_t *subject, size_t lengt
 size_t *pcre2_get_ovector_pointer_8(pcre2_match_data_8 *match_data);
 int pcre2_get_error_message_8(int errorcode, uint8_t *buffer, size_t bufflen);
 
-ptrdiff_t utf8proc_map(const uint8_t *str, ptrdiff_t strlen, uint8_t **dstptr, int options);
+ptrdiff_t utf8proc_decompose(const uint8_t *str, ptrdiff_t strlen, int32_t *buffer, ptrdiff_t bufsize, int options);
+ptrdiff_t utf8proc_reencode(int32_t *buffer, ptrdiff_t length, int options);
 const char *utf8proc_version(void);
 int utf8proc_category(int32_t codepoint);
 int32_t utf8proc_tolower(int32_t c);
@@ -296,18 +297,25 @@ local NF = {
   NFKC = UTF8PROC_STABLE + UTF8PROC_COMPOSE + UTF8PROC_COMPAT,
   NFKD = UTF8PROC_STABLE + UTF8PROC_DECOMPOSE + UTF8PROC_COMPAT,
 }
-local dst = ffi.new('uint8_t *[1]')
--- s in normalization form 'NFC', 'NFD', 'NFKC' or 'NFKD'
+-- s in normalization form 'NFC', 'NFD', 'NFKC' or 'NFKD'. utf8proc_map's
+-- steps into a buffer Lua owns (utf8proc_map mallocs its result: an error
+-- raised between the call and the free, such as a debug hook's, leaked it;
+-- the Lua fuzzer found that): the decomposed code points, then re-encoded
+-- (and composed) in place as UTF-8, NUL-terminated, in the same buffer
+local function u8err(L, n) rt.raise('unicode.normalize: ' .. ffi.string(L.utf8proc_errmsg(n))) end
 function M.normalize(s, form)
   local opt = NF[form]
   if not opt then rt.raise('unicode.normalize: unknown form ' .. tostring(form)) end
   if not s:find('[\128-\255]') then return s end -- ASCII is in every form
   local L = utf8proc or U8()
-  local n = L.utf8proc_map(s, #s, dst, opt)
-  if n < 0 then rt.raise('unicode.normalize: ' .. ffi.string(L.utf8proc_errmsg(n))) end
-  local r = ffi.string(dst[0], n)
-  C.free(dst[0])
-  return r
+  local n = tonumber(L.utf8proc_decompose(s, #s, nil, 0, opt))
+  if n < 0 then u8err(L, n) end
+  local buf = ffi.new('int32_t[?]', n + 1)
+  n = tonumber(L.utf8proc_decompose(s, #s, buf, n, opt))
+  if n < 0 then u8err(L, n) end
+  n = tonumber(L.utf8proc_reencode(buf, n, opt))
+  if n < 0 then u8err(L, n) end
+  return ffi.string(ffi.cast('const char *', buf), n)
 end
 
 ---------------------------------------------------------------------------
