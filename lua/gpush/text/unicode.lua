@@ -37,7 +37,6 @@ int utf8proc_category(int32_t codepoint);
 int32_t utf8proc_tolower(int32_t c);
 int32_t utf8proc_toupper(int32_t c);
 const char *utf8proc_errmsg(ptrdiff_t errcode);
-void free(void *ptr);
 ]]
 
 -- utf8proc: in the binary if it was linked in, else the shared library
