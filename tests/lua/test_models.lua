@@ -71,6 +71,18 @@ T.test('models: without autograd q/k/v and gate/up run as one product each, with
   end
 end)
 
+T.test('models: LoRA on a Llama ends the shared projections: adapters count without autograd too', function()
+  local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
+  local e = expected('llama_gqa')
+  local base = gp.no_grad(m.forward, m, e.ids)
+  gp.lora.apply(m, {rank = 4})
+  for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.1) end
+  local with_grad, without = m(e.ids), gp.no_grad(m.forward, m, e.ids)
+  T.ok(T.relnorm(without, with_grad) < 1e-6, 'no_grad ' .. T.relnorm(without, with_grad))
+  T.ok(T.relnorm(without, base) > 1e-3, 'the adapters change the logits')
+  T.eq(rawget(m.model.layers[1].self_attn, '_qkv'), nil) -- the record dropped: its tensor can be freed
+end)
+
 T.test('models: the residual adds run fused with the norms after them: the same logits and gradients as layer by layer', function()
   local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
   local e = expected('llama_gqa')

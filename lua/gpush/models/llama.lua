@@ -66,8 +66,9 @@ end
 -- and up instead of two). Checkpoints load into the blocks in place
 -- (load_state_dict copies); anything that replaces a weight (:to, LoRA, NF4
 -- quantization) ends the sharing and the Linears run alone (fused_weight).
-local function fuse(...)
-  local ls = {...}
+local function fuse(owner, names)
+  local ls = {}
+  for i, name in ipairs(names) do ls[i] = owner[name] end
   local w0 = ls[1].weight
   local ws, bs = {}, {}
   for i, l in ipairs(ls) do ws[i], bs[i] = l.weight:detach(), rawget(l, 'bias') and l.bias:detach() end
@@ -80,24 +81,30 @@ local function fuse(...)
     if B then l.bias = nn.Parameter(B:narrow(1, r0, n), rawget(w0, '_rg') == true) end
     r0 = r0 + n
   end
-  return {w = W, b = B, ls = ls}
+  return {w = W, b = B, ls = ls, names = names}
 end
 
--- the fused weight and bias of f, when the Linears still are its row blocks
--- (plain Linears, weights and biases unreplaced); nil otherwise
-local function fused_weight(f)
-  if not f or autograd.enabled then return nil end
+-- the fused weight and bias that owner[key] records, when the owner's
+-- modules still are those plain Linears and their weights and biases its row
+-- blocks; nil otherwise (a module replaced, as LoRA and NF4 quantization do,
+-- or a weight replaced: the record is dropped, so the fused tensor is freed
+-- once nothing else holds its blocks)
+local function fused_weight(owner, key)
+  local f = rawget(owner, key)
+  if not f then return nil end
   local W, B = f.w, f.b
   local off, boff = W.c.offset, B and B.c.offset
-  for _, l in ipairs(f.ls) do
+  for i, l in ipairs(f.ls) do
     local w, b = rawget(l, 'weight'), rawget(l, 'bias')
-    if getmetatable(l) ~= Linear._imt or not w or w.c.data ~= W.c.data or w.c.offset ~= off or
-      (B == nil) ~= (b == nil) or (B and (b.c.data ~= B.c.data or b.c.offset ~= boff)) then
+    if rawget(owner, f.names[i]) ~= l or getmetatable(l) ~= Linear._imt or not w or w.c.data ~= W.c.data or
+      w.c.offset ~= off or (B == nil) ~= (b == nil) or (B and (b.c.data ~= B.c.data or b.c.offset ~= boff)) then
+      rawset(owner, key, nil)
       return nil
     end
     off = off + w.c.shape[0] * w.c.shape[1]
     if B then boff = boff + b.c.shape[0] end
   end
+  if autograd.enabled then return nil end
   return W, B
 end
 
@@ -111,7 +118,7 @@ function Attention:init(cfg, o)
   self.v_proj = Linear(d, Hkv * hd, ob)
   self.o_proj = Linear(H * hd, d, {bias = cfg.attention_bias, dtype = o.dtype, device = o.device})
   self.window = cfg.sliding_window
-  rawset(self, '_qkv', fuse(self.q_proj, self.k_proj, self.v_proj))
+  rawset(self, '_qkv', fuse(self, {'q_proj', 'k_proj', 'v_proj'}))
 end
 
 -- q (B, H, T, hd) over k, v (B, Hkv, S, hd), the queries being the last T of S
@@ -148,7 +155,7 @@ function Attention:forward(x, pos, inv_freq, cache, layer, at)
   local H, Hkv, hd = self.H, self.Hkv, self.hd
   local p = at and at.pos or pos
   local q, k, v
-  local W, Wb = fused_weight(rawget(self, '_qkv'))
+  local W, Wb = fused_weight(self, '_qkv')
   if W then -- one product, then row blocks of its output (rope and the cache take strided views)
     local y = gp.linear(x, W, Wb)
     local nq, nkv = H * hd, Hkv * hd
@@ -194,10 +201,10 @@ function MLP:init(cfg, o)
   self.gate_proj = Linear(d, h, ob)
   self.up_proj = Linear(d, h, ob)
   self.down_proj = Linear(h, d, ob)
-  rawset(self, '_gate_up', fuse(self.gate_proj, self.up_proj))
+  rawset(self, '_gate_up', fuse(self, {'gate_proj', 'up_proj'}))
 end
 function MLP:forward(x)
-  local W = fused_weight(rawget(self, '_gate_up'))
+  local W = fused_weight(self, '_gate_up')
   if W then
     local y, h = gp.linear(x, W), self.gate_proj.out_features
     local n = y:dim()
