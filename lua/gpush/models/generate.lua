@@ -163,27 +163,23 @@ function M.generate(model, prompts, opts)
       tok_h[r], mask_h[r] = tr, mr
     end
   end
-  local tokens, mask, lens, nxt, probs, penalized, done, hit, zero8, pad
-  if session then -- the captured step's own buffers, refilled
-    local b = session.buf
-    tokens, mask, lens, nxt, probs, penalized, done, hit, zero8, pad =
-      b.tokens, b.mask, b.lens, b.nxt, b.probs, b.penalized, b.done, b.hit, b.zero8, b.pad
-    tokens:copy_(gp.tensor(tok_h, {dtype = 'i64'}))
-    mask:copy_(gp.tensor(mask_h, {dtype = 'u8'}))
-    for _, t in ipairs {lens, nxt, done, hit} do gp.k.fill(t, 0) end
+  -- the decode step's buffers: the kept step's own, refilled, or new ones
+  local b = session and session.buf
+  if b then
+    b.tokens:copy_(gp.tensor(tok_h, {dtype = 'i64'}))
+    b.mask:copy_(gp.tensor(mask_h, {dtype = 'u8'}))
+    for _, t in ipairs {b.lens, b.nxt, b.done, b.hit} do gp.k.fill(t, 0) end
   else
-    tokens = gp.tensor(tok_h, {dtype = 'i64', device = dev})
-    mask = gp.tensor(mask_h, {dtype = 'u8', device = dev})
-    -- buffers of the decode step
-    lens = gp.zeros({R}, {dtype = 'i64', device = dev})
-    nxt = gp.zeros({R}, {dtype = 'i64', device = dev})
-    probs = gp.empty({R, V}, {dtype = dtype, device = dev})
-    penalized = pen ~= 1 and gp.empty({R, V}, {dtype = dtype, device = dev}) or nil
-    done = gp.zeros({R}, {dtype = 'u8', device = dev})
-    hit = gp.zeros({R}, {dtype = 'u8', device = dev})
-    zero8 = gp.zeros({R}, {dtype = 'u8', device = dev})
-    pad = gp.full({R}, opts.pad or (stops[1] or 0), {dtype = 'i64', device = dev})
+    local function z(shape, dt) return gp.zeros(shape, {dtype = dt, device = dev}) end
+    b = {tokens = gp.tensor(tok_h, {dtype = 'i64', device = dev}), mask = gp.tensor(mask_h, {dtype = 'u8', device = dev}),
+         lens = z({R}, 'i64'), nxt = z({R}, 'i64'), probs = gp.empty({R, V}, {dtype = dtype, device = dev}),
+         penalized = pen ~= 1 and gp.empty({R, V}, {dtype = dtype, device = dev}) or nil,
+         done = z({R}, 'u8'), hit = z({R}, 'u8'), zero8 = z({R}, 'u8'),
+         pad = gp.full({R}, opts.pad or (stops[1] or 0), {dtype = 'i64', device = dev}),
+         pos = z({1}, 'i64'), tcol = z({R, 1, 1}, 'i64'), mcol = z({R, 1, 1}, 'u8')}
   end
+  local tokens, mask, lens, nxt, probs, penalized, done, hit, zero8, pad =
+    b.tokens, b.mask, b.lens, b.nxt, b.probs, b.penalized, b.done, b.hit, b.zero8, b.pad
   local callback, check_every = opts.callback, opts.check_every or 16
 
   local was_training = model.training
@@ -209,14 +205,8 @@ function M.generate(model, prompts, opts)
       -- token: on the GPU the step is captured once as a CUDA graph and
       -- replayed per token (opts.graph = false runs it eagerly: the same
       -- kernels, the same numbers).
-      local pos, tcol, mcol
-      if session then
-        pos, tcol, mcol = session.buf.pos, session.buf.tcol, session.buf.mcol
-        gp.k.fill(pos, lmin)
-      else
-        pos = gp.full({1}, lmin, {dtype = 'i64', device = dev})
-        tcol, mcol = gp.empty({R, 1, 1}, {dtype = 'i64', device = dev}), gp.empty({R, 1, 1}, {dtype = 'u8', device = dev})
-      end
+      local pos, tcol, mcol = b.pos, b.tcol, b.mcol
+      gp.k.fill(pos, lmin)
       local tok3, tok4 = tokens:view {R, total, 1}, tokens:view {R, 1, total, 1}
       local mask3 = mask:view {R, total, 1}
       local tcol1, mcol1, nxt4 = tcol:view {R}, mcol:view {R}, nxt:view {R, 1, 1, 1}
@@ -262,9 +252,7 @@ function M.generate(model, prompts, opts)
         end
       end
       if g and key and not session then -- kept for the next call of the same shape
-        rawset(model, '_generate_session', {key = key, g = g, cache = cache, buf = {tokens = tokens, mask = mask,
-          lens = lens, nxt = nxt, probs = probs, penalized = penalized, done = done, hit = hit, zero8 = zero8, pad = pad,
-          pos = pos, tcol = tcol, mcol = mcol}})
+        rawset(model, '_generate_session', {key = key, g = g, cache = cache, buf = b})
       elseif g and not session then
         g:free()
       end
