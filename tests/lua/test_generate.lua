@@ -265,3 +265,25 @@ T.test('generate (cuda): the captured step is kept for the next call of the same
   run(4, p2)
   T.eq(rawget(m, '_generate_session'), nil)
 end)
+
+T.test('generate (cuda): LoRA adapters unmerged, merged (gp.lora.merged) or switched off each get their own graph', function()
+  T.cuda()
+  local m = gpt64('cuda')
+  local prompts = {{1, 2, 3}, {4, 5, 6, 7, 8}}
+  local o = {n = 2, max_new = 8, greedy = true}
+  local base = gp.generate(m, prompts, o).tokens:totable()
+  gp.lora.apply(m, {rank = 4})
+  for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.5) end
+  local function eager() o.graph = false; local r = gp.generate(m, prompts, o); o.graph = nil; return r.tokens:totable() end
+  local want = eager()
+  T.ok(T.relnorm(gp.tensor(want), gp.tensor(base)) > 0, 'the adapters change the tokens')
+  local a = gp.generate(m, prompts, o)
+  T.same(a.tokens:totable(), want)
+  local b = gp.lora.merged(m, gp.generate, m, prompts, o)
+  T.ok(not b.graph_reused, 'merged: another graph')
+  T.same(b.tokens:totable(), want)
+  local c = gp.lora.without(m, gp.generate, m, prompts, o)
+  T.ok(not c.graph_reused, 'switched off: another graph')
+  T.same(c.tokens:totable(), base)
+  T.same(gp.generate(m, prompts, o).tokens:totable(), want)
+end)

@@ -55,7 +55,7 @@ T.test('lora: only adapters get gradients; finite differences in f64', function(
   end, {a0:detach():contiguous(), b0:detach():contiguous(), xin}))
 end)
 
-T.test('lora: merge equals the adapted forward, unmerge restores exactly', function()
+T.test('lora: merge equals the adapted forward, unmerge restores exactly; merged() runs a function merged', function()
   local m = tiny_gpt()
   gp.lora.apply(m, {rank = 4})
   for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.2) end
@@ -73,6 +73,13 @@ T.test('lora: merge equals the adapted forward, unmerge restores exactly', funct
   local base = gp.lora.without(m, function() return m(x) end)
   T.ok(T.relnorm(base, y) > 1e-3)
   T.ok(T.relnorm(m(x), y) == 0)
+  -- merged(): fn's results with the adapters merged, the weights restored exactly after, also on error
+  local a, b = gp.lora.merged(m, function(v) T.ok(m.h[1].attn.qkv.merged); return m(v), 7 end, x)
+  T.ok(T.relnorm(a, y) < 1e-5)
+  T.eq(b, 7)
+  T.ok(not m.h[1].attn.qkv.merged and T.relnorm(m.h[1].attn.qkv.weight, w0) == 0)
+  T.raises(function() gp.lora.merged(m, function() error('boom') end) end, 'boom')
+  T.ok(not m.h[1].attn.qkv.merged and T.relnorm(m.h[1].attn.qkv.weight, w0) == 0)
 end)
 
 T.test('lora: adapters save and load on their own', function()

@@ -71,16 +71,42 @@ T.test('models: without autograd q/k/v and gate/up run as one product each, with
   end
 end)
 
-T.test('models: LoRA on a Llama ends the shared projections: adapters count without autograd too', function()
+T.test('models: LoRA on a Llama: unmerged, the adapters count without autograd too; merged, q/k/v and gate/up run fused again', function()
   local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
   local e = expected('llama_gqa')
+  local L = m.config.num_hidden_layers
+  local core = require 'gpush.core'
+  local linear, calls = core.linear, 0
+  local function counted(f)
+    calls = 0
+    core.linear = function(...) calls = calls + 1; return linear(...) end
+    local ok, r = pcall(f)
+    core.linear = linear
+    assert(ok, r)
+    return r, calls
+  end
   local base = gp.no_grad(m.forward, m, e.ids)
   gp.lora.apply(m, {rank = 4})
   for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.1) end
-  local with_grad, without = m(e.ids), gp.no_grad(m.forward, m, e.ids)
+  local with_grad = m(e.ids)
+  local without, n1 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
   T.ok(T.relnorm(without, with_grad) < 1e-6, 'no_grad ' .. T.relnorm(without, with_grad))
   T.ok(T.relnorm(without, base) > 1e-3, 'the adapters change the logits')
-  T.eq(rawget(m.model.layers[1].self_attn, '_qkv'), nil) -- the record dropped: its tensor can be freed
+  T.eq(n1, 7 * L * 3 + 1, 'unmerged: each projection and its two adapter products')
+  gp.lora.merge(m)
+  local merged, n2 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
+  T.eq(n2, 4 * L + 1, 'merged: one product for q/k/v and one for gate/up again')
+  T.ok(T.relnorm(merged, without) < 1e-5, 'merged ' .. T.relnorm(merged, without))
+  gp.lora.unmerge(m)
+  local after, n3 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
+  T.eq(n3, 7 * L * 3 + 1)
+  T.ok(T.relnorm(after, without) < 1e-6, 'unmerged again ' .. T.relnorm(after, without))
+  T.eq(T.relnorm(gp.lora.without(m, function() return gp.no_grad(m.forward, m, e.ids) end), base), 0, 'disabled: the base')
+  -- NF4 quantization replaces the modules: the record is dropped (its tensor can be freed)
+  local q = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
+  gp.nn.quantize_linears(q, {kind = 'nf4', block = 32})
+  gp.no_grad(q.forward, q, e.ids)
+  T.eq(rawget(q.model.layers[1].self_attn, '_qkv'), nil)
 end)
 
 T.test('models: the residual adds run fused with the norms after them: the same logits and gradients as layer by layer', function()
@@ -184,13 +210,16 @@ T.test('models: a BERT encoder equals transformers\' hidden states (padding mask
     -- padded positions of the second row are not compared (their values are not used)
     T.ok(T.relnorm(h:narrow(1, 1, 1), e.hidden:narrow(1, 1, 1)) < 1e-4, device .. ' row 1')
     T.ok(T.relnorm(h:narrow(1, 2, 1):narrow(2, 1, 18), e.hidden:narrow(1, 2, 1):narrow(2, 1, 18)) < 1e-4, device .. ' row 2')
-    -- the sentence wrapper: texts are id lists here (a stand-in tokenizer), grouped by length without padding
+    -- the sentence wrapper: texts are id lists here (a stand-in tokenizer), padded to the batch's longest and masked
     local rows = e.ids:totable()
     local tok = {encode = function(_, s) return s == 'a' and rows[1] or {unpack(rows[2], 1, 18)} end}
     local enc = require('gpush.models.bert').sentence(m, tok, {pooling = 'mean', normalize = true})
     local emb = enc:embed({'a', 'b', 'a'}):cpu()
     T.ok(T.relnorm(emb:narrow(1, 1, 2), e.embed) < 1e-4, device .. ' embed')
     T.ok(T.relnorm(emb:narrow(1, 3, 1), e.embed:narrow(1, 1, 1)) < 1e-6, device .. ' the same text, the same row')
+    -- a text at a time (no padding) gives the padded batch's embeddings
+    local one = enc:embed({'a', 'b', 'a'}, {batch_size = 1}):cpu()
+    T.ok(T.relnorm(one, emb) < 1e-5, device .. ' unpadded ' .. T.relnorm(one, emb))
   end
 end)
 

@@ -236,8 +236,10 @@ doc(P.pretrain, 'gp.polychromic.pretrain(gpt, task, tok, {steps=300, batch=32, l
 
 function P.rollout(policy, tok, prompts, opts)
   local n, max_new = opts.n or DEF.n, opts.max_new or DEF.max_new
-  local r = generate(policy, prompts, {n = n, max_new = max_new, temperature = opts.temperature or DEF.temperature,
-                                          top_p = opts.top_p or DEF.top_p, stop = {tok.stop}, tokenizer = tok})
+  -- the adapters merged into dense weights while sampling: a decode step then
+  -- costs what the base's does (the update reads the adapters as they are)
+  local r = lora.merged(policy, generate, policy, prompts, {n = n, max_new = max_new,
+    temperature = opts.temperature or DEF.temperature, top_p = opts.top_p or DEF.top_p, stop = {tok.stop}, tokenizer = tok})
   local R = #prompts * n
   local rows, Tm = {}, 0
   local ro = {prompts = {}, replies = {}, lens = {}, plens = {}, stopped = {}, n = n, B = #prompts, R = R}

@@ -27,6 +27,7 @@
 -- takes the older host-position loop.
 local rt = require 'gpush.core.runtime'
 local gp = require 'gpush.core'
+local lora = require 'gpush.nn.lora'
 local raise = rt.raise
 
 local M = {}
@@ -96,12 +97,17 @@ end
 -- what a captured decode step depends on: the batch and positions, the
 -- sampling options (kernel arguments in the graph) and the address of every
 -- parameter (a replaced weight, LoRA adapters added, :to(), ... make another
--- key: the graph would read the old memory); in-place updates keep the key
+-- key: the graph would read the old memory); in-place updates keep the key.
+-- LoRA adapters merged or not, enabled or not run different kernels over the
+-- same tensors: their states are part of the key
 local function session_key(model, R, total, dtype, kvd, temp, top_k, top_p, min_p, pen, stops, pad)
   local k = {R, total, dtype, tostring(kvd), temp, top_k, top_p, min_p, pen, tostring(pad), table.concat(stops, ',')}
   for _, p in ipairs(model:parameters()) do
     local c = p.c
     k[#k + 1] = string.format('%s+%d', tostring(c.data), tonumber(c.offset))
+  end
+  for _, nm in ipairs(lora.modules(model)) do
+    k[#k + 1] = (nm[2].merged and 'M' or 'm') .. (nm[2].enabled and 'E' or 'e')
   end
   return table.concat(k, '|')
 end

@@ -64,7 +64,7 @@ end
 -- without autograd (generation, evaluation) one product serves them all (a
 -- decode step launches one GEMM for q, k and v instead of three, one for gate
 -- and up instead of two). Checkpoints load into the blocks in place
--- (load_state_dict copies); anything that replaces a weight (:to, LoRA, NF4
+-- (load_state_dict copies); anything that replaces a weight (:to, NF4
 -- quantization) ends the sharing and the Linears run alone (fused_weight).
 local function fuse(owner, names)
   local ls = {}
@@ -86,25 +86,32 @@ end
 
 -- the fused weight and bias that owner[key] records, when the owner's
 -- modules still are those plain Linears and their weights and biases its row
--- blocks; nil otherwise (a module replaced, as LoRA and NF4 quantization do,
--- or a weight replaced: the record is dropped, so the fused tensor is freed
--- once nothing else holds its blocks)
+-- blocks; nil otherwise. A LoRA over the same weight keeps the record: merged
+-- (gp.lora.merge adds B A into the block in place) it runs fused too,
+-- unmerged or disabled it runs alone. Any other module (NF4 quantization) or
+-- a replaced weight drops the record, so the fused tensor is freed once
+-- nothing else holds its blocks.
 local function fused_weight(owner, key)
   local f = rawget(owner, key)
   if not f then return nil end
   local W, B = f.w, f.b
   local off, boff = W.c.offset, B and B.c.offset
+  local alone = false
   for i, l in ipairs(f.ls) do
-    local w, b = rawget(l, 'weight'), rawget(l, 'bias')
-    if rawget(owner, f.names[i]) ~= l or getmetatable(l) ~= Linear._imt or not w or w.c.data ~= W.c.data or
-      w.c.offset ~= off or (B == nil) ~= (b == nil) or (B and (b.c.data ~= B.c.data or b.c.offset ~= boff)) then
+    local m = rawget(owner, f.names[i])
+    local plain = m == l and getmetatable(l) == Linear._imt
+    local lora = not plain and nn.LoRA and getmetatable(m) == nn.LoRA._imt
+    local w, b = rawget(lora and m or l, 'weight'), rawget(lora and m or l, 'bias')
+    if not (plain or lora) or not is_tensor(w) or w.c.data ~= W.c.data or w.c.offset ~= off or (B == nil) ~= (b == nil) or
+      (B and (b.c.data ~= B.c.data or b.c.offset ~= boff)) then
       rawset(owner, key, nil)
       return nil
     end
+    if lora and not (m.merged and m.enabled) then alone = true end
     off = off + w.c.shape[0] * w.c.shape[1]
     if B then boff = boff + b.c.shape[0] end
   end
-  if autograd.enabled then return nil end
+  if alone or autograd.enabled then return nil end
   return W, B
 end
 

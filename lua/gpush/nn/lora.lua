@@ -247,6 +247,25 @@ function L.without(model, fn, ...)
   return unpack(r, 2, table.maxn(r))
 end
 
+-- run fn with the adapters merged into their dense weights (the ones not
+-- merged yet and enabled; adapters over quantized weights run as they are),
+-- then restore the weights exactly, also when fn fails. Generation this way
+-- costs what the base does (and a Llama's q/k/v and gate/up run fused again).
+function L.merged(model, fn, ...)
+  local done = {}
+  for _, nm in ipairs(L.modules(model)) do
+    local m = nm[2]
+    if not m.merged and m.enabled and is_tensor(m.weight) then
+      m:merge()
+      done[#done + 1] = m
+    end
+  end
+  local r = {pcall(fn, ...)}
+  for _, m in ipairs(done) do m:unmerge() end
+  if not r[1] then error(r[2], 0) end
+  return unpack(r, 2, table.maxn(r))
+end
+
 doc(L.apply, "gp.lora.apply(model, {rank=8, alpha=2*rank, dropout=0, targets={'attn%.qkv$', ...}})",
   'wrap the model\'s nn.Linear (and nn.Linear4) modules whose dotted names match a target pattern (default: attention and MLP) in nn.LoRA, freeze every other parameter; returns the adapter parameters. Given targets must each match a Linear (an error names the one that does not and lists the model\'s Linears)')
 doc(L.parameters, 'gp.lora.parameters(model)', 'the lora_A and lora_B tensors of every LoRA module (what the optimizer trains)')
@@ -256,5 +275,6 @@ doc(L.save, "gp.lora.save('a.safetensors', model, meta)", 'write the adapters on
 doc(L.load, "gp.lora.load(model, 'a.safetensors' | tensors)", 'load adapters into a model with the same LoRA modules (every adapter present, nothing else)')
 doc(L.merge, 'gp.lora.merge(model)', 'merge every adapter into its weight (generation without the extra matmuls)')
 doc(L.unmerge, 'gp.lora.unmerge(model)', 'restore every merged weight exactly')
+doc(L.merged, 'gp.lora.merged(model, fn, ...)', 'run fn with the dense weights\' adapters merged (one product a projection), then restore the weights exactly, also on error; returns what fn returns')
 doc(L.without, 'gp.lora.without(model, fn, ...)', 'run fn with the adapters switched off (the frozen base model); returns what fn returns')
 return L
