@@ -149,13 +149,14 @@ function M.sentence(model, tok, o)
 end
 
 -- texts: a list of strings -> (N, d) f32 embeddings (unit rows when the model normalizes), on the model's device.
--- Texts are grouped by token count, so a batch needs no padding (the result is the padded one's).
+-- Texts run sorted by token count, batch_size at a time, each batch padded to its longest text with an
+-- attention mask (pads are masked out of attention and pooling, as sentence-transformers' padded batches)
 function Sentence:embed(texts, opts)
   if type(texts) == 'string' then texts = {texts} end
   if type(texts) ~= 'table' or #texts == 0 then raise('embed: needs a list of strings') end
   opts = opts or {}
   local batch = opts.batch_size or 256
-  local ids, groups, order = {}, {}, {}
+  local ids, order = {}, {}
   for i, s in ipairs(texts) do
     if type(s) ~= 'string' then raise(string.format('embed: text %d is a %s, not a string', i, type(s))) end
     local t = self.tok:encode(s, {truncation = false, padding = false})
@@ -164,35 +165,38 @@ function Sentence:embed(texts, opts)
       t = {unpack(t, 1, self.max_seq_length)}
       t[#t] = last
     end
-    ids[i] = t
-    if not groups[#t] then groups[#t] = {}; order[#order + 1] = #t end
-    table.insert(groups[#t], i)
+    ids[i], order[i] = t, i
   end
-  table.sort(order)
+  table.sort(order, function(a, b) return #ids[a] < #ids[b] or (#ids[a] == #ids[b] and a < b) end)
   local dev = self.model.embeddings.word_embeddings.weight.device
   local parts, where = {}, {} -- where[i]: the row of text i in the concatenated parts (0-based)
-  local row = 0
   gp.no_grad(function()
-    for _, len in ipairs(order) do
-      local g = groups[len]
-      for s = 1, #g, batch do
-        local rows = {}
-        for j = s, math.min(#g, s + batch - 1) do
-          rows[#rows + 1] = ids[g[j]]
-          where[g[j]] = row
-          row = row + 1
-        end
-        local h = self.model(gp.tensor(rows, {dtype = 'i64', device = dev})):float()
-        local e = self.pooling == 'cls' and h:select(2, 1) or h:mean(2)
-        if self.normalize then e = e / (e * e):sum(2, {keepdim = true}):sqrt():clamp(1e-12) end
-        parts[#parts + 1] = e
+    for s = 1, #order, batch do
+      local e = math.min(#order, s + batch - 1)
+      local L = #ids[order[e]]
+      local rows, keep, padded = {}, {}, false
+      for j = s, e do
+        local t = ids[order[j]]
+        local r, k = {}, {}
+        for c = 1, L do r[c], k[c] = t[c] or 0, t[c] and 1 or 0 end
+        padded = padded or #t < L
+        rows[#rows + 1], keep[#keep + 1] = r, k
+        where[order[j]] = j - 1
       end
+      local mask = padded and gp.tensor(keep, {dtype = 'f32', device = dev}) or nil
+      local h = self.model(gp.tensor(rows, {dtype = 'i64', device = dev}), mask):float()
+      local v
+      if self.pooling == 'cls' then v = h:select(2, 1)
+      elseif mask then
+        local m = mask:view {#rows, L, 1}
+        v = (h * m):sum(2) / m:sum(2)
+      else v = h:mean(2) end
+      if self.normalize then v = v / (v * v):sum(2, {keepdim = true}):sqrt():clamp(1e-12) end
+      parts[#parts + 1] = v
     end
   end)
   local out = #parts == 1 and parts[1] or gp.cat(parts, 1)
-  local inv = gp.tensor(where, {dtype = 'i64', device = dev})
-  out = out:index_select(1, inv)
-  return out
+  return out:index_select(1, gp.tensor(where, {dtype = 'i64', device = dev}))
 end
 
 gp.doc(Sentence.embed, "enc:embed({'text', ...}, {batch_size=256})",
