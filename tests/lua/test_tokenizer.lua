@@ -352,6 +352,26 @@ T.test('malformed UTF-8 decodes as U+FFFD a byte; a null Prepend is no prepend (
   T.raises(function() gp.tokenizer.from_json(spec) end, 'prepend is a number, not a string')
 end)
 
+T.test('text that is not UTF-8 never reaches a regular expression (fuzz finding: a Replace content of bytes 0xFF crashed PCRE2)', function()
+  local U = require 'gpush.text.unicode'
+  local re = U.regex('\\p{L}+')
+  T.raises(function() re:each('ab\xFFcd', function() end) end, 'not valid UTF-8', 'byte 3')
+  T.raises(function() re:test('\xE2\x82') end, 'not valid UTF-8', 'byte 1')
+  local n = 0
+  re:each('héllo wörld', function() n = n + 1 end)
+  T.eq(n, 2)
+  local doc = [[{"version":"1.0","model":{"type":"WordLevel","vocab":{"[UNK]":0,"hi":1},"unk_token":"[UNK]"},
+    "normalizer":{"type":"Replace","pattern":{"String":"i"},"content":"X"},"pre_tokenizer":{"type":"BertPreTokenizer"}}]]
+  T.raises(function() gp.tokenizer.from_json((doc:gsub('"X"', '"\xFF\xFE"'))) end, 'from_json', 'not valid UTF-8')
+  -- a table spec can still carry such bytes: the encode is an error, not a crash
+  local spec = json.decode(doc)
+  spec.normalizer.content = '\xFF\xFE'
+  local tok = gp.tokenizer.from_json(spec)
+  T.raises(function() tok:encode('hi') end, 'not valid UTF-8')
+  spec.normalizer.content = 'i'
+  T.eq(show(gp.tokenizer.from_json(spec):encode('hi')), '{1}')
+end)
+
 T.test('tok:stop_ids(): eos and the end-of-turn tokens; gp.generate stops at them by default', function()
   local tok = gp.tokenizer.load(root .. '/smollm2')
   local stops = tok:stop_ids()

@@ -10,6 +10,7 @@ local doc = require('gpush.core.doc').doc
 local json = require 'gpush.core.json'
 local rt = require 'gpush.core.runtime'
 local T = require 'gpush.text.tokenizer'
+local U = require 'gpush.text.unicode'
 local gguf = require 'gpush.text.gguf'
 local jinja = require 'gpush.text.jinja'
 
@@ -24,6 +25,8 @@ tokenizer.from_gguf = doc(gguf.from_gguf, 'gp.tokenizer.from_gguf(meta)',
   "a tokenizer from GGUF metadata (tokenizer.ggml.model 'gpt2' with llama.cpp's pre-tokenizer for tokenizer.ggml.pre, or 'llama'), with its chat template")
 tokenizer.from_json = doc(function(spec, extra)
   if type(spec) == 'string' then
+    local bad = U.invalid_at(spec) -- as tokenizers, which reads the text into a Rust String
+    if bad then rt.raise(string.format('tokenizer.from_json: the text is not valid UTF-8 (byte %d)', bad)) end
     local ok, v = pcall(json.decode, spec)
     if not ok then rt.raise('tokenizer.from_json: not valid JSON (' .. tostring(v) .. ')') end
     spec = v

@@ -574,6 +574,8 @@ local function read(path)
 end
 
 local function decode_json(text, path)
+  local bad = U.invalid_at(text) -- tokenizers reads the file into a Rust String: UTF-8 or an error
+  if bad then raise(string.format('tokenizer: %s is not valid UTF-8 (byte %d)', path, bad)) end
   local ok, v = pcall(json.decode, text)
   if not ok then raise(string.format('tokenizer: %s is not valid JSON (%s)', path, tostring(v):gsub('^.-json%.decode: ', ''))) end
   return v

@@ -398,7 +398,9 @@ function M.regex(pattern, opts)
 end
 
 -- the first match of s at or after byte offset `from` (0-based): start, stop
--- (0-based, exclusive), or nil. s must be valid UTF-8.
+-- (0-based, exclusive), or nil. s must be valid UTF-8: PCRE2 is told not to
+-- check it (each() and test() do, once a text), and its compiled matcher
+-- reads past the end of an invalid sequence
 function Regex:find(s, from, len)
   local rc = C.pcre2_match_8(self.code, s, len or #s, from, PCRE2_NO_UTF_CHECK, self.md, nil)
   if rc < 0 then
@@ -411,7 +413,15 @@ end
 
 -- f(start, stop) for each match of s in order, as Oniguruma's find_iter: an
 -- empty match right where the previous match ended is skipped
+local function valid(re, s)
+  local bad = M.invalid_at(s)
+  if bad then
+    error(string.format('regular expression %q: the text is not valid UTF-8 (byte %d)', re.pattern, bad), 0)
+  end
+end
+
 function Regex:each(s, f)
+  valid(self, s)
   local n, pos, last_end = #s, 0, -1
   while pos <= n do
     local a, b = self:find(s, pos, n)
@@ -433,7 +443,10 @@ function Regex:each(s, f)
 end
 
 -- does the pattern match somewhere in s
-function Regex:test(s) return self:find(s, 0) ~= nil end
+function Regex:test(s)
+  valid(self, s)
+  return self:find(s, 0) ~= nil
+end
 
 -- Rust's regex crate (which tokenizers uses beside Oniguruma) takes \w as
 -- Unicode's word characters (UTS #18): alphabetic, marks, decimal digits,
