@@ -20,10 +20,19 @@
  * algorithm (or aux's leading dim is not a multiple of 8), or with option
  * "lt" 0, a plain GEMM and a small epilogue kernel. The handles are created on first
  * use and bound to the current stream (gp_cuda_stream()), with a 32 MiB
- * workspace per stream. */
+ * workspace per stream.
+ *
+ * With GPUSH_SANITIZER=initcheck in the environment (tests/sanitize/compute.sh
+ * sets it) each output is zeroed with cudaMemset before cuBLAS writes it:
+ * cuBLAS's kernels store their tiles with TMA, which compute-sanitizer's
+ * initcheck does not track, so without it every later read of a product is
+ * reported as uninitialized (tests/sanitize/initcheck_cublas.lua shows it).
+ * Marking the outputs through NVTX's memory API instead made processes with
+ * LuaJIT's compiler on crash under the sanitizer. */
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <limits.h>
+#include <string.h>
 
 #include <algorithm>
 #include <vector>
@@ -405,6 +414,23 @@ fail:
   return mm_fail(j.op, call, s, j.out, j.a, j.b);
 }
 
+/* GPUSH_SANITIZER=initcheck: zero the rows of m (rows x cols of each batch) before cuBLAS writes them */
+static int g_fill = -1;
+static int mm_fill(const char *op, const mm_mat &m, int64_t batch, int64_t rows, int64_t cols, int es) {
+  if (g_fill < 0) {
+    const char *e = getenv("GPUSH_SANITIZER");
+    g_fill = e && !strcmp(e, "initcheck");
+  }
+  if (!g_fill) return GP_OK;
+  if (m.col) std::swap(rows, cols);
+  for (int64_t b = 0; b < batch; b++) {
+    cudaError_t e = cudaMemset2DAsync((void *)(m.p + b * m.bs * es), (size_t)(m.ld * es), 0, (size_t)(cols * es),
+                                      (size_t)rows, gp_cuda_stream());
+    if (e != cudaSuccess) return gp_error("%s: cudaMemset2DAsync: %s", op, cudaGetErrorString(e));
+  }
+  return GP_OK;
+}
+
 static int mm_run(mm_job &j, const gp_tensor *bias, gp_tensor **tmp) {
   gp_tensor *out = j.out;
   const gp_tensor *a = j.a, *b = j.b;
@@ -440,6 +466,9 @@ static int mm_run(mm_job &j, const gp_tensor *bias, gp_tensor **tmp) {
       j.tb = tmp[1];
       mm_layout(j.tb, &j.B);
     }
+    int es = gp_elsize(j.to->dtype);
+    if (j.beta == 0) GP_TRY(mm_fill(j.op, j.C, j.batch, j.M, j.N, es));
+    if (X && j.act == GP_MM_GELU_AUX) GP_TRY(mm_fill(j.op, *X, j.batch, j.M, j.N, es));
     bool done = false;
     if (bias || j.act != GP_MM_NONE) {
       if (gp_matmul_lt) GP_TRY(mm_lt(j, bias, &done));
