@@ -250,7 +250,8 @@ end
 -- run fn with the adapters merged into their dense weights (the ones not
 -- merged yet and enabled; adapters over quantized weights run as they are),
 -- then restore the weights exactly, also when fn fails. Generation this way
--- costs what the base does (and a Llama's q/k/v and gate/up run fused again).
+-- costs what the base does (and a Llama's q/k/v and gate/up run fused again);
+-- the exact restore holds a copy of each merged weight while fn runs.
 function L.merged(model, fn, ...)
   local done = {}
   for _, nm in ipairs(L.modules(model)) do
@@ -275,6 +276,6 @@ doc(L.save, "gp.lora.save('a.safetensors', model, meta)", 'write the adapters on
 doc(L.load, "gp.lora.load(model, 'a.safetensors' | tensors)", 'load adapters into a model with the same LoRA modules (every adapter present, nothing else)')
 doc(L.merge, 'gp.lora.merge(model)', 'merge every adapter into its weight (generation without the extra matmuls)')
 doc(L.unmerge, 'gp.lora.unmerge(model)', 'restore every merged weight exactly')
-doc(L.merged, 'gp.lora.merged(model, fn, ...)', 'run fn with the dense weights\' adapters merged (one product a projection), then restore the weights exactly, also on error; returns what fn returns')
+doc(L.merged, 'gp.lora.merged(model, fn, ...)', 'run fn with the dense weights\' adapters merged (one product a projection), then restore the weights exactly, also on error (a copy of each merged weight is held meanwhile); returns what fn returns')
 doc(L.without, 'gp.lora.without(model, fn, ...)', 'run fn with the adapters switched off (the frozen base model); returns what fn returns')
 return L
