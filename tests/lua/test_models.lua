@@ -36,20 +36,21 @@ for _, name in ipairs(ARCHS) do
   end)
 end
 
+-- f()'s result and the number of gp.linear calls (products) it made
+local function counted(f)
+  local core = require 'gpush.core' -- the table the models call through
+  local linear, calls = core.linear, 0
+  core.linear = function(...) calls = calls + 1; return linear(...) end
+  local ok, r = pcall(f)
+  core.linear = linear
+  assert(ok, r)
+  return r, calls
+end
+
 T.test('models: without autograd q/k/v and gate/up run as one product each, with the same logits; a replaced weight ends it', function()
   for _, name in ipairs {'llama_gqa', 'qwen2'} do -- qwen2: q, k, v with biases
     local m = gp.models.load(root .. '/' .. name, {dtype = 'f32', device = 'cpu'})
     local e = expected(name)
-    local core = require 'gpush.core' -- the table the models call through
-    local linear, calls = core.linear, 0
-    local function counted(f)
-      calls = 0
-      core.linear = function(...) calls = calls + 1; return linear(...) end
-      local ok, r = pcall(f)
-      core.linear = linear
-      assert(ok, r)
-      return r, calls
-    end
     local L = m.config.num_hidden_layers
     local with_grad, n1 = counted(function() return m(e.ids) end)
     local fused, n2 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
@@ -75,16 +76,6 @@ T.test('models: LoRA on a Llama: unmerged, the adapters count without autograd t
   local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
   local e = expected('llama_gqa')
   local L = m.config.num_hidden_layers
-  local core = require 'gpush.core'
-  local linear, calls = core.linear, 0
-  local function counted(f)
-    calls = 0
-    core.linear = function(...) calls = calls + 1; return linear(...) end
-    local ok, r = pcall(f)
-    core.linear = linear
-    assert(ok, r)
-    return r, calls
-  end
   local base = gp.no_grad(m.forward, m, e.ids)
   gp.lora.apply(m, {rank = 4})
   for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.1) end
