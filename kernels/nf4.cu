@@ -75,8 +75,8 @@ template <typename T> void launch_quantize(gp_tensor *q, gp_tensor *absmax, cons
   const int B = (int)w->shape[1];
   const unsigned grid = gp_grid(nb * 32, 256);
   GP_NOTE_LAUNCH(k_nf4_quantize<T>, 256, 0);
-  k_nf4_quantize<T><<<grid, 256, 0, gp_cuda_stream()>>>((uint8_t *)gp_ptr(q), (float *)gp_ptr(absmax),
-                                                         (const T *)gp_ptr(w), nb, B);
+  k_nf4_quantize<T>
+      <<<grid, 256, 0, gp_cuda_stream()>>>((uint8_t *)gp_ptr(q), (float *)gp_ptr(absmax), (const T *)gp_ptr(w), nb, B);
 }
 
 /* ---- dequantize ---- */
@@ -148,11 +148,11 @@ constexpr int GV_WARPS = 8, GV_THREADS = 32 * GV_WARPS;
 constexpr int GV_SMEM = 47 * 1024; /* the x tile's budget: under 48 KB with the static lut (no opt-in needed) */
 
 struct GemvP {
-  void *out;          /* (M, N) of this tile, or NULL when ws is used */
-  float *ws;          /* (S, M, N) partial sums when there are S > 1 splits */
-  const void *x;      /* (M, K) of this tile */
-  const uint8_t *q;   /* (N, K / 2) */
-  const float *am;    /* (N, G) */
+  void *out;        /* (M, N) of this tile, or NULL when ws is used */
+  float *ws;        /* (S, M, N) partial sums when there are S > 1 splits */
+  const void *x;    /* (M, K) of this tile */
+  const uint8_t *q; /* (N, K / 2) */
+  const float *am;  /* (N, G) */
   int64_t N, K, G;
   int M, bshift, sps, nseg, rounds;
 };
@@ -171,8 +171,7 @@ __device__ __forceinline__ void decode32(const float *lut, const uint32_t wd[4],
 
 /* MT: rows of x handled (a power of two >= p.M); VEC: K % 32 == 0 and q
  * 16-byte aligned (every chunk of 32 columns is whole, one 16-byte load) */
-template <typename T, int MT, bool VEC>
-__global__ void __launch_bounds__(GV_THREADS) k_nf4_gemv(const GemvP p) {
+template <typename T, int MT, bool VEC> __global__ void __launch_bounds__(GV_THREADS) k_nf4_gemv(const GemvP p) {
   /* segments whose loads are issued together: 4 while memory-bound (few rows), 2 beyond (registers) */
   constexpr int GV_UNROLL = MT <= 4 ? 4 : 2;
   extern __shared__ float4 xs[];
@@ -203,7 +202,7 @@ __global__ void __launch_bounds__(GV_THREADS) k_nf4_gemv(const GemvP p) {
   const int64_t R = 32LL * p.rounds;
   for (int rd = 0; rd < p.rounds; rd++) {
     const int64_t g0 = (int64_t)blockIdx.x * R + (int64_t)(rd * GV_WARPS + warp) * 4; /* the warp's first row */
-    if (g0 >= N) break; /* warp-uniform */
+    if (g0 >= N) break;                                                               /* warp-uniform */
     const int64_t n = g0 + r;
     const bool rowok = n < N;
     const uint8_t *qrow = p.q + (rowok ? n : 0) * (K / 2);
@@ -291,7 +290,8 @@ __global__ void __launch_bounds__(GV_THREADS) k_nf4_gemv(const GemvP p) {
 }
 
 /* out = sum over the S splits of ws (S, MN), in order */
-template <typename T> __global__ void k_nf4_gemv_sum(T *__restrict__ out, const float *__restrict__ ws, int64_t mn, int S) {
+template <typename T>
+__global__ void k_nf4_gemv_sum(T *__restrict__ out, const float *__restrict__ ws, int64_t mn, int S) {
   const int64_t nth = (int64_t)gridDim.x * blockDim.x;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < mn; i += nth) {
     float s = 0.0f;
@@ -314,12 +314,368 @@ template <typename T, bool VEC> void launch_gemv_mt(const GemvP &p, dim3 grid, i
   else launch_gemv_tile<T, 32, VEC>(p, grid, smem);
 }
 
+/* ---- gemv on tensor cores (bf16 / f16 x, blocks a multiple of 64, K % 64 == 0) ----
+ *
+ * out (M, N) = x (M, K) @ W^T with mma.sync m16n8k16: 16 rows of W are the A
+ * operand, up to 8 rows of x the B operand (n8; NT n-tiles for up to 32
+ * rows), f32 accumulators. The CUDA cores only decode: a byte of q (two
+ * codes) becomes an A register holding both values through one shared-memory
+ * load from a 256-entry table of code pairs in x's dtype, kept once for
+ * every lane (entry b of lane l at byte (b << 8) | (l << 2): one PRMT makes
+ * the address from the byte and the lane, and the 32 lanes of a load hit 32
+ * different banks whatever their bytes).
+ *
+ * The weight streams through shared memory: each warp has a ring of STAGES
+ * chunks (16 rows x 4 groups of 64 columns = 16 x 128 bytes, 16-byte pieces
+ * XOR-swizzled by row, and the chunk's 64 absmax) filled by cp.async, so the
+ * loads in flight are not bounded by registers. ldmatrix.x4 gives lane
+ * (g, t) (g = lane / 4, t = lane % 4) the bytes 4t .. 4t + 3 and 16 + 4t ..
+ * 16 + 4t + 3 of a group's rows g and g + 8. The order of K inside a product
+ * is free as long as A and B agree: step s (0..3) of a group's 4 products
+ * takes byte pair s of those 8 bytes, i.e. W's columns 8t + 4s' .. + 3
+ * (s' = s & 1, plus 32 for s >= 2), and the B registers hold x's same
+ * columns (two 16-byte loads a row of x a group). A group's products go to
+ * a zeroed accumulator that is scaled by its rows' absmax in f32 and added
+ * (the codes are exact in the table's dtype up to its rounding of the 16
+ * code values; the scale and the sums are f32).
+ *
+ * A CTA (16 warps, one table) takes 16 rows at a time, persistent over the
+ * row tiles; its warps split K and add their sums in shared memory, in warp
+ * order, at the end of a tile (deterministic, one launch). */
+
+constexpr int MMA_WARPS = 16, MMA_THREADS = 32 * MMA_WARPS, MMA_CH = 4;
+constexpr int MMA_LUT_BYTES = 256 * 256;
+constexpr int MMA_STAGE_BYTES = 16 * 128 + 64 * 4; /* the chunk's bytes, then its absmax (row, group) */
+template <int NT> constexpr int mma_stages() { return NT == 1 ? 4 : NT == 2 ? 3 : 2; }
+/* the table, the warps' rings, and two reduction buffers (tiles alternate: one barrier a tile) */
+template <int NT> constexpr int mma_red_floats() { return MMA_WARPS * 8 * NT * 16; }
+template <int NT> constexpr int mma_smem() {
+  return MMA_LUT_BYTES + MMA_WARPS * mma_stages<NT>() * MMA_STAGE_BYTES + 2 * mma_red_floats<NT>() * 4;
+}
+
+struct MmaP {
+  void *out;
+  const void *x;
+  const uint8_t *q;
+  const float *am;
+  int64_t K, hk, G; /* hk = K / 2: the bytes of a row of q */
+  int N, M, gshift; /* gshift: log2 of the 64-column groups a block */
+  int ngrp, gpw;    /* 64-column groups of a row; groups a warp (ceil(ngrp / warps), rounded up to 4s) */
+  int am16;         /* absmax loaded 16 bytes a row (gshift 0 and 4 | G) */
+  int ntiles;       /* ceil(N / 16) */
+  float codes[16];  /* the NF4 codes (kernel parameters: no constant-cache miss at the start) */
+};
+
+__device__ __forceinline__ uint32_t mma_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ void mma_cp16(uint32_t dst, const void *src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void mma_cp4(uint32_t dst, const void *src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src));
+}
+__device__ __forceinline__ void mma_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void mma_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t *>(&v);
+  }
+}
+
+template <typename T> __device__ __forceinline__ void mma_16816(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value)
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* start loading a warp's chunk: groups [grp0, grp0 + ng) (ng <= MMA_CH) of row tile `tile` into stage st
+ * (lane: 16-byte piece lane & 7 of rows lane / 8 + 4i; absmax (row e / 4, group e % 4) for e = lane, lane + 32) */
+__device__ __forceinline__ void mma_issue(const MmaP &p, uint32_t st, int tile, int grp0, int ng, int lane) {
+  const int c = lane & 7;
+  if (c < 2 * ng) { /* the 16-byte pieces of groups that exist */
+    const uint8_t *src = p.q + (int64_t)grp0 * 32 + c * 16;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      const int r = 4 * i + (lane >> 3);
+      mma_cp16(st + r * 128 + ((c ^ (r & 7)) << 4), src + (int64_t)min(tile * 16 + r, p.N - 1) * p.hk);
+    }
+  }
+  if (p.am16) { /* a block a group, 4 | grp0, 4 | G: a row's 4 absmax are 16 aligned bytes (kept out of L1, where x is) */
+    if (lane < 16) mma_cp16(st + 16 * 128 + lane * 16, p.am + (int64_t)min(tile * 16 + lane, p.N - 1) * p.G + grp0);
+    return;
+  }
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    const int e = lane + 32 * j, u = e & 3;
+    if (u < ng)
+      mma_cp4(st + 16 * 128 + e * 4,
+              p.am + (int64_t)min(tile * 16 + (e >> 2), p.N - 1) * p.G + ((grp0 + u) >> p.gshift));
+  }
+}
+
+/* the code pair of byte i (0..3) of w, from lane l's copy of the table */
+__device__ __forceinline__ uint32_t mma_code2(const char *lut, uint32_t w, uint32_t lane4, int i) {
+  const uint32_t off = __byte_perm(w, lane4, 0x5504 | (i << 4));
+  return *reinterpret_cast<const uint32_t *>(lut + off);
+}
+
+/* B registers of groups grp, grp + 1 (the second only if < gend) for row m of x (lane's columns 8t .. + 7 and
+ * 32 + 8t .. + 7 of each group); zeros for rows past M */
+template <typename T>
+__device__ __forceinline__ void mma_load_x(uint4 (&xv)[2][2], const T *x, const MmaP &p, int grp, int gend, int m,
+                                           int t) {
+#pragma unroll
+  for (int v = 0; v < 2; v++) {
+    xv[v][0] = xv[v][1] = make_uint4(0, 0, 0, 0);
+    if (m < p.M && grp + v < gend) {
+      const T *xp = x + (int64_t)m * p.K + (int64_t)(grp + v) * 64 + 8 * t;
+      xv[v][0] = __ldg(reinterpret_cast<const uint4 *>(xp));
+      xv[v][1] = __ldg(reinterpret_cast<const uint4 *>(xp + 32));
+    }
+  }
+}
+
+template <typename T, int NT> __global__ void __launch_bounds__(MMA_THREADS, 1) k_nf4_gemv_mma(const MmaP p) {
+  constexpr int ST = mma_stages<NT>();
+  extern __shared__ __align__(16) char mma_smem_[];
+  const char *lut = mma_smem_;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  char *ring = mma_smem_ + MMA_LUT_BYTES + warp * ST * MMA_STAGE_BYTES;
+  const uint32_t ring_u = mma_smem_u32(ring);
+  float *red0 = reinterpret_cast<float *>(mma_smem_ + MMA_LUT_BYTES + MMA_WARPS * ST * MMA_STAGE_BYTES);
+  const uint32_t lane4 = (uint32_t)lane << 2;
+  const int wg0 = warp * p.gpw, wg1 = min(p.ngrp, wg0 + p.gpw); /* the warp's groups in every tile */
+  const int nch = (p.gpw + MMA_CH - 1) / MMA_CH;                /* chunks a tile */
+  const T *x = (const T *)p.x;
+
+  /* the warp's items: (tile, chunk) in order; start the first ST - 1 */
+  int it_tile = blockIdx.x;
+  int it_ch = 0; /* the next item to issue */
+  auto issue_next = [&](int stage) {
+    if (it_tile < p.ntiles) {
+      const int a = wg0 + it_ch * MMA_CH;
+      mma_issue(p, ring_u + stage * MMA_STAGE_BYTES, it_tile, a, max(0, min(wg1 - a, MMA_CH)), lane);
+      if (++it_ch == nch) {
+        it_ch = 0;
+        it_tile += gridDim.x;
+      }
+    }
+    mma_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < ST - 1; s++) issue_next(s);
+
+  /* the table: entry b of lane l is (code[b >> 4], code[b & 15]) in T (low half: element 2j, the high
+   * nibble); warp w writes the whole entries 16k + w */
+  {
+    const float lo = p.codes[warp];
+#pragma unroll
+    for (int k = 0; k < 16; k++)
+      reinterpret_cast<uint32_t *>(mma_smem_ + ((16 * k + warp) << 8))[lane] = pack2<T>(p.codes[k], lo);
+  }
+  __syncthreads();
+
+  float acc[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  uint4 xc[2][2]; /* NT == 1: x of the next pair of groups */
+  if constexpr (NT == 1) mma_load_x(xc, x, p, wg0, wg1, g, t);
+
+  /* ldmatrix addresses within a stage: lane i reads row (i & 7) + 8 ((i >> 3) & 1) of piece 2u + (i >> 4) */
+  const int lr = (lane & 7) + 8 * ((lane >> 3) & 1), lh = lane >> 4;
+  int stage = 0, par = 0;
+  for (int tile = blockIdx.x; tile < p.ntiles; tile += gridDim.x, par ^= 1) {
+    for (int ch = 0; ch < nch; ch++) {
+      issue_next((stage + ST - 1) % ST);
+      mma_wait<ST - 1>();
+      __syncwarp();
+      const uint32_t st = ring_u + stage * MMA_STAGE_BYTES;
+      const float *am = reinterpret_cast<const float *>(ring + stage * MMA_STAGE_BYTES + 16 * 128);
+      const int grp0 = wg0 + ch * MMA_CH;
+      /* two groups at a time: their decodes and product chains interleave */
+#pragma unroll
+      for (int u0 = 0; u0 < MMA_CH; u0 += 2) {
+        const int grp = grp0 + u0;
+        if (grp < wg1) { /* warp-uniform */
+          const bool two = grp + 1 < wg1;
+          uint32_t a[2][4][4];
+          float sa[2], sb[2];
+          uint4 x1[2][2]; /* NT == 1: x of this pair, loaded a pair ahead; start the next pair's (the warp's
+                           * groups repeat every tile) */
+          if constexpr (NT == 1) {
+#pragma unroll
+            for (int v = 0; v < 2; v++) x1[v][0] = xc[v][0], x1[v][1] = xc[v][1];
+            mma_load_x(xc, x, p, grp + 2 < wg1 ? grp + 2 : wg0, wg1, g, t);
+          }
+#pragma unroll
+          for (int v = 0; v < 2; v++) {
+            uint32_t r[4];
+            const int pc = 2 * (u0 + v) + lh;
+            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                         : "r"(st + lr * 128 + ((pc ^ (lr & 7)) << 4)));
+#pragma unroll
+            for (int s = 0; s < 4; s++) {
+              const uint32_t wa = r[s < 2 ? 0 : 2], wb = r[s < 2 ? 1 : 3];
+              const int i0 = 2 * (s & 1);
+              a[v][s][0] = mma_code2(lut, wa, lane4, i0);
+              a[v][s][1] = mma_code2(lut, wb, lane4, i0);
+              a[v][s][2] = mma_code2(lut, wa, lane4, i0 + 1);
+              a[v][s][3] = mma_code2(lut, wb, lane4, i0 + 1);
+            }
+            /* a second group that does not exist: its scales 0 (its stale bytes decode to finite codes) */
+            sa[v] = v == 0 || two ? am[g * 4 + u0 + v] : 0.0f;
+            sb[v] = v == 0 || two ? am[(g + 8) * 4 + u0 + v] : 0.0f;
+          }
+#pragma unroll
+          for (int n = 0; n < NT; n++) {
+            uint4 xv[2][2];
+            if constexpr (NT == 1) {
+#pragma unroll
+              for (int v = 0; v < 2; v++) xv[v][0] = x1[v][0], xv[v][1] = x1[v][1];
+            } else {
+              mma_load_x(xv, x, p, grp, wg1, g + 8 * n, t);
+            }
+            float c[2][4];
+#pragma unroll
+            for (int v = 0; v < 2; v++) c[v][0] = c[v][1] = c[v][2] = c[v][3] = 0.0f;
+#pragma unroll
+            for (int s = 0; s < 4; s++)
+#pragma unroll
+              for (int v = 0; v < 2; v++) {
+                const uint4 &xx = xv[v][s >> 1];
+                mma_16816<T>(c[v], a[v][s], (s & 1) ? xx.z : xx.x, (s & 1) ? xx.w : xx.y);
+              }
+#pragma unroll
+            for (int v = 0; v < 2; v++) {
+              acc[n][0] = fmaf(sa[v], c[v][0], acc[n][0]);
+              acc[n][1] = fmaf(sa[v], c[v][1], acc[n][1]);
+              acc[n][2] = fmaf(sb[v], c[v][2], acc[n][2]);
+              acc[n][3] = fmaf(sb[v], c[v][3], acc[n][3]);
+            }
+          }
+        }
+      }
+      __syncwarp(); /* the stage is read: the next issue may refill it */
+      stage = stage + 1 == ST ? 0 : stage + 1;
+    }
+    /* the tile is done: the warps' sums, added in warp order (buffers alternate by tile: the next
+     * tile's writes go to the other one, and the barrier of the tile after orders its reuse) */
+    float *red = red0 + par * mma_red_floats<NT>();
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+      float *rr = red + (warp * 8 * NT + 8 * n + 2 * t) * 16;
+      rr[g] = acc[n][0];
+      rr[16 + g] = acc[n][1];
+      rr[g + 8] = acc[n][2];
+      rr[16 + g + 8] = acc[n][3];
+      acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    }
+    __syncthreads();
+    T *out = (T *)p.out;
+    for (int i = threadIdx.x; i < p.M * 16; i += MMA_THREADS) {
+      const int m = i >> 4, ro = i & 15, row = tile * 16 + ro;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < MMA_WARPS; w++) sum += red[(w * 8 * NT + m) * 16 + ro];
+      if (row < p.N) out[(int64_t)m * p.N + row] = st<T>(sum);
+    }
+  }
+  mma_wait<0>();
+}
+
+/* the tensor-core GEMV for x (M, K) of bf16 / f16 when the layout allows; false: use the other */
+template <typename T>
+bool mma_gemv(gp_tensor *out, const gp_tensor *x, const gp_tensor *q, const gp_tensor *absmax, int *rc) {
+  if constexpr (!std::is_same<T, __nv_bfloat16>::value && !std::is_same<T, __half>::value) return false;
+  else {
+    const int64_t M = x->shape[0], K = x->shape[1], N = q->shape[0], G = absmax->shape[1];
+    static const int off = getenv("GPUSH_NF4_GEMV_CUDA_CORES") != 0; /* for comparisons: the other kernel always */
+    if (off || K % 64 != 0 || (K / G) % 64 != 0 || N == 0 || M == 0 || N >= (1LL << 30)) return false;
+    const uint8_t *pq = (const uint8_t *)gp_ptr(q);
+    const T *px = (const T *)gp_ptr(x);
+    if (((uintptr_t)pq | (uintptr_t)px) & 15) return false;
+    static int ready[8][2][3]; /* by device: 1 once the shared memory attribute is set, -1 refused */
+    int dev = 0;
+    cudaGetDevice(&dev);
+    if (dev < 0 || dev >= 8) dev = 0;
+    int gshift = 0;
+    while ((64LL << gshift) < K / G) gshift++;
+    const int64_t ngrp = K / 64, sms = gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1;
+    const int64_t ntiles = (N + 15) / 16;
+    for (int64_t m0 = 0; m0 < M; m0 += 32) {
+      const int Mt = (int)(M - m0 < 32 ? M - m0 : 32);
+      const int ti = Mt <= 8 ? 0 : Mt <= 16 ? 1 : 2;
+      const int smem = ti == 0 ? mma_smem<1>() : ti == 1 ? mma_smem<2>() : mma_smem<4>();
+      const void *fn = ti == 0   ? (const void *)k_nf4_gemv_mma<T, 1>
+                       : ti == 1 ? (const void *)k_nf4_gemv_mma<T, 2>
+                                 : (const void *)k_nf4_gemv_mma<T, 4>;
+      int &rd = ready[dev][std::is_same<T, __half>::value][ti];
+      if (rd == 0)
+        rd = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess ? 1 : -1;
+      if (rd < 0) {
+        cudaGetLastError();
+        if (m0 == 0) return false;
+        *rc = gp_error("nf4_gemv: %d bytes of shared memory refused", smem);
+        return true;
+      }
+      MmaP p;
+      p.out = (T *)gp_ptr(out) + m0 * N;
+      p.x = px + m0 * K;
+      p.q = pq;
+      p.am = (const float *)gp_ptr(absmax);
+      p.N = (int)N;
+      p.K = K;
+      p.hk = K / 2;
+      p.G = G;
+      p.M = Mt;
+      p.gshift = gshift;
+      p.ngrp = (int)ngrp;
+      p.gpw = (int)((ngrp + MMA_WARPS - 1) / MMA_WARPS + 3) / 4 * 4;
+      p.am16 = gshift == 0 && G % 4 == 0 && ((uintptr_t)gp_ptr(absmax) & 15) == 0;
+      p.ntiles = (int)ntiles;
+      {
+        const float codes[16] = GP_NF4_CODES;
+        for (int i = 0; i < 16; i++) p.codes[i] = codes[i];
+      }
+      const unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
+      if (ti == 0) {
+        GP_NOTE_LAUNCH((k_nf4_gemv_mma<T, 1>), MMA_THREADS, smem);
+        k_nf4_gemv_mma<T, 1><<<grid, MMA_THREADS, smem, gp_cuda_stream()>>>(p);
+      } else if (ti == 1) {
+        GP_NOTE_LAUNCH((k_nf4_gemv_mma<T, 2>), MMA_THREADS, smem);
+        k_nf4_gemv_mma<T, 2><<<grid, MMA_THREADS, smem, gp_cuda_stream()>>>(p);
+      } else {
+        GP_NOTE_LAUNCH((k_nf4_gemv_mma<T, 4>), MMA_THREADS, smem);
+        k_nf4_gemv_mma<T, 4><<<grid, MMA_THREADS, smem, gp_cuda_stream()>>>(p);
+      }
+    }
+    *rc = GP_OK;
+    return true;
+  }
+}
+
 template <typename T> int launch_gemv(gp_tensor *out, const gp_tensor *x, const gp_tensor *q, const gp_tensor *absmax) {
   const int64_t M = x->shape[0], K = x->shape[1], N = q->shape[0], G = absmax->shape[1], B = K / G;
   int bshift = 0;
   while ((1LL << bshift) < B) bshift++;
   const uint8_t *pq = (const uint8_t *)gp_ptr(q);
   const bool vec = K % 32 == 0 && ((uintptr_t)pq & 15) == 0;
+  {
+    int rc = GP_OK;
+    if (mma_gemv<T>(out, x, q, absmax, &rc)) return rc;
+  }
   const int64_t nseg = (K + 255) / 256;
   const int64_t sms = gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1;
   for (int64_t m0 = 0; m0 < M; m0 += 32) {

@@ -254,6 +254,8 @@ KCASES.nf4_gemv = {
   {name = '33x31x256 block 64', shape = {1}, syms = {M = 33, N = 31, K = 256, H = 128, G = 4}},
   {name = '1x1000x4096 block 64', shape = {1}, syms = {M = 1, N = 1000, K = 4096, H = 2048, G = 64}, big = true},
   {name = '16x513x1536 block 64', shape = {1}, syms = {M = 16, N = 513, K = 1536, H = 768, G = 24}, big = true},
+  {name = '40x77x320 block 64', shape = {1}, syms = {M = 40, N = 77, K = 320, H = 160, G = 5}},
+  {name = '9x16x192 block 64', shape = {1}, syms = {M = 9, N = 16, K = 192, H = 96, G = 3}},
 }
 KTOL.nf4_gemv = {f32 = 1e-4}
 

@@ -201,7 +201,7 @@ local function check_products(dev)
   gp.manual_seed(11)
   local old = gp.nf4_option('chunk_bytes', 1000) -- chunks of 2 rows (f32) or 5 (bf16) at K = 96
   local ok, err = pcall(function()
-    for _, shape in ipairs {{37, 96, 32}, {37, 96, 16}, {5, 80, 16}} do
+    for _, shape in ipairs {{37, 96, 32}, {37, 96, 16}, {5, 80, 16}, {37, 192, 64}, {21, 256, 128}} do
       local N, Kd, block = shape[1], shape[2], shape[3]
       local w = gp.randn({N, Kd}, {device = dev}) * 0.1
       local b = gp.randn({N}, {device = dev})
@@ -242,6 +242,21 @@ T.test('nf4: gp.nf4_linear on the GPU equals x @ dequant(W)^T in f64 (cuda)', fu
     local x = gp.randn({m, 4096}, {device = 'cuda'}):bf16()
     local want = x:float():matmul(q:dequantize():float():t())
     T.ok(T.relnorm(gp.nf4_linear(x, q):float(), want) < 1e-2, 'M ' .. m)
+  end
+  -- the tensor-core GEMV (bf16 and f16 x, K a multiple of 64) at every row
+  -- count of its three tiles and past them, rows of W not a multiple of 16,
+  -- and equal to the CUDA-core kernel's result within the codes' rounding
+  w = gp.randn({1000, 1536}, {device = 'cuda'})
+  q = gp.quantize(w, {block = 64})
+  local wd = q:dequantize()
+  for _, dt in ipairs {'bf16', 'f16'} do
+    for _, m in ipairs {1, 3, 8, 9, 16, 17, 32, 40, 64} do
+      local x = gp.randn({m, 1536}, {device = 'cuda'}):to(dt)
+      local y = gp.empty({m, 1000}, {dtype = dt, device = 'cuda'})
+      gp.k.nf4_gemv(y, x, q.data, q.absmax)
+      local want = x:float():matmul(wd:t())
+      T.ok(T.relnorm(y:float(), want) < 5e-3, string.format('%s M %d: %g', dt, m, T.relnorm(y:float(), want)))
+    end
   end
 end)
 

@@ -12,7 +12,9 @@
 --
 -- gp.nf4_linear is differentiable in x and b; the weight is frozen. With at
 -- most gemv_rows rows (decode) it is one fused kernel that reads the packed
--- weight (gp.k.nf4_gemv); with more, the weight is dequantized a chunk of
+-- weight (gp.k.nf4_gemv; past 32 rows only for weights of at most 2^24
+-- values: it reads the weight once per 32 rows, and on larger weights
+-- dequantize + cuBLAS wins there); with more, the weight is dequantized a chunk of
 -- output rows at a time into one scratch of at most chunk_bytes (and at most
 -- a quarter of the dequantized weight) and each chunk is a cuBLAS product
 -- into its columns of the output; the backward dx = dy @ W goes the same
@@ -30,7 +32,8 @@ local empty, is_tensor, shape_str = tensor.empty, tensor.is_tensor, tensor.shape
 local K = tensor.K
 local doc = gp.doc
 
-local OPTS = {gemv_rows = 32, chunk_bytes = 64 * 1048576}
+local OPTS = {gemv_rows = 128, chunk_bytes = 64 * 1048576}
+local GEMV_BIG_ROWS, GEMV_SMALL = 32, 2 ^ 24 -- see above
 
 function gp.nf4_option(name, value)
   local old = OPTS[name]
@@ -44,7 +47,7 @@ function gp.nf4_option(name, value)
   return old
 end
 doc(gp.nf4_option, "gp.nf4_option('gemv_rows' | 'chunk_bytes', value)",
-  'set an NF4 product option (value nil only reads) and return the previous value: gemv_rows (32: products with at most this many rows of x use the fused GEMV kernel), chunk_bytes (64 MiB: the most scratch a larger product dequantizes into at a time)')
+  'set an NF4 product option (value nil only reads) and return the previous value: gemv_rows (128: products with at most this many rows of x use the fused GEMV kernel, past 32 rows only for weights of at most 2^24 values), chunk_bytes (64 MiB: the most scratch a larger product dequantizes into at a time)')
 
 ---------------------------------------------------------------------------
 -- the quantized weight
@@ -249,7 +252,7 @@ local function nf4_linear(x, q, b)
   local x2 = x:reshape {rows, I}:contiguous()
   local y = empty({rows, O}, x.dtype, x.device, 'nf4_linear')
   if rows == 0 or O == 0 then return y:view(oshape) end
-  if rows <= OPTS.gemv_rows then
+  if rows <= OPTS.gemv_rows and (rows <= GEMV_BIG_ROWS or O * I <= GEMV_SMALL) then
     K.nf4_gemv(y, x2, q.data, q.absmax)
     if b then y:add_(b) end
   else
