@@ -37,14 +37,17 @@ for _, name in ipairs(ARCHS) do
 end
 
 -- f()'s result and the number of gp.linear calls (products) it made
+-- f()'s result, its calls of gp.linear and of gp.lora_linear (a LoRA projection: its base product is one of
+-- the former, its two adapter products are inside it)
 local function counted(f)
   local core = require 'gpush.core' -- the table the models call through
-  local linear, calls = core.linear, 0
+  local linear, lora, calls, lcalls = core.linear, core.lora_linear, 0, 0
   core.linear = function(...) calls = calls + 1; return linear(...) end
+  core.lora_linear = function(...) lcalls = lcalls + 1; return lora(...) end
   local ok, r = pcall(f)
-  core.linear = linear
+  core.linear, core.lora_linear = linear, lora
   assert(ok, r)
-  return r, calls
+  return r, calls, lcalls
 end
 
 T.test('models: without autograd q/k/v and gate/up run as one product each, with the same logits; a replaced weight ends it', function()
@@ -80,17 +83,19 @@ T.test('models: LoRA on a Llama: unmerged, the adapters count without autograd t
   gp.lora.apply(m, {rank = 4})
   for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.1) end
   local with_grad = m(e.ids)
-  local without, n1 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
+  local without, n1, l1 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
   T.ok(T.relnorm(without, with_grad) < 1e-6, 'no_grad ' .. T.relnorm(without, with_grad))
   T.ok(T.relnorm(without, base) > 1e-3, 'the adapters change the logits')
-  T.eq(n1, 7 * L * 3 + 1, 'unmerged: each projection and its two adapter products')
+  T.eq(n1, 7 * L + 1, 'unmerged: each projection alone')
+  T.eq(l1, 7 * L, 'unmerged: each projection with its adapter products (one gp.lora_linear)')
   gp.lora.merge(m)
   local merged, n2 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
   T.eq(n2, 4 * L + 1, 'merged: one product for q/k/v and one for gate/up again')
   T.ok(T.relnorm(merged, without) < 1e-5, 'merged ' .. T.relnorm(merged, without))
   gp.lora.unmerge(m)
-  local after, n3 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
-  T.eq(n3, 7 * L * 3 + 1)
+  local after, n3, l3 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
+  T.eq(n3, 7 * L + 1)
+  T.eq(l3, 7 * L)
   T.ok(T.relnorm(after, without) < 1e-6, 'unmerged again ' .. T.relnorm(after, without))
   T.eq(T.relnorm(gp.lora.without(m, function() return gp.no_grad(m.forward, m, e.ids) end), base), 0, 'disabled: the base')
   -- NF4 quantization replaces the modules: the record is dropped (its tensor can be freed)

@@ -67,14 +67,17 @@ function LoRA:delta()
 end
 
 function LoRA:forward(x)
-  local y = gp.linear(x, self.weight, self.bias)
   if self.merged then
     if not self.enabled then raise('LoRA: the adapters are merged into the weight; unmerge() before disabling them') end
-    return y
+    return gp.linear(x, self.weight, self.bias)
   end
-  if not self.enabled then return y end
-  local h = gp.linear(self.drop(x), self.lora_A)
-  return y + gp.linear(h, self.lora_B) * self.scaling
+  if not self.enabled then return gp.linear(x, self.weight, self.bias) end
+  if self.drop.training and self.drop.p > 0 then -- dropout on the adapter's input only
+    local y = gp.linear(x, self.weight, self.bias)
+    return y + gp.linear(gp.linear(self.drop(x), self.lora_A), self.lora_B) * self.scaling
+  end
+  -- one node of three products, the adapter's added into the base's output by the GEMM
+  return gp.lora_linear(x, self.weight, self.bias, self.lora_A, self.lora_B, self.scaling)
 end
 
 function LoRA:merge()

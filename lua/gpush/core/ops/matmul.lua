@@ -181,6 +181,45 @@ function gp.linear(x, w, b)
 end
 doc(gp.linear, 'gp.linear(x, w, b)', 'x @ w^T + b with w (out, in) like torch; x (..., in); b (out) or nil; w may be a quantized weight (gp.quantize: then gp.nf4_linear)')
 
+-- gp.lora_linear(x, w, b, A, B, s) = x w^T + b + s (x A^T) B^T: a LoRA
+-- projection as one autograd node of three products, the adapter's added
+-- into the base's output by the GEMM (alpha s, beta 1); it saves h = x A^T
+-- (rows, rank). Backward: gh = s g B, dB = s g^T h, dA = gh^T x, dx = g w +
+-- gh A (accumulated by the GEMM): no elementwise kernel and one node where
+-- linear, linear, mul and add made four. w may be quantized (NF4).
+local function lora_linear(x, w, b, A, B, s, save)
+  local op = 'lora_linear'
+  if not is_tensor(x) then raise(op .. ': x must be a tensor') end
+  for _, nm in ipairs {{'A', A}, {'B', B}} do
+    local t = nm[2]
+    if not is_tensor(t) or t:dim() ~= 2 then raise(string.format('%s: %s must be a 2-d tensor', op, nm[1])) end
+    if t.dtype ~= x.dtype or t.device ~= x.device then
+      raise(string.format('%s: %s is %s on %s but x is %s on %s', op, nm[1], t.dtype, t.device, x.dtype, x.device))
+    end
+  end
+  if type(s) ~= 'number' then raise(op .. ': the scaling s must be a number, got ' .. type(s)) end
+  local ws = w and w.shape
+  if not ws or #ws ~= 2 then raise(op .. ': w must be a 2-d weight (out, in)') end
+  local O, I, r = ws[1], ws[2], A:size(1)
+  local sx = x.shape
+  if #sx < 1 or sx[#sx] ~= I or A:size(2) ~= I or B:size(1) ~= O or B:size(2) ~= r then
+    raise(string.format('%s: x %s, w %s, A %s, B %s; needed: x (..., in), w (out, in), A (rank, in), B (out, rank)', op,
+      shape_str(sx), shape_str(ws), shape_str(A.shape), shape_str(B.shape)))
+  end
+  local rows, oshape = 1, {}
+  for i = 1, #sx - 1 do rows = rows * sx[i]; oshape[i] = sx[i] end
+  oshape[#sx] = O
+  local x2 = x:reshape {rows, I}
+  local y = gp.linear(x2, w, b):contiguous()
+  local h = x2:matmul(A:t())
+  gp.matmul(h, B:t(), {out = y, alpha = s, beta = 1})
+  if save then return y:view(oshape), h end
+  return y:view(oshape)
+end
+function gp.lora_linear(x, w, b, A, B, s) return (lora_linear(x, w, b, A, B, s)) end
+doc(gp.lora_linear, 'gp.lora_linear(x, w, b, A, B, s)',
+  'x @ w^T + b + s (x @ A^T) @ B^T (a LoRA projection: w (out, in) dense or quantized, b (out) or nil, A (rank, in), B (out, rank)) as three products and one autograd node: the adapter\'s product is added by the GEMM, the backward has no elementwise kernel')
+
 -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2:
 -- two products, GELU in the first one's epilogue. With save (autograd's
 -- forward, grad_rules.lua) it also returns h = gelu_tanh(pre) and pre (aux),
@@ -358,6 +397,41 @@ end, {
   forward = function(_, x, w1, b1, w2, b2)
     local y, h, aux = gp._linear_gelu_linear_saved(x, w1, b1, w2, b2)
     return {h = h, aux = aux}, y
+  end,
+})
+
+autograd.def_function('lora_linear', function(g, a, _, saved)
+  local x, w, b, A, B, s = a[1], a[2], a[3], a[4], a[5], a[6]
+  local O, I = w.shape[1], w.shape[2]
+  local rows = x:numel() / math.max(I, 1)
+  local g2 = tensor.to_dtype(g[1], x.dtype):reshape {rows, O}:contiguous()
+  local x2 = x:reshape {rows, I}
+  local dB
+  if autograd.needs(B) then
+    local gB = grad_buffer(B, g2.dtype, g2.device)
+    if gB then gp.matmul(g2:t(), saved.h, {out = gB, beta = 1, alpha = s}) else dB = g2:t():matmul(saved.h) * s end
+  end
+  local gh
+  if autograd.needs(A) or autograd.needs(x) then gh = gp.matmul(g2, B, {alpha = s}) end
+  local dA = autograd.needs(A) and weight_grad(A, gh, x2) or nil
+  local dx, dw, db
+  if gp.is_quantized(w) then
+    dx, _, db = gp._nf4_linear_backward({g2}, {x, w, b})
+    if dx then dx = dx:reshape {rows, I} end
+  else
+    if autograd.needs(x) then dx = g2:matmul(w) end
+    dw, db = weight_grad(w, g2, x2), bias_grad_into(b, g2)
+  end
+  if dx then
+    dx = dx:contiguous()
+    gp.matmul(gh, A, {out = dx, beta = 1})
+    dx = dx:reshape(x.shape)
+  end
+  return dx, dw, db, dA, dB
+end, {
+  forward = function(_, x, w, b, A, B, s)
+    local y, h = lora_linear(x, w, b, A, B, s, true)
+    return {h = h}, y
   end,
 })
 
