@@ -412,7 +412,8 @@ __device__ __forceinline__ void mma_issue(const MmaP &p, uint32_t st, int tile, 
     }
   }
   if (p.am16) { /* a block a group, 4 | grp0, 4 | G: a row's 4 absmax are 16 aligned bytes (kept out of L1, where x is) */
-    if (ng > 0 && lane < 16) mma_cp16(st + 16 * 128 + lane * 16, p.am + (int64_t)min(tile * 16 + lane, p.N - 1) * p.G + grp0);
+    if (ng > 0 && lane < 16)
+      mma_cp16(st + 16 * 128 + lane * 16, p.am + (int64_t)min(tile * 16 + lane, p.N - 1) * p.G + grp0);
     return;
   }
 #pragma unroll
