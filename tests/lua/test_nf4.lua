@@ -244,8 +244,8 @@ T.test('nf4: gp.nf4_linear on the GPU equals x @ dequant(W)^T in f64 (cuda)', fu
     T.ok(T.relnorm(gp.nf4_linear(x, q):float(), want) < 1e-2, 'M ' .. m)
   end
   -- the tensor-core GEMV (bf16 and f16 x, K a multiple of 64) at every row
-  -- count of its three tiles and past them, rows of W not a multiple of 16,
-  -- and equal to the CUDA-core kernel's result within the codes' rounding
+  -- count of its three tiles and past them, rows of W not a multiple of 16:
+  -- x @ dequant(W)^T within the codes' and the output's rounding
   w = gp.randn({1000, 1536}, {device = 'cuda'})
   q = gp.quantize(w, {block = 64})
   local wd = q:dequantize()

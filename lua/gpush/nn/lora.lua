@@ -67,11 +67,10 @@ function LoRA:delta()
 end
 
 function LoRA:forward(x)
-  if self.merged then
-    if not self.enabled then raise('LoRA: the adapters are merged into the weight; unmerge() before disabling them') end
-    return gp.linear(x, self.weight, self.bias)
+  if self.merged and not self.enabled then
+    raise('LoRA: the adapters are merged into the weight; unmerge() before disabling them')
   end
-  if not self.enabled then return gp.linear(x, self.weight, self.bias) end
+  if self.merged or not self.enabled then return gp.linear(x, self.weight, self.bias) end
   if self.drop.training and self.drop.p > 0 then -- dropout on the adapter's input only
     local y = gp.linear(x, self.weight, self.bias)
     return y + gp.linear(gp.linear(self.drop(x), self.lora_A), self.lora_B) * self.scaling

@@ -342,13 +342,14 @@ local function ones_col(rows, dt, dev)
 end
 
 -- the gradient of a weight w (out, in) of a product g2 = x2 w^T, g2 (rows,
--- out), x2 (rows, in): g2^T x2 accumulated into w.grad by the GEMM (nil
--- returned) where there is one to accumulate into, else returned
-local function weight_grad(w, g2, x2)
+-- out), x2 (rows, in): alpha g2^T x2 (alpha default 1) accumulated into
+-- w.grad by the GEMM (nil returned) where there is one to accumulate into,
+-- else returned
+local function weight_grad(w, g2, x2, alpha)
   if not autograd.needs(w) then return nil end
   local gw = x2.dtype == g2.dtype and grad_buffer(w, g2.dtype, g2.device)
-  if gw then gp.matmul(g2:t(), x2, {out = gw, beta = 1}); return nil end
-  return g2:t():matmul(x2)
+  if gw then gp.matmul(g2:t(), x2, {out = gw, beta = 1, alpha = alpha}); return nil end
+  return gp.matmul(g2:t(), x2, {alpha = alpha})
 end
 
 -- the gradient of a bias b (out) from g2 (rows, out), the same way
@@ -406,11 +407,7 @@ autograd.def_function('lora_linear', function(g, a, _, saved)
   local rows = x:numel() / math.max(I, 1)
   local g2 = tensor.to_dtype(g[1], x.dtype):reshape {rows, O}:contiguous()
   local x2 = x:reshape {rows, I}
-  local dB
-  if autograd.needs(B) then
-    local gB = grad_buffer(B, g2.dtype, g2.device)
-    if gB then gp.matmul(g2:t(), saved.h, {out = gB, beta = 1, alpha = s}) else dB = g2:t():matmul(saved.h) * s end
-  end
+  local dB = weight_grad(B, g2, saved.h, s)
   local gh
   if autograd.needs(A) or autograd.needs(x) then gh = gp.matmul(g2, B, {alpha = s}) end
   local dA = autograd.needs(A) and weight_grad(A, gh, x2) or nil
