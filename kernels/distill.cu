@@ -1,17 +1,21 @@
-/* distill.cu: the fused distillation loss, one block per row, streamed over
- * the vocabulary (any row length: nothing of the row is held on chip).
- * Pass 1 reads the student and teacher rows together once: online softmax
- * (max, sum of exponentials) of student/T, teacher/T and, for the
- * cross-entropy term when T != 1, the raw student, plus the weighted sums
- * that give both KL directions (sum q (y - x) and sum p (x - y), rescaled
- * with the running max like the sums of exponentials). The JSD needs the
- * normalized probabilities, so it reads the rows a second time for its
- * sums. The backward pass reads them once more and writes dstudent. All
- * accumulation in f32; 16-byte loads when the rows allow. Formulas and the
- * CPU reference: kernels/distill.c. A target out of range that is not
- * ignore_index gives a NaN row and is reported at the next synchronization
- * (kernels/bad_index.cuh). */
+/* distill.cu: the fused distillation loss.
+ * k_distill: one block per row, streamed over the vocabulary (any row
+ * length: nothing of the row is held on chip). Pass 1 reads the student and
+ * teacher rows together once: online softmax (max, sum of exponentials) of
+ * student/T, teacher/T and, for the cross-entropy term when T != 1, the raw
+ * student, plus the weighted sums that give both KL directions (sum q (y - x)
+ * and sum p (x - y), rescaled with the running max like the sums of
+ * exponentials). The JSD needs the normalized probabilities, so it reads the
+ * rows a second time for its sums. The backward pass reads them once more and
+ * writes dstudent. k_distill_rows (forward + backward of rows from 32 KB up
+ * to what fits in one block's shared memory: bf16 and f16 to about 56K
+ * columns, f32 to 28K) computes the same from rows held on chip, read once
+ * (see above it). All accumulation in f32; 16-byte loads when the rows allow.
+ * Formulas and the CPU reference: kernels/distill.c. A target out of range
+ * that is not ignore_index gives a NaN row and is reported at the next
+ * synchronization (kernels/bad_index.cuh). */
 #include "bad_index.cuh"
+#include "onchip.cuh"
 
 #include <math.h>
 
@@ -53,11 +57,6 @@ __device__ __forceinline__ void pair_map(T *o, const T *s, const T *t, int64_t v
     for (int64_t j = threadIdx.x; j < v; j += blockDim.x) o[j] = st<T>(g(j, ld(s[j]), ld(t[j])));
   }
 }
-
-/* running max m, sum of exp(x - m) z, and sum of exp(x - m) * d w */
-struct Acc {
-  float m, z, w;
-};
 
 __device__ __forceinline__ void acc_add(Acc &a, float x, float d) {
   if (x == -INFINITY) return; /* a zero probability adds nothing (p log p -> 0) */
@@ -143,6 +142,14 @@ __device__ __forceinline__ float log_mix(float a, float b) {
 /* p * (u - w), 0 where p is 0 */
 __device__ __forceinline__ float xlogy(float p, float u, float w) { return p > 0.f ? p * (u - w) : 0.f; }
 
+/* the JSD's sums at log-probabilities aa (student) and bb (teacher): r.x the
+ * divergence, r.y sum p (a - m) for its gradient */
+__device__ __forceinline__ void jsd_add(float2 &r, float aa, float bb) {
+  const float m = log_mix(aa, bb), tp = xlogy(expf(aa), aa, m);
+  r.x += 0.5f * (xlogy(expf(bb), bb, m) + tp);
+  r.y += tp;
+}
+
 template <typename T, typename I>
 __global__ void __launch_bounds__(1024)
     k_distill(float *loss, T *ds, const T *s, const T *t, const I *targets, const float *count, int64_t v,
@@ -186,12 +193,7 @@ __global__ void __launch_bounds__(1024)
   else if (kind == 1) d = a[0].w / a[0].z - ls + lt;
   else {
     float2 r = make_float2(0.f, 0.f);
-    pair_read(x, y, v, vec, [&](int64_t, float sv, float tv) {
-      float aa = sv * inv_t - ls, bb = tv * inv_t - lt, m = log_mix(aa, bb);
-      float tp = xlogy(expf(aa), aa, m);
-      r.x += 0.5f * (xlogy(expf(bb), bb, m) + tp);
-      r.y += tp;
-    });
+    pair_read(x, y, v, vec, [&](int64_t, float sv, float tv) { jsd_add(r, sv * inv_t - ls, tv * inv_t - lt); });
     r = block_sum2(r);
     d = r.x;
     kk = r.y;
@@ -209,6 +211,139 @@ __global__ void __launch_bounds__(1024)
     if (ce) r += cc * ((sep ? expf(sv - lc) : p) - (j == tg ? 1.f : 0.f));
     return r;
   }, hint);
+}
+
+/* forward + backward of rows held on chip (kernels/onchip.cuh): the student
+ * and teacher rows are read once (the kernel above reads them twice: 5
+ * row-sizes moved for 3, 0.49 of the copy bandwidth at SmolLM2's
+ * vocabulary); bf16 49,152 takes 192 KB of the H100's 227. The arithmetic is
+ * base 2 (ex2.approx). */
+template <typename T, typename I, int NT>
+__global__ void __launch_bounds__(NT, 1)
+    k_distill_rows(float *loss, T *ds, const T *s, const T *t, const I *targets, const float *count, int64_t n,
+                   int64_t v, int nk, int64_t ign, float temp, float alpha, int kind, float scale, gp_bad_ref bad) {
+  constexpr int W = 16 / sizeof(T);
+  constexpr float L2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+  extern __shared__ uint4 sm_rows[];
+  const RowSlots<T, true> sl{sm_rows, sm_rows + (size_t)nk * NT, NT, nk, v / W};
+  const float inv_t = 1.f / temp, c2 = inv_t * L2E;
+  const bool ce = alpha != 1.f, sep = ce && temp != 1.f;
+  if (count) scale /= *count;
+  const float ca = alpha * temp * scale, cc = (1.f - alpha) * scale;
+  int64_t row = blockIdx.x;
+  if (row < n)
+    for (int k = 0; k < nk; k++) sl.load(s + row * v, t + row * v, k);
+  for (; row < n; row += gridDim.x) {
+    const T *x = s + row * v;
+    T *g = ds + row * v;
+    const int64_t next = row + gridDim.x;
+    const bool more = next < n;
+    const T *nx = s + next * v, *ny = t + next * v;
+    const int64_t tg = (int64_t)targets[row];
+    const bool skip = tg == ign, badr = !skip && (tg < 0 || tg >= v);
+    /* pass 1, log2 units: 0: student/T, w = sum p (x - y); 1: teacher/T, w = sum q (y - x); 2: raw student (CE) */
+    Acc a[3] = {{-INFINITY, 0.f, 0.f}, {-INFINITY, 0.f, 0.f}, {-INFINITY, 0.f, 0.f}};
+    for (int k = 0; k < nk; k++) {
+      cp_wait(nk - 1 - k);
+      const int64_t j = (int64_t)k * NT + threadIdx.x;
+      if (skip || badr || j >= sl.nvec) continue;
+      const uint4 us = sl.sx[k * NT + threadIdx.x], ut = sl.sy[k * NT + threadIdx.x];
+      const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
+      float xa[W], yb[W], dx[W], dy[W];
+#pragma unroll
+      for (int e = 0; e < W; e++) {
+        xa[e] = ld(es[e]) * c2;
+        yb[e] = ld(et[e]) * c2;
+        dx[e] = xa[e] - yb[e];
+        dy[e] = yb[e] - xa[e];
+      }
+      acc_add2<W, true>(a[0], xa, dx);
+      acc_add2<W, true>(a[1], yb, dy);
+      if (sep) {
+#pragma unroll
+        for (int e = 0; e < W; e++) xa[e] = ld(es[e]) * L2E;
+        acc_add2<W, false>(a[2], xa, nullptr);
+      }
+    }
+    if (skip || badr) {
+      if (threadIdx.x == 0) {
+        loss[row] = skip ? 0.f : __int_as_float(0x7fc00000);
+        if (badr) gp_report_bad(bad, tg);
+      }
+      const float f = skip ? 0.f : __int_as_float(0x7fc00000);
+      sl.backward(g, nx, ny, more, [f](int, float, float) { return f; });
+      continue;
+    }
+    /* the target's logit before the reduction's barrier (dstudent may be the student) */
+    const float xt = threadIdx.x == 0 && ce ? ld(x[tg]) : 0.f;
+#pragma unroll
+    for (int q = 0; q < 3; q++) a[q].m *= LN2; /* natural units: block_acc rescales with expf */
+    block_acc(a);
+    /* log-sums of student/T, teacher/T and the CE's softmax, natural and log2 */
+    const float ls = a[0].m + logf(a[0].z), lt = a[1].m + logf(a[1].z), lc = sep ? a[2].m + logf(a[2].z) : ls;
+    const float ls2 = ls * L2E, lt2 = lt * L2E, lc2 = lc * L2E;
+    float d, kk = 0.f;
+    if (kind == 0) d = a[1].w / a[1].z * LN2 - lt + ls;
+    else if (kind == 1) d = a[0].w / a[0].z * LN2 - ls + lt;
+    else {
+      float2 r = make_float2(0.f, 0.f);
+      for (int k = 0; k < nk; k++) {
+        const int64_t j = (int64_t)k * NT + threadIdx.x;
+        if (j >= sl.nvec) break;
+        const uint4 us = sl.sx[k * NT + threadIdx.x], ut = sl.sy[k * NT + threadIdx.x];
+        const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
+#pragma unroll
+        for (int e = 0; e < W; e++) jsd_add(r, ld(es[e]) * inv_t - ls, ld(et[e]) * inv_t - lt);
+      }
+      r = block_sum2(r);
+      d = r.x;
+      kk = r.y;
+    }
+    if (threadIdx.x == 0) loss[row] = alpha * temp * temp * d + (ce ? (1.f - alpha) * (lc - xt) : 0.f);
+    __syncthreads(); /* every thread has read the reductions' shared results before the next row's */
+    /* the backward pass: the KL term's gradient, then the CE's where alpha < 1 */
+    const int tgi = (int)tg;
+    auto with_ce = [&](auto gd) {
+      if (!ce) sl.backward(g, nx, ny, more, [=](int, float sv, float tv) { return ca * gd(sv, tv); });
+      else
+        sl.backward(g, nx, ny, more, [=](int j, float sv, float tv) {
+          return ca * gd(sv, tv) + cc * (ex2(sv * L2E - lc2) - (j == tgi ? 1.f : 0.f));
+        });
+    };
+    if (kind == 0) with_ce([=](float sv, float tv) { return ex2(fmaf(sv, c2, -ls2)) - ex2(fmaf(tv, c2, -lt2)); });
+    else if (kind == 1)
+      with_ce([=](float sv, float tv) {
+        const float aa = fmaf(sv, inv_t, -ls);
+        return xlogy(ex2(aa * L2E), aa, tv * inv_t - lt + d);
+      });
+    else
+      with_ce([=](float sv, float tv) {
+        const float aa = fmaf(sv, inv_t, -ls);
+        return 0.5f * xlogy(ex2(aa * L2E), aa, log_mix(aa, tv * inv_t - lt) + kk);
+      });
+  }
+}
+
+/* forward + backward with the rows held on chip, when they fit in one block's
+ * shared memory and load in 16-byte slots; false: the streaming kernel */
+template <typename T, typename I, int NT>
+static bool distill_rows(int *rc, gp_tensor *loss, gp_tensor *ds, const gp_tensor *s, const gp_tensor *t,
+                         const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t ign, float temp,
+                         float alpha, int kind, float scale, const gp_bad_ref &bad) {
+  const int64_t nvec = v * (int64_t)sizeof(T) / 16, nk = (nvec + NT - 1) / NT;
+  const size_t smem = 2 * (size_t)nk * NT * 16;
+  static int lim[8];
+  auto fn = k_distill_rows<T, I, NT>;
+  const int nb = nk > 32 ? 0 : onchip_blocks(fn, NT, smem, lim);
+  if (nb == 0) return false;
+  const int64_t sms = (gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1) * (int64_t)nb;
+  const unsigned grid = (unsigned)(n < sms ? n : sms);
+  GP_NOTE_LAUNCH(fn, NT, smem);
+  fn<<<grid, NT, smem, gp_cuda_stream()>>>((float *)gp_ptr(loss), (T *)gp_ptr(ds), (const T *)gp_ptr(s),
+                                           (const T *)gp_ptr(t), (const I *)gp_ptr(targets), cnt, n, v, (int)nk, ign,
+                                           temp, alpha, kind, scale, bad);
+  *rc = gp_cuda_check_launch("distill_fwd_bwd");
+  return true;
 }
 
 extern "C" int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *s, const gp_tensor *t,
@@ -232,6 +367,22 @@ extern "C" int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *
   const float *cnt = count ? (const float *)gp_ptr(count) : nullptr;
   gp_bad_ref bad;
   GP_TRY(gp_cuda_bad_ref(&bad, op, "target", v, "the classes (a target that is not ignore_index)"));
+  static const bool stream_only = getenv("GPUSH_DISTILL_STREAM") != 0; /* for comparisons */
+  /* rows of 32 KB and more (narrower ones are re-read from the L2 anyway) */
+  if (ds && vec && !stream_only && v * es >= 32768) {
+    int rc = GP_OK;
+    bool done = false;
+#define GP_DR(NT)                                                                                                   \
+  (targets->dtype == GP_I32 ? distill_rows<T, int32_t, NT>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore,           \
+                                                           (float)temperature, (float)alpha, kind, (float)scale, bad) \
+                            : distill_rows<T, int64_t, NT>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore,           \
+                                                           (float)temperature, (float)alpha, kind, (float)scale, bad))
+    /* 1024 threads where the row's slots fit (H100, bf16 8192 x 49152: 1.04-1.12 ms
+     * against 1.08-1.13 at 512), else 512 (less rounding of the row to the block) */
+    GP_FLOAT_SWITCH(s->dtype, T, done = GP_DR(1024) || GP_DR(512););
+#undef GP_DR
+    if (done) return rc;
+  }
   GP_FLOAT_SWITCH(s->dtype, T,
                   if (targets->dtype == GP_I32) {
                     GP_NOTE_LAUNCH((k_distill<T, int32_t>), bs, 0);

@@ -9,7 +9,7 @@
 extern "C" {
 #endif
 int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
-                          int64_t ignore, double scale);
+                          const gp_tensor *count, int64_t ignore, double scale);
 int gp_cuda_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets, int64_t ignore,
                         int average);
 #ifdef __cplusplus
@@ -29,12 +29,13 @@ int gp_loss_check_targets(const char *op, const gp_tensor *targets, const gp_ten
 }
 
 static int ce(const char *op, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
-              double ignore_index, double scale) {
+              const gp_tensor *count, double ignore_index, double scale) {
   if (ignore_index != floor(ignore_index) || fabs(ignore_index) > 9e15)
     return gp_error("%s: ignore_index must be an integer, got %g", op, ignore_index);
   int64_t ign = (int64_t)ignore_index, n = logits->shape[0], v = logits->shape[1];
-  GP_CUDA_DISPATCH(loss, gp_cuda_cross_entropy(loss, dlogits, logits, targets, ign, scale));
+  GP_CUDA_DISPATCH(loss, gp_cuda_cross_entropy(loss, dlogits, logits, targets, count, ign, scale));
   GP_TRY(gp_loss_check_targets(op, targets, logits, ign));
+  if (count) scale /= *(const float *)gp_ptr(count);
   const void *pt = gp_ptr(targets);
   const void *px = gp_ptr(logits);
   float *pl = gp_ptr(loss);
@@ -65,13 +66,13 @@ static int ce(const char *op, gp_tensor *loss, gp_tensor *dlogits, const gp_tens
 
 int gp_k_cross_entropy(gp_tensor *loss, const gp_tensor *logits, const gp_tensor *targets, double ignore_index) {
   GP_CHECK(cross_entropy, loss, logits, targets);
-  return ce("cross_entropy", loss, 0, logits, targets, ignore_index, 1.0);
+  return ce("cross_entropy", loss, 0, logits, targets, 0, ignore_index, 1.0);
 }
 
 int gp_k_cross_entropy_fwd_bwd(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
-                               double ignore_index, double scale) {
-  GP_CHECK(cross_entropy_fwd_bwd, loss, dlogits, logits, targets);
-  return ce("cross_entropy_fwd_bwd", loss, dlogits, logits, targets, ignore_index, scale);
+                               const gp_tensor *count, double ignore_index, double scale) {
+  GP_CHECK(cross_entropy_fwd_bwd, loss, dlogits, logits, targets, count);
+  return ce("cross_entropy_fwd_bwd", loss, dlogits, logits, targets, count, ignore_index, scale);
 }
 
 int gp_k_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets,

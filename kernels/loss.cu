@@ -7,6 +7,7 @@
  * reference raises the error at once). dlogits may be logits itself (in
  * place: gp.linear_cross_entropy's chunks). */
 #include "bad_index.cuh"
+#include "onchip.cuh"
 
 #include <math.h>
 
@@ -81,8 +82,8 @@ __device__ __forceinline__ void block_ms(float &m, float &s) {
 }
 
 template <typename T, typename I>
-__global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const I *targets, int64_t v, int64_t ign,
-                                float scale, bool vec, gp_bad_ref bad) {
+__global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const I *targets, const float *count,
+                                int64_t v, int64_t ign, float scale, bool vec, gp_bad_ref bad) {
   int64_t row = blockIdx.x;
   const T *x = logits + row * v;
   T *g = dlogits ? dlogits + row * v : nullptr;
@@ -116,11 +117,92 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
   block_ms(m, s);
   float lse = m + logf(s);
   if (threadIdx.x == 0) loss[row] = lse - xt;
+  if (count) scale /= *count;
   if (g) row_map(g, x, v, vec, [=](int64_t j, float a) { return (expf(a - lse) - (j == t ? 1.f : 0.f)) * scale; });
 }
 
+/* forward + backward of rows held on chip (kernels/onchip.cuh): the logits
+ * read once, dlogits written once (the kernel above reads each row twice).
+ * Two blocks an SM where their rows fit (bf16 50,304: 104 KB each), so one
+ * block's reduction overlaps the other's streaming. */
+template <typename T, typename I, int NT>
+__global__ void __launch_bounds__(NT, 2)
+    k_cross_entropy_rows(float *loss, T *dlogits, const T *logits, const I *targets, const float *count, int64_t n,
+                         int64_t v, int nk, int64_t ign, float scale, gp_bad_ref bad) {
+  constexpr int W = 16 / sizeof(T);
+  constexpr float L2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+  extern __shared__ uint4 sm_rows[];
+  const RowSlots<T, false> sl{sm_rows, nullptr, NT, nk, v / W};
+  if (count) scale /= *count;
+  int64_t row = blockIdx.x;
+  if (row < n)
+    for (int k = 0; k < nk; k++) sl.load(logits + row * v, nullptr, k);
+  for (; row < n; row += gridDim.x) {
+    const T *x = logits + row * v;
+    T *g = dlogits + row * v;
+    const int64_t next = row + gridDim.x;
+    const bool more = next < n;
+    const T *nx = logits + next * v;
+    const int64_t tg = (int64_t)targets[row];
+    const bool skip = tg == ign, badr = !skip && (tg < 0 || tg >= v);
+    Acc a{-INFINITY, 0.f, 0.f}; /* log2 units */
+    for (int k = 0; k < nk; k++) {
+      cp_wait(nk - 1 - k);
+      const int64_t j = (int64_t)k * NT + threadIdx.x;
+      if (skip || badr || j >= sl.nvec) continue;
+      const uint4 u = sl.sx[k * NT + threadIdx.x];
+      const T *e = reinterpret_cast<const T *>(&u);
+      float xa[W];
+#pragma unroll
+      for (int l = 0; l < W; l++) xa[l] = ld(e[l]) * L2E;
+      acc_add2<W, false>(a, xa, nullptr);
+    }
+    if (skip || badr) {
+      const float f = skip ? 0.f : __int_as_float(0x7fc00000);
+      if (threadIdx.x == 0) {
+        loss[row] = f;
+        if (badr) gp_report_bad(bad, tg);
+      }
+      sl.backward(g, nx, nullptr, more, [f](int, float, float) { return f; });
+      continue;
+    }
+    /* the target's logit before the reduction's barrier (dlogits may be the logits) */
+    const float xt = threadIdx.x == 0 ? ld(x[tg]) : 0.f;
+    float m = a.m * LN2, z = a.z;
+    block_ms(m, z);
+    const float lse = m + logf(z), lse2 = lse * L2E;
+    if (threadIdx.x == 0) loss[row] = lse - xt;
+    __syncthreads(); /* every thread has read block_ms's results before the next row's */
+    const int tgi = (int)tg;
+    sl.backward(g, nx, nullptr, more, [=](int j, float xv, float) {
+      return (ex2(fmaf(xv, L2E, -lse2)) - (j == tgi ? 1.f : 0.f)) * scale;
+    });
+  }
+}
+
+/* the on-chip kernel when the row fits, from 32 KB up; false: the streaming kernel */
+template <typename T, typename I, int NT>
+static bool cross_entropy_rows(int *rc, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits,
+                               const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t ign,
+                               float scale, const gp_bad_ref &bad) {
+  const int64_t nvec = v * (int64_t)sizeof(T) / 16, nk = (nvec + NT - 1) / NT;
+  const size_t smem = (size_t)nk * NT * 16;
+  static int lim[8];
+  auto fn = k_cross_entropy_rows<T, I, NT>;
+  const int nb = nk > 32 ? 0 : onchip_blocks(fn, NT, smem, lim);
+  if (nb == 0) return false;
+  const int64_t sms = (gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1) * (int64_t)nb;
+  const unsigned grid = (unsigned)(n < sms ? n : sms);
+  GP_NOTE_LAUNCH(fn, NT, smem);
+  fn<<<grid, NT, smem, gp_cuda_stream()>>>((float *)gp_ptr(loss), (T *)gp_ptr(dlogits), (const T *)gp_ptr(logits),
+                                           (const I *)gp_ptr(targets), cnt, n, v, (int)nk, ign, scale, bad);
+  *rc = gp_cuda_check_launch("cross_entropy_fwd_bwd");
+  return true;
+}
+
 extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits,
-                                     const gp_tensor *targets, int64_t ignore, double scale) {
+                                     const gp_tensor *targets, const gp_tensor *count, int64_t ignore,
+                                     double scale) {
   int64_t n = logits->shape[0], v = logits->shape[1];
   if (n == 0) return GP_OK;
   if (n > 2147483647) return gp_error("cross_entropy: %lld rows is more than one launch handles", (long long)n);
@@ -131,13 +213,26 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   const char *op = dlogits ? "cross_entropy_fwd_bwd" : "cross_entropy";
   gp_bad_ref bad;
   GP_TRY(gp_cuda_bad_ref(&bad, op, "target", v, "the classes (a target that is not ignore_index)"));
+  const float *cnt = count ? (const float *)gp_ptr(count) : nullptr;
+  static const bool stream_only = getenv("GPUSH_CE_STREAM") != 0; /* for comparisons */
+  if (dlogits && vec && !stream_only && v * es >= 32768) {
+    int rc = GP_OK;
+    bool done = false;
+    GP_FLOAT_SWITCH(logits->dtype, T,
+                    done = targets->dtype == GP_I32
+                               ? cross_entropy_rows<T, int32_t, 512>(&rc, loss, dlogits, logits, targets, cnt, n, v,
+                                                                     ignore, (float)scale, bad)
+                               : cross_entropy_rows<T, int64_t, 512>(&rc, loss, dlogits, logits, targets, cnt, n, v,
+                                                                     ignore, (float)scale, bad););
+    if (done) return rc;
+  }
   GP_FLOAT_SWITCH(logits->dtype, T,
                   if (targets->dtype == GP_I32) k_cross_entropy<T, int32_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
                       (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
-                      (const int32_t *)gp_ptr(targets), v, ignore, (float)scale, vec, bad);
+                      (const int32_t *)gp_ptr(targets), cnt, v, ignore, (float)scale, vec, bad);
                   else k_cross_entropy<T, int64_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
                       (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
-                      (const int64_t *)gp_ptr(targets), v, ignore, (float)scale, vec, bad));
+                      (const int64_t *)gp_ptr(targets), cnt, v, ignore, (float)scale, vec, bad));
   return gp_cuda_check_launch(op);
 }
 

@@ -154,6 +154,47 @@ T.test('distill_loss (cuda): matches the CPU for every dtype and kind, forward a
   T.raises(function() loss:totable() end, 'distill', 'target 9', 'size 5', 'next synchronization')
 end)
 
+-- bf16/f16 rows up to about 56K (f32 up to 28K) are held in shared memory and each block
+-- takes several rows (the next row loads while this one is finished): many rows, ignored
+-- ones and a bad one among them, against the CPU
+T.test('distill_loss (cuda): many rows held on chip (several a block), ignored and bad rows among them', function()
+  T.cuda()
+  local N = 200
+  for _, c in ipairs {{'bf16', 49152}, {'f16', 50304}, {'f32', 20000}, {'f16', 16384}} do
+    local dt, V = c[1], c[2]
+    local s = gp.randn({N, V}, {device = 'cpu'}):to(dt)
+    local t = (gp.randn({N, V}, {device = 'cpu'}) * 2):to(dt)
+    local tg = gp.randint(0, V, {N}, {device = 'cpu'}):totable()
+    for i = 3, N, 7 do tg[i] = -100 end
+    tg = gp.tensor(tg, I64)
+    local opts = {{temperature = 2, alpha = 0.5}, {temperature = 1, alpha = 0.3}, {temperature = 2}}
+    for i, kind in ipairs(KINDS) do -- each kind with other options (no alpha: no targets, alpha 1)
+      local o = opts[i]
+      o.kind, o.grad, o.reduction = kind, true, 'none'
+      o.targets = o.alpha and tg or nil
+      local l, d = gp.distill_loss(s, t, o)
+      o.targets = o.alpha and tg:cuda() or nil
+      local lc, dc = gp.distill_loss(s:cuda(), t:cuda(), o)
+      local what = string.format('%s V=%d %s T=%g alpha=%s', dt, V, kind, o.temperature, tostring(o.alpha))
+      T.ok(T.relnorm(lc, l) < 1e-4, what .. ' loss ' .. T.relnorm(lc, l))
+      T.ok(T.relnorm(dc, d) < (dt == 'f32' and 1e-5 or 1e-2), what .. ' dstudent ' .. T.relnorm(dc, d))
+    end
+  end
+  -- a bad target: its row NaN, the others right, the error at the next synchronization
+  local V = 49152
+  local s, t = gp.randn({300, V}, {dtype = 'bf16', device = 'cuda'}), gp.randn({300, V}, {dtype = 'bf16', device = 'cuda'})
+  local tg = gp.zeros({300}, {dtype = 'i64', device = 'cuda'})
+  tg[200] = V + 3
+  local l, d = gp.distill_loss(s, t, {targets = tg, grad = true, reduction = 'none'})
+  T.raises(function() l:totable() end, 'distill', 'target ' .. (V + 3), 'next synchronization')
+  local lt, dt = l:totable(), d:narrow(1, 200, 1):float():totable()[1]
+  T.ok(lt[200] ~= lt[200] and dt[1] ~= dt[1] and dt[V] ~= dt[V])
+  T.ok(lt[199] == lt[199] and lt[201] == lt[201])
+  local l2, d2 = gp.distill_loss(s:narrow(1, 201, 100), t:narrow(1, 201, 100),
+    {targets = tg:narrow(1, 201, 100), grad = true, reduction = 'none'})
+  T.ok(T.relnorm(l:narrow(1, 201, 100), l2) < 1e-6 and T.relnorm(d:narrow(1, 201, 100), d2) < 1e-6)
+end)
+
 T.test('distill_loss: bad input', function()
   local s, t = gp.randn({3, 5}, CPU64), gp.randn({3, 5}, CPU64)
   local tg = gp.tensor({0, 1, 2}, I64)

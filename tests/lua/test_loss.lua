@@ -48,7 +48,7 @@ T.test('cross_entropy: dlogits match finite differences of the loss in f64', fun
   local loss = gp.empty({N}, cpu)
   local dl = gp.empty({N, V}, {dtype = 'f64', device = 'cpu'})
   local scale = 0.37
-  gp.k.cross_entropy_fwd_bwd(loss, dl, lg, tg, ign, scale)
+  gp.k.cross_entropy_fwd_bwd(loss, dl, lg, tg, gp.full({1}, 2, cpu), ign, scale * 2) -- scale * 2 / count 2
   local x = lg:totable()
   local tt = {3, 1, 6, 0}
   T.same(loss:totable(), oracle(x, tt, ign), 1e-6)
@@ -123,6 +123,38 @@ T.test('cross_entropy (cuda): matches the CPU for every dtype; a bad target give
   local v = loss:totable() -- reported once; the row holds NaN
   T.ok(v[1] == v[1] and v[2] ~= v[2], 'row 2 NaN')
   T.near(gp.cross_entropy(gp.zeros({2, 4}, {device = 'cuda'}), gp.tensor({1, 3}, {dtype = 'i64', device = 'cuda'})):item(), math.log(4), 1e-6)
+end)
+
+-- rows from 32 KB up to what fits in shared memory are held on chip, several a block
+-- (the next row loads while this one is finished): many rows, ignored and bad ones among
+-- them, and in place (dlogits over the logits, as gp.linear_cross_entropy's chunks)
+T.test('cross_entropy (cuda): many rows held on chip, ignored and bad rows, in place', function()
+  T.cuda()
+  local N = 400
+  for _, c in ipairs {{'bf16', 50304}, {'f16', 32000}, {'f32', 16384}, {'bf16', 100000}} do
+    local dt, V = c[1], c[2]
+    local lg = (gp.randn({N, V}, cpu) * 3):to(dt)
+    local tg = gp.randint(0, V, {N}, {device = 'cpu'}):totable()
+    for i = 2, N, 9 do tg[i] = -100 end
+    tg = gp.tensor(tg, {dtype = 'i64', device = 'cpu'})
+    local l, d = gp.cross_entropy(lg, tg, {grad = true, reduction = 'none'})
+    local lc, dc = gp.cross_entropy(lg:cuda(), tg:cuda(), {grad = true, reduction = 'none'})
+    local what = string.format('%s V=%d', dt, V)
+    T.ok(T.relnorm(lc, l) < 1e-5, what .. ' loss ' .. T.relnorm(lc, l))
+    T.ok(T.relnorm(dc, d) < (dt == 'f32' and 1e-5 or 1e-2), what .. ' dlogits ' .. T.relnorm(dc, d))
+    local x, ti = lg:cuda(), tg:cuda():to('i32')
+    local li = gp.empty({N}, {device = 'cuda'})
+    gp.k.cross_entropy_fwd_bwd(li, x, x, ti, gp.full({1}, 4, {device = 'cuda'}), -100, 4)
+    T.ok(T.relnorm(li, l) < 1e-5 and T.relnorm(x, dc) < 1e-6, what .. ' in place')
+  end
+  local V = 50304
+  local tg = gp.zeros({300}, {dtype = 'i64', device = 'cuda'})
+  tg[150] = V
+  local lg = gp.randn({300, V}, {dtype = 'bf16', device = 'cuda'})
+  local l, d = gp.cross_entropy(lg, tg, {grad = true, reduction = 'none'})
+  T.raises(function() l:totable() end, 'cross_entropy', 'target ' .. V, 'next synchronization')
+  local lt, d150 = l:totable(), d:narrow(1, 150, 1):float():totable()[1]
+  T.ok(lt[150] ~= lt[150] and d150[1] ~= d150[1] and lt[149] == lt[149] and lt[151] == lt[151])
 end)
 
 T.test('cross_entropy backward: upstream x dlogits / count in one pass, with ignored rows (mean, sum, none)', function()

@@ -62,55 +62,54 @@ function M.norm_outs(x, D, op, w, b, has_b)
   return dw, db, acc, (w and not gw) and dw or nil, (b and not gb) and db or nil
 end
 
--- the end of a fused loss (cross_entropy, distill_loss): its per-row f32
--- losses (N) reduced by gp.k.loss_reduce ('mean' over the rows whose target
--- is not ignore_index, 'sum'), or viewed as row_shape ('none'); with dx (the
--- kernel's d(loss)/dx, unscaled) also dx viewed as x_shape, divided by the
--- count for 'mean' -- except on autograd's path (grad = 'raw'), which takes
--- dx unscaled and the count: its backward scales by upstream / count in the
--- one pass it makes anyway
-function M.reduce_rows(op, loss, dx, tg, ignore, red, grad, row_shape, x_shape)
-  local out
-  if red == 'none' then
-    out = loss:view(row_shape)
-  else
-    local r = tensor.empty({1}, 'f32', loss.device, op)
-    local cnt = tensor.empty({1}, 'f32', loss.device, op)
-    gp.k.loss_reduce(r, cnt, loss, tg, ignore, red == 'mean' and 1 or 0)
-    out = r:view {}
-    if dx and red == 'mean' then
-      if grad == 'raw' then return out, dx:view(x_shape), cnt end
-      gp.k.div(dx, dx, cnt:to(dx.dtype))
-    end
-  end
-  if dx then return out, dx:view(x_shape) end
-  return out
+-- the count a fused loss's kernel divides dx by (cross_entropy,
+-- distill_loss, with grad): for 'mean', the rows whose target is not
+-- ignore_index, counted on the device before the launch (no host sync), so dx
+-- comes out final; ones otherwise. loss: the (N) f32 losses (zeroed here).
+function M.grad_count(op, loss, tg, ignore, red)
+  if red ~= 'mean' then return gp.ones({1}, {device = loss.device}) end
+  local r = tensor.empty({1}, 'f32', loss.device, op)
+  local cnt = tensor.empty({1}, 'f32', loss.device, op)
+  gp.k.fill(loss, 0)
+  gp.k.loss_reduce(r, cnt, loss, tg, ignore, 0)
+  return cnt
 end
 
--- the gradient rule of a fused loss f(x, y, opts) (cross_entropy),
--- whose kernel gives d(loss)/dx with the loss. saved: dx, and
--- for 'mean' without grad=true the count of rows the mean is over (dx then
--- unscaled): one pass of dx * (upstream / count) over the (N, V) logits
--- instead of a divide in forward and a multiply here. y gets no gradient.
+-- the end of a fused loss (cross_entropy, distill_loss): its per-row f32
+-- losses (N) reduced by gp.k.loss_reduce ('mean' over the rows whose target
+-- is not ignore_index, 'sum'), or viewed as row_shape ('none')
+function M.reduce_rows(loss, tg, ignore, red, row_shape)
+  if red == 'none' then return loss:view(row_shape) end
+  local r = tensor.empty({1}, 'f32', loss.device, 'loss')
+  local cnt = tensor.empty({1}, 'f32', loss.device, 'loss')
+  gp.k.loss_reduce(r, cnt, loss, tg, ignore, red == 'mean' and 1 or 0)
+  return r:view {}
+end
+
+-- the gradient rule of a fused loss f(x, y, opts) whose kernel gives dx =
+-- d(loss)/dx final (already / count for 'mean', grad_count) with the loss,
+-- saved by the forward: backward returns it as it is for the seed of
+-- loss:backward() (a gradient of ones; fresh: a leaf takes it without a
+-- copy), so forward + backward is one pass over x, and scales it by any other
+-- incoming gradient; y gets none
 function M.fused_loss_rule(g, a, _, saved)
+  local dx, gl = saved[1], g[1]
   local opts = type(a[3]) == 'table' and a[3] or {}
-  local dx, cnt = saved[1], saved[2]
-  local gl = g[1]
+  -- (with grad=true the caller holds dx too: not fresh)
+  if rawget(gl, '_seed') then return opts.grad and dx or {fresh = dx}, nil, nil end
   if (opts.reduction or 'mean') == 'none' then gl = gl:unsqueeze(-1) end
-  if cnt then gl = tensor.to_dtype(gl, 'f32') / cnt:view {} end
   return dx * tensor.to_dtype(gl, dx.dtype), nil, nil
 end
 M.fused_loss_opts = {
   nout = 1,
   forward = function(f, x, y, opts)
     if type(opts) ~= 'table' and opts ~= nil then return nil, f(x, y, opts) end -- f raises
-    opts = opts or {}
     local o2 = {}
-    for k, v in pairs(opts) do o2[k] = v end
-    o2.grad = opts.grad and true or 'raw' -- grad = true: the caller gets the scaled dx too
-    local loss, dx, cnt = f(x, y, o2)
-    if opts.grad then return {dx}, loss, dx end
-    return {dx, cnt}, loss
+    for k, v in pairs(opts or {}) do o2[k] = v end
+    o2.grad = true
+    local loss, dx = f(x, y, o2)
+    if opts and opts.grad then return {dx}, loss, dx end
+    return {dx}, loss
   end,
 }
 

@@ -75,24 +75,14 @@ function gp.distill_loss(student, teacher, opts)
   local loss = empty({N}, 'f32', dev, op)
   local ds
   if opts.grad then
-    -- 'mean': the kernel divides by the count of kept rows, counted on the device first
-    -- (no host sync), so dstudent comes out final and autograd's backward of a
-    -- loss:backward() returns it as it is: one pass over the logits, not two
-    local cnt
-    if red == 'mean' then
-      local r = empty({1}, 'f32', dev, op)
-      cnt = empty({1}, 'f32', dev, op)
-      gp.k.fill(loss, 0)
-      gp.k.loss_reduce(r, cnt, loss, tg, ignore, 0)
-    else
-      cnt = gp.ones({1}, {device = dev})
-    end
+    -- one pass: dstudent final (/ the count of kept rows for 'mean', counted on the device first)
+    local cnt = common.grad_count(op, loss, tg, ignore, red)
     ds = empty({N, V}, student.dtype, dev, op)
     gp.k.distill_fwd_bwd(loss, ds, s, t, tg, cnt, T, alpha, kind, ignore, 1)
   else
     gp.k.distill_loss(loss, s, t, tg, T, alpha, kind, ignore)
   end
-  local out = common.reduce_rows(op, loss, nil, tg, ignore, red, nil, lead)
+  local out = common.reduce_rows(loss, tg, ignore, red, lead)
   if ds then return out, ds:view(student.shape) end
   return out
 end
@@ -101,29 +91,9 @@ doc(gp.distill_loss,
   "knowledge-distillation loss per row: alpha * T^2 * D + (1 - alpha) * cross_entropy(student, targets), D = KL(softmax(teacher/T) || softmax(student/T)) ('forward_kl'), KL(student_T || teacher_T) ('reverse_kl') or their Jensen-Shannon divergence ('jsd'); alpha defaults to 0.5 with targets, 1 (distillation only) without; rows whose target is ignore_index count in neither term; 'mean' over the other rows. Differentiable in the student logits only (the teacher is a constant); with grad=true also returns d(loss)/d(student)")
 
 ---------------------------------------------------------------------------
--- distill_loss: the fused kernel gives dstudent (final: already / count for
--- 'mean') with the loss, saved by the forward; backward returns it as it is
--- for the seed of loss:backward() (a gradient of ones; fresh: a leaf takes it
--- without a copy) and scales it by any other incoming gradient; the teacher
--- gets none
-autograd.def_function('distill_loss', function(g, a, _, saved)
-  local ds, gl = saved[1], g[1]
-  local opts = type(a[3]) == 'table' and a[3] or {}
-  -- (with grad=true the caller holds ds too: not fresh)
-  if rawget(gl, '_seed') then return opts.grad and ds or {fresh = ds}, nil, nil end
-  if (opts.reduction or 'mean') == 'none' then gl = gl:unsqueeze(-1) end
-  return ds * tensor.to_dtype(gl, ds.dtype), nil, nil
-end, {
-  nout = 1,
-  forward = function(f, student, teacher, opts)
-    if type(opts) ~= 'table' and opts ~= nil then return nil, f(student, teacher, opts) end -- f raises
-    local o2 = {}
-    for k, v in pairs(opts or {}) do o2[k] = v end
-    o2.grad = true
-    local loss, ds = f(student, teacher, o2)
-    if opts and opts.grad then return {ds}, loss, ds end
-    return {ds}, loss
-  end,
-})
+-- distill_loss: the fused kernel gives dstudent final with the loss (saved by
+-- the forward); backward returns it for loss:backward() and otherwise only
+-- scales it by the incoming gradient; the teacher gets none (ops/common.lua)
+autograd.def_function('distill_loss', common.fused_loss_rule, common.fused_loss_opts)
 
 return gp

@@ -30,14 +30,15 @@ function gp.cross_entropy(logits, targets, opts)
   local lg = logits:contiguous():reshape {N, V}
   local tg = targets:contiguous():reshape {N}
   local loss = empty({N}, 'f32', logits.device, 'cross_entropy')
-  local dl
   if opts.grad then
-    dl = empty({N, V}, logits.dtype, logits.device, 'cross_entropy')
-    gp.k.cross_entropy_fwd_bwd(loss, dl, lg, tg, ignore, 1)
-  else
-    gp.k.cross_entropy(loss, lg, tg, ignore)
+    -- one pass: dlogits final (/ the count of kept rows for 'mean', counted on the device first)
+    local cnt = common.grad_count('cross_entropy', loss, tg, ignore, red)
+    local dl = empty({N, V}, logits.dtype, logits.device, 'cross_entropy')
+    gp.k.cross_entropy_fwd_bwd(loss, dl, lg, tg, cnt, ignore, 1)
+    return common.reduce_rows(loss, tg, ignore, red, targets.shape), dl:view(logits.shape)
   end
-  return common.reduce_rows('cross_entropy', loss, dl, tg, ignore, red, opts.grad, targets.shape, logits.shape)
+  gp.k.cross_entropy(loss, lg, tg, ignore)
+  return common.reduce_rows(loss, tg, ignore, red, targets.shape)
 end
 doc(gp.cross_entropy, "gp.cross_entropy(logits, targets, {ignore_index=-100, reduction='mean', grad=false})",
   "softmax cross-entropy of logits (..., V) against 0-based targets (...): a 0-dim f32 device tensor ('mean' over rows whose target is not ignore_index, or 'sum'), or per-row losses ('none'); with grad=true also d(loss)/d(logits)")
@@ -102,6 +103,7 @@ function gp.linear_cross_entropy(h, w, targets, opts)
   local dh = grad and opts.grad_h ~= false and empty({N, D}, h.dtype, dev, op) or nil
   local dw = grad and opts.grad_w ~= false and gp.zeros({V, D}, {dtype = w.dtype, device = dev}) or nil
   local k = gp.k
+  local one = grad and gp.ones({1}, {device = dev}) -- the chunks' dlogits unscaled
   local at -- the first row of the chunk in flight (0-based)
   local ok, err = pcall(function()
     for r0 = 0, N - 1, C do
@@ -111,7 +113,7 @@ function gp.linear_cross_entropy(h, w, targets, opts)
       local lc, tc = loss:narrow(1, r0 + 1, c), tg:narrow(1, r0 + 1, c)
       k.matmul(lg, hc, wt)
       if grad then
-        k.cross_entropy_fwd_bwd(lc, lg, lg, tc, ignore, 1) -- dlogits over the logits
+        k.cross_entropy_fwd_bwd(lc, lg, lg, tc, one, ignore, 1) -- dlogits over the logits
         if dh then k.matmul(dh:narrow(1, r0 + 1, c), lg, w) end
         if dw then k.matmul(dw, lg:transpose(1, 2), hc, 1, 1) end
       else
@@ -163,8 +165,9 @@ end, {
 })
 
 ---------------------------------------------------------------------------
--- cross_entropy: the fused kernel gives dlogits with the loss (saved by the
--- forward); backward only scales it by the incoming gradient (ops/common.lua)
+-- cross_entropy: the fused kernel gives dlogits final with the loss (saved by
+-- the forward); backward returns it for loss:backward() and otherwise only
+-- scales it by the incoming gradient (ops/common.lua)
 autograd.def_function('cross_entropy', common.fused_loss_rule, common.fused_loss_opts)
 
 return gp

@@ -1,0 +1,128 @@
+/* onchip.cuh: rows held in shared memory, read from global memory once.
+ * A persistent block keeps its row (or a pair of rows: the distillation
+ * loss's student and teacher) in shared memory as 16-byte slots, [k][thread]:
+ * thread i loads (cp.async), reduces and differentiates the same slots, so
+ * nothing but the reductions needs a barrier. The kernel reduces the slots
+ * as they arrive (cp_wait), writes the gradient from shared memory, and
+ * refills each slot with the next row's once its gradient is written, so the
+ * next row streams in while this one is finished: 3 row-sizes moved for a
+ * forward + backward pass (x and y read, dx written) instead of 5 when the
+ * rows are read twice. Used by kernels/distill.cu and kernels/loss.cu. */
+#ifndef GP_ONCHIP_CUH
+#define GP_ONCHIP_CUH
+#include <stdint.h>
+
+#include "../src/cuda_internal.h"
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ void cp16(void *dst, const void *src) {
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+/* wait until at most n of this thread's groups are pending (n < 32) */
+__device__ __forceinline__ void cp_wait(int n) {
+#define GP_W(k)                                                                                                     \
+  case k: asm volatile("cp.async.wait_group " #k ";\n" ::: "memory"); break;
+  switch (n) {
+    GP_W(1) GP_W(2) GP_W(3) GP_W(4) GP_W(5) GP_W(6) GP_W(7) GP_W(8) GP_W(9) GP_W(10) GP_W(11) GP_W(12) GP_W(13)
+    GP_W(14) GP_W(15) GP_W(16) GP_W(17) GP_W(18) GP_W(19) GP_W(20) GP_W(21) GP_W(22) GP_W(23) GP_W(24) GP_W(25)
+    GP_W(26) GP_W(27) GP_W(28) GP_W(29) GP_W(30) GP_W(31)
+  default: asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  }
+#undef GP_W
+}
+
+/* running max m, sum of exp(x - m) z, and sum of exp(x - m) * d w */
+struct Acc {
+  float m, z, w;
+};
+
+/* acc (m, z, w) += 2^(x[e] - m) and 2^(x[e] - m) d[e] over W values (log2
+ * units; d[e] clamped below so that a zero probability adds 0, not 0 * -inf) */
+template <int W, bool D> __device__ __forceinline__ void acc_add2(Acc &a, const float *x, const float *d) {
+  float mx = x[0];
+#pragma unroll
+  for (int e = 1; e < W; e++) mx = fmaxf(mx, x[e]);
+  const float mn = fmaxf(a.m, mx);
+  if (mn == -INFINITY) return; /* zero probabilities add nothing */
+  const float r = ex2(a.m - mn);
+  float z = a.z * r, w = a.w * r;
+#pragma unroll
+  for (int e = 0; e < W; e++) {
+    const float p = ex2(x[e] - mn);
+    z += p;
+    if (D) w = fmaf(p, fmaxf(d[e], -3.4e38f), w);
+  }
+  a = Acc{mn, z, w};
+}
+
+/* a row's 16-byte slots in shared memory, [k][thread] (TWO: two rows read
+ * together, the second's slots after the first's: the student's and the
+ * teacher's) */
+template <typename T, bool TWO> struct RowSlots {
+  uint4 *sx, *sy;
+  int nt, nk;
+  int64_t nvec;
+  /* this thread's slot k of a row: one commit group a slot index, empty or not, so that the counts agree */
+  __device__ __forceinline__ void load(const T *x, const T *y, int k) const {
+    const int64_t j = (int64_t)k * nt + threadIdx.x;
+    if (j < nvec) {
+      cp16(sx + k * nt + threadIdx.x, reinterpret_cast<const uint4 *>(x) + j);
+      if (TWO) cp16(sy + k * nt + threadIdx.x, reinterpret_cast<const uint4 *>(y) + j);
+    }
+    cp_commit();
+  }
+  /* o[j] = g(j, x[j], y[j]) from shared memory over this thread's slots (streaming
+   * stores; y[j] is x[j] for one row), each slot then refilled with the next
+   * row's (when more) */
+  template <typename G>
+  __device__ __forceinline__ void backward(T *o, const T *nx, const T *ny, bool more, G g) const {
+    constexpr int W = 16 / sizeof(T);
+    for (int k = 0; k < nk; k++) {
+      const int64_t j = (int64_t)k * nt + threadIdx.x;
+      if (j < nvec) {
+        const uint4 us = sx[k * nt + threadIdx.x], ut = TWO ? sy[k * nt + threadIdx.x] : us;
+        const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
+        uint4 r;
+        T *d = reinterpret_cast<T *>(&r);
+#pragma unroll
+        for (int e = 0; e < W; e++) d[e] = st<T>(g((int)(j * W) + e, ld(es[e]), ld(et[e])));
+        __stcs(reinterpret_cast<uint4 *>(o) + j, r);
+      }
+      if (more) load(nx, ny, k);
+    }
+  }
+};
+
+
+/* the blocks an SM of the on-chip kernel fn at nt threads and smem bytes of
+ * dynamic shared memory; 0 when they do not fit (the caller falls back to a
+ * streaming kernel). lim: the caller's state by device (0 unknown, -1
+ * refused, else the opt-in limit set on fn, less room for static arrays) */
+template <typename F> static int onchip_blocks(F fn, int nt, size_t smem, int (&lim)[8]) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int &l = lim[dev >= 0 && dev < 8 ? dev : 0];
+  if (l == 0) {
+    int optin = 0;
+    if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) optin = 0;
+    l = optin > 4096 && cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, optin - 4096) ==
+                            cudaSuccess
+            ? optin - 4096
+            : -1;
+    cudaGetLastError();
+  }
+  int nb = 0;
+  if (l < 0 || smem > (size_t)l || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, nt, smem) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return nb;
+}
+#endif
