@@ -215,13 +215,13 @@ function L.apply(model, opts)
     end
   end
   model:requires_grad_(false)
-  local made, owners = {}, {}
+  local made, owners, seen = {}, {}, {}
   for _, f in ipairs(found) do
     local owner, key, lin = f[1], f[2], f[3]
     local m = LoRA(lin, opts)
     rawset(owner, key, m)
     made[m] = true
-    if not owners[owner] then owners[owner] = true; owners[#owners + 1] = owner end
+    if not seen[owner] then seen[owner] = true; owners[#owners + 1] = owner end
   end
   for _, owner in ipairs(owners) do group_adapters(owner, made) end
   return L.parameters(model)
