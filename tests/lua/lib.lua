@@ -49,6 +49,29 @@ function M.raises(fn, ...)
   return err
 end
 
+-- f()'s result and the calls it made of the named functions: `fns` maps a
+-- count's name to {table, key} (the entry is wrapped while f runs, restored
+-- after, also on error); 'products' counts the matrix-product kernels (every
+-- matmul kernel and the NF4 GEMV, through gp.k and the tensor methods' table)
+local PRODUCTS = {'matmul', 'matmul_bias', 'matmul_bias_gelu_tanh', 'matmul_bias_gelu_aux', 'matmul_dgelu', 'nf4_gemv'}
+function M.counted(f, fns)
+  local n, saved = {products = 0}, {}
+  local function wrap(tbl, key, name)
+    local orig = tbl[key]
+    saved[#saved + 1] = {tbl, key, orig}
+    n[name] = n[name] or 0
+    tbl[key] = function(...) n[name] = n[name] + 1; return orig(...) end
+  end
+  for _, tbl in ipairs {require('gpush.core.kernels').k, require('gpush.core.tensor').K} do
+    for _, k in ipairs(PRODUCTS) do wrap(tbl, k, 'products') end
+  end
+  for name, e in pairs(fns or {}) do wrap(e[1], e[2], name) end
+  local r = {pcall(f)}
+  for i = #saved, 1, -1 do saved[i][1][saved[i][2]] = saved[i][3] end
+  if not r[1] then error(r[2], 0) end
+  return r[2], n
+end
+
 -- run a shell command; returns its output (stdout and stderr) and exit status
 function M.sh(cmd)
   local f = io.popen(cmd .. ' 2>&1; echo "<rc=$?>"')

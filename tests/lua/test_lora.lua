@@ -163,3 +163,184 @@ T.test('lora: gp.lora_linear in bf16 on the GPU equals the composition, forward 
     for _, pr in ipairs {{xa, xb}, {Aa, Ab}, {Ba, Bb}} do T.ok(T.relnorm(pr[1].grad:float(), pr[2].grad:float()) < 2e-2) end
   end
 end)
+
+-- gp.lora_linear_group over 3 projections of x (16 in; outs 6, 4, 4; ranks 3, 2, 2): the base weights as row
+-- blocks of one tensor (fused) or tensors of their own, or NF4; the A as row blocks of one tensor (as
+-- gp.lora.apply makes them) or of their own; biases on the first and last projection
+local OUTS, RANKS = {6, 4, 4}, {3, 2, 2}
+local function blocks(t, sizes)
+  local r, off = {}, 1
+  for i, n in ipairs(sizes) do r[i] = t:narrow(1, off, n); off = off + n end
+  return r
+end
+local function group_case(base, fusedA, o)
+  gp.manual_seed(21)
+  o = o or {dtype = 'f64', device = 'cpu'}
+  local W = gp.randn({14, 16}, o)
+  local ws = blocks(W, OUTS)
+  if base == 'alone' then for i = 1, 3 do ws[i] = ws[i]:clone() end end
+  if base == 'nf4' then for i = 1, 3 do ws[i] = gp.quantize(ws[i]:contiguous(), {block = 16}) end end
+  local A = gp.randn({7, 16}, o)
+  local As = blocks(A, RANKS)
+  if not fusedA then for i = 1, 3 do As[i] = As[i]:clone() end end
+  local Bs = {gp.randn({6, 3}, o), gp.randn({4, 2}, o), gp.randn({4, 2}, o)}
+  return ws, {gp.randn({6}, o), nil, gp.randn({4}, o)}, As, Bs
+end
+
+-- the adapters made leaves that require grad, in place (the A stay views of one tensor when they were)
+local function leaves(As, Bs)
+  for i = 1, 3 do As[i]:requires_grad(); Bs[i] = Bs[i]:clone():requires_grad() end
+  return As, Bs
+end
+
+-- a loss that uses each output differently
+local function group_loss(ys) return ys[1]:tanh():sum() + (ys[2] * ys[2]):sum() + ys[3]:sin():sum() end
+
+T.test('lora: gp.lora_linear_group is one node equal to one gp.lora_linear a projection, forward and gradients (fused, separate and NF4 bases)', function()
+  local f64 = {dtype = 'f64', device = 'cpu'}
+  for _, base in ipairs {'fused', 'alone', 'nf4'} do
+    for _, fusedA in ipairs {true, false} do
+      for _, bias in ipairs {true, false} do
+        local what = string.format('%s base, %s A, %s', base, fusedA and 'fused' or 'separate', bias and 'biases' or 'no bias')
+        local ws, bs, As0, Bs0 = group_case(base, fusedA)
+        if not bias then bs = nil end
+        local x0 = gp.randn({2, 5, 16}, f64)
+        -- the group, and each projection alone (the same numbers: A cloned)
+        local x1, x2 = x0:clone():requires_grad(), x0:clone():requires_grad()
+        local A2, B2 = leaves({As0[1]:clone(), As0[2]:clone(), As0[3]:clone()}, {Bs0[1], Bs0[2], Bs0[3]})
+        local A1, B1 = leaves({As0[1], As0[2], As0[3]}, {Bs0[1], Bs0[2], Bs0[3]})
+        local ys, c = T.counted(function() return {gp.lora_linear_group(x1, ws, bs, A1, B1, 0.7)} end)
+        local refs = {}
+        for i = 1, 3 do refs[i] = gp.lora_linear(x2, ws[i], bs and bs[i], A2[i], B2[i], 0.7) end
+        T.eq(#ys, 3)
+        local node = rawget(ys[1], '_node')
+        T.eq(node.name, 'lora_linear_group', what)
+        T.ok(rawget(ys[2], '_node') == node and rawget(ys[3], '_node') == node, what .. ': one node for the three outputs')
+        -- products: the base (one when fused), one for every A, one per B
+        local nbase = base == 'fused' and 1 or base == 'alone' and 3 or nil
+        if nbase then T.eq(c.products, nbase + 1 + 3, what .. ': products') end
+        for i = 1, 3 do
+          T.same(ys[i].shape, {2, 5, OUTS[i]})
+          T.ok(T.relnorm(ys[i], refs[i]) < 1e-12, what .. ': y' .. i .. ' ' .. T.relnorm(ys[i], refs[i]))
+        end
+        gp.manual_seed(5)
+        group_loss(ys):backward()
+        group_loss(refs):backward()
+        T.ok(T.relnorm(x1.grad, x2.grad) < 1e-12, what .. ': dx ' .. T.relnorm(x1.grad, x2.grad))
+        for i = 1, 3 do
+          T.ok(T.relnorm(A1[i].grad, A2[i].grad) < 1e-12, what .. ': dA' .. i)
+          T.ok(T.relnorm(B1[i].grad, B2[i].grad) < 1e-12, what .. ': dB' .. i)
+        end
+      end
+    end
+  end
+end)
+
+T.test('lora: gp.lora_linear_group gradients by finite differences (f64): x, A, B, a trainable base and its biases', function()
+  local ws, bs, As, Bs = group_case('fused', false)
+  local x = fd.randn {3, 16}
+  -- x, the A and B; the outputs joined by cat (their gradients are column blocks of one tensor: dx one product
+  -- over the fused base) or each changed first (gradients of their own: dx a product a projection)
+  local joins = {function(ys) return gp.cat(ys, -1) end, function(ys) return gp.cat({ys[1]:tanh(), ys[2] * 2, ys[3]}, -1) end}
+  -- the backward's products: 3 dB, 3 dh, one dA, dx over the base (1 or 3) and one dx += dh A
+  for j, want in ipairs {9, 11} do
+    local xx = x:clone():requires_grad()
+    local A, B = leaves({As[1]:clone(), As[2]:clone(), As[3]:clone()}, {Bs[1], Bs[2], Bs[3]})
+    local out = joins[j] {gp.lora_linear_group(xx, ws, bs, A, B, 0.7)}
+    local _, c = T.counted(function() out:backward(gp.ones_like(out)) end)
+    T.eq(c.products, want, 'backward products')
+  end
+  for _, join in ipairs(joins) do
+    T.ok(gp.gradcheck(function(xx, a1, a2, a3, b1, b2, b3)
+      return join {gp.lora_linear_group(xx, ws, bs, {a1, a2, a3}, {b1, b2, b3}, 0.7)}
+    end, {x, As[1]:contiguous(), As[2]:contiguous(), As[3]:contiguous(), Bs[1]:contiguous(), Bs[2]:contiguous(), Bs[3]:contiguous()}))
+  end
+  -- leading dims, and the base weights and biases trainable (their own tensors)
+  local x3 = fd.randn {2, 2, 16}
+  T.ok(gp.gradcheck(function(w1, w2, w3, c1, c3)
+    return gp.cat({gp.lora_linear_group(x3, {w1, w2, w3}, {c1, nil, c3}, As, Bs, 1.5)}, -1)
+  end, {fd.randn {6, 16}, fd.randn {4, 16}, fd.randn {4, 16}, fd.randn {6}, fd.randn {4}}))
+  -- an NF4 base (frozen) with x and the A, B
+  local qs = group_case('nf4', true)
+  T.ok(gp.gradcheck(function(xx, a1, a2, a3, b1)
+    return gp.cat({gp.lora_linear_group(xx, qs, nil, {a1, a2, a3}, {b1, Bs[2], Bs[3]}, 0.5)}, -1)
+  end, {fd.randn {2, 3, 16}, fd.randn {3, 16}, fd.randn {2, 16}, fd.randn {2, 16}, fd.randn {6, 3}}))
+end)
+
+T.test('lora: gp.lora_linear_group adds dA into the A\'s gradients with one GEMM when those are one tensor\'s row blocks', function()
+  local f64 = {dtype = 'f64', device = 'cpu'}
+  local ws, bs, As0, Bs0 = group_case('fused', true)
+  local x, G0 = gp.randn({4, 16}, f64), gp.randn({7, 16}, f64)
+  local function run(flat)
+    local As, Bs = leaves(blocks(gp.cat(As0, 1), RANKS), {Bs0[1], Bs0[2], Bs0[3]})
+    local G = G0:clone() -- gradients held from before: the backward adds to them
+    local gs = flat and blocks(G, RANKS) or {G:narrow(1, 1, 3):clone(), G:narrow(1, 4, 2):clone(), G:narrow(1, 6, 2):clone()}
+    for i = 1, 3 do rawset(As[i], 'grad', gs[i]); rawset(Bs[i], 'grad', gp.zeros({OUTS[i], RANKS[i]}, f64)) end
+    local ys = {gp.lora_linear_group(x, ws, bs, As, Bs, 0.7)}
+    local Tensor = require('gpush.core.tensor').Tensor
+    local _, c = T.counted(function() group_loss(ys):backward() end, {add = {Tensor, 'add_'}})
+    for i = 1, 3 do T.ok(rawget(As[i], 'grad') == gs[i], 'the gradient tensors kept') end
+    return gp.cat(gs, 1), c
+  end
+  local g1, c1 = run(true)
+  local g2, c2 = run(false)
+  T.eq(c1.add, 0, 'one tensor: added by the GEMM')
+  T.eq(c2.add, 3, 'tensors of their own: row blocks of dA added to each')
+  T.eq(c1.products, c2.products)
+  T.ok(T.relnorm(g1, g2) < 1e-12)
+end)
+
+T.test('lora: gp.lora_linear_group on bad input is a clear error naming the op and the shapes', function()
+  local f64 = {dtype = 'f64', device = 'cpu'}
+  local ws, bs, As, Bs = group_case('fused', true)
+  local x = gp.randn({2, 5, 16}, f64)
+  local G = gp.lora_linear_group
+  T.raises(function() G(x, ws, bs, {As[1], gp.randn({2, 7}, f64), As[3]}, Bs, 1) end,
+    'lora_linear_group: projection 2: x (2,5,16), w (4,16), A (2,7), B (4,2)')
+  T.raises(function() G(x, ws, bs, As, {Bs[1], Bs[2], gp.randn({5, 2}, f64)}, 1) end, 'lora_linear_group: projection 3', 'B (5,2)')
+  T.raises(function() G(gp.randn({2, 15}, f64), ws, bs, As, Bs, 1) end, 'lora_linear_group: projection 1: x (2,15), w (6,16)')
+  T.raises(function() G(x, ws, bs, {As[1], As[2]}, Bs, 1) end, 'lora_linear_group: 3 weights, 2 A and 3 B given')
+  T.raises(function() G(x, ws, bs, As[1], Bs, 1) end, 'lora_linear_group: As must be a non-empty list, got a tensor')
+  T.raises(function() G(x, {}, bs, As, Bs, 1) end, 'lora_linear_group: ws must be a non-empty list')
+  T.raises(function() G(x, ws, bs, {As[1]:float(), As[2], As[3]}, Bs, 1) end, 'lora_linear_group: A[1] is f32 on cpu but x is f64 on cpu')
+  T.raises(function() G(x, {ws[1]:float(), ws[2], ws[3]}, bs, As, Bs, 1) end, 'lora_linear_group: ws[1] is f32 on cpu but x is f64 on cpu')
+  T.raises(function() G(x, {ws[1], 'w', ws[3]}, bs, As, Bs, 1) end, 'lora_linear_group: ws[2] must be a 2-d weight')
+  T.raises(function() G(x, ws, {gp.randn({5}, f64)}, As, Bs, 1) end, 'lora_linear_group: bs[1] must be a (6) tensor of f64 on cpu, got f64 (5) on cpu')
+  T.raises(function() G(x, ws, bs[1], As, Bs, 1) end, 'lora_linear_group: bs must be nil or a list')
+  T.raises(function() G(x, ws, bs, As, Bs, 'x') end, 'lora_linear_group: the scaling s must be a number')
+  T.raises(function() G(x:long(), ws, bs, As, Bs, 1) end, 'lora_linear_group: x is i64')
+  T.raises(function() G(nil, ws, bs, As, Bs, 1) end, 'lora_linear_group: x must be a tensor')
+end)
+
+T.test('lora: gp.lora_linear_group in bf16 on the GPU equals one gp.lora_linear a projection, forward and gradients (cuda)', function()
+  T.cuda()
+  local o = {dtype = 'bf16', device = 'cuda'}
+  gp.manual_seed(9)
+  local W = gp.randn({448, 128}, o) -- q 192, k 128, v 128 rows of one tensor
+  local sizes = {192, 128, 128}
+  for _, base in ipairs {'fused', 'nf4'} do
+    local ws = blocks(W, sizes)
+    if base == 'nf4' then for i = 1, 3 do ws[i] = gp.quantize(ws[i]:contiguous(), {block = 64}) end end
+    local A = gp.randn({48, 128}, o) * 0.1
+    local Bs = {gp.randn({192, 16}, o) * 0.1, gp.randn({128, 16}, o) * 0.1, gp.randn({128, 16}, o) * 0.1}
+    local bs = base == 'fused' and {gp.randn({192}, o), gp.randn({128}, o), gp.randn({128}, o)} or nil
+    local x0 = gp.randn({3, 40, 128}, o)
+    local x1, x2 = x0:clone():requires_grad(), x0:clone():requires_grad()
+    local A1, B1 = leaves(blocks(A:clone(), {16, 16, 16}), {Bs[1], Bs[2], Bs[3]})
+    local A2, B2 = leaves(blocks(A:clone(), {16, 16, 16}), {Bs[1], Bs[2], Bs[3]})
+    for i = 1, 3 do A2[i] = A2[i]:detach():clone():requires_grad() end
+    local ys = {gp.lora_linear_group(x1, ws, bs, A1, B1, 2)}
+    local refs = {}
+    for i = 1, 3 do refs[i] = gp.lora_linear(x2, ws[i], bs and bs[i], A2[i], B2[i], 2) end
+    for i = 1, 3 do T.ok(T.relnorm(ys[i]:float(), refs[i]:float()) < 1e-2, base .. ': y' .. i) end
+    local gs = {gp.randn(ys[1].shape, o), gp.randn(ys[2].shape, o), gp.randn(ys[3].shape, o)}
+    local function loss(t) return (t[1] * gs[1]):sum() + (t[2] * gs[2]):sum() + (t[3] * gs[3]):sum() end
+    loss(ys):backward()
+    loss(refs):backward()
+    T.ok(T.relnorm(x1.grad:float(), x2.grad:float()) < 2e-2, base .. ': dx')
+    for i = 1, 3 do
+      T.ok(T.relnorm(A1[i].grad:float(), A2[i].grad:float()) < 2e-2, base .. ': dA' .. i)
+      T.ok(T.relnorm(B1[i].grad:float(), B2[i].grad:float()) < 2e-2, base .. ': dB' .. i)
+    end
+  end
+end)

@@ -36,18 +36,13 @@ for _, name in ipairs(ARCHS) do
   end)
 end
 
--- f()'s result and the number of gp.linear calls (products) it made
 -- f()'s result, its calls of gp.linear and of gp.lora_linear (a LoRA projection: its base product is one of
--- the former, its two adapter products are inside it)
+-- the former, its two adapter products are inside it), and all its counts: those two, lora_linear_group
+-- calls and the matrix products launched (products, T.counted)
 local function counted(f)
   local core = require 'gpush.core' -- the table the models call through
-  local linear, lora, calls, lcalls = core.linear, core.lora_linear, 0, 0
-  core.linear = function(...) calls = calls + 1; return linear(...) end
-  core.lora_linear = function(...) lcalls = lcalls + 1; return lora(...) end
-  local ok, r = pcall(f)
-  core.linear, core.lora_linear = linear, lora
-  assert(ok, r)
-  return r, calls, lcalls
+  local r, n = T.counted(f, {linear = {core, 'linear'}, lora = {core, 'lora_linear'}, group = {core, 'lora_linear_group'}})
+  return r, n.linear, n.lora, n
 end
 
 T.test('models: without autograd q/k/v and gate/up run as one product each, with the same logits; a replaced weight ends it', function()
@@ -83,19 +78,23 @@ T.test('models: LoRA on a Llama: unmerged, the adapters count without autograd t
   gp.lora.apply(m, {rank = 4})
   for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.1) end
   local with_grad = m(e.ids)
-  local without, n1, l1 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
+  local without, n1, l1, c1 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
   T.ok(T.relnorm(without, with_grad) < 1e-6, 'no_grad ' .. T.relnorm(without, with_grad))
   T.ok(T.relnorm(without, base) > 1e-3, 'the adapters change the logits')
-  T.eq(n1, 7 * L + 1, 'unmerged: each projection alone')
-  T.eq(l1, 7 * L, 'unmerged: each projection with its adapter products (one gp.lora_linear)')
+  -- q/k/v and gate/up: one gp.lora_linear_group each (one base product over the fused weight); o and down alone
+  T.eq(n1, 4 * L + 1, 'unmerged: one base product for q/k/v, one for gate/up, o and down alone')
+  T.eq(c1.group, 2 * L, 'unmerged: q/k/v and gate/up each one gp.lora_linear_group')
+  T.eq(l1, 2 * L, 'unmerged: o and down each one gp.lora_linear')
   gp.lora.merge(m)
-  local merged, n2 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
+  local merged, n2, _, c2 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
   T.eq(n2, 4 * L + 1, 'merged: one product for q/k/v and one for gate/up again')
+  T.eq(c2.group, 0, 'merged: no adapter products')
   T.ok(T.relnorm(merged, without) < 1e-5, 'merged ' .. T.relnorm(merged, without))
   gp.lora.unmerge(m)
-  local after, n3, l3 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
-  T.eq(n3, 7 * L + 1)
-  T.eq(l3, 7 * L)
+  local after, n3, l3, c3 = counted(function() return gp.no_grad(m.forward, m, e.ids) end)
+  T.eq(n3, 4 * L + 1)
+  T.eq(l3, 2 * L)
+  T.eq(c3.group, 2 * L)
   T.ok(T.relnorm(after, without) < 1e-6, 'unmerged again ' .. T.relnorm(after, without))
   T.eq(T.relnorm(gp.lora.without(m, function() return gp.no_grad(m.forward, m, e.ids) end), base), 0, 'disabled: the base')
   -- NF4 quantization replaces the modules: the record is dropped (its tensor can be freed)
@@ -103,6 +102,66 @@ T.test('models: LoRA on a Llama: unmerged, the adapters count without autograd t
   gp.nn.quantize_linears(q, {kind = 'nf4', block = 32})
   gp.no_grad(q.forward, q, e.ids)
   T.eq(rawget(q.model.layers[1].self_attn, '_qkv'), nil)
+end)
+
+-- a Llama fixture with LoRA on every projection (B random: the adapters count), over an NF4 base with nf4
+local function lora_llama(name, nf4)
+  gp.manual_seed(11)
+  local m = gp.models.load(root .. '/' .. name, {dtype = 'f32', device = 'cpu'})
+  if nf4 then gp.nn.quantize_linears(m, {kind = 'nf4', block = 32}) end
+  local ad = gp.lora.apply(m, {rank = 4})
+  for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.1) end
+  return m, ad
+end
+
+-- products a layer in a training step (forward and backward), LoRA on all 7 projections, dense base:
+-- module by module 7 x (3 + 5) = 56; grouped q/k/v 5 + 11 (9 + 15 before) and gate/up 4 + 8 (6 + 10),
+-- o and down 8 each: 44, 12 fewer; over NF4 (the base one product a projection either way) 9 fewer. The
+-- first layer's input needs no gradient (the embedding is frozen): its q/k/v skip their dx products, 6
+-- module by module and 4 grouped, so that layer saves 2 fewer.
+T.test('models: LoRA on a Llama under autograd: q/k/v and gate/up one node each, the same logits and adapter gradients as module by module, fewer products', function()
+  local span = require('gpush.core.tensor').span
+  for _, case in ipairs {{'llama_gqa', false, 12}, {'qwen2', false, 12}, {'llama_gqa', true, 9}} do
+    local name, nf4, fewer = case[1], case[2], case[3]
+    local what = name .. (nf4 and ' (NF4)' or '')
+    local m, ad = lora_llama(name, nf4)
+    local e = expected(name)
+    local L = m.config.num_hidden_layers
+    -- gp.lora.apply made each group's A row blocks of one tensor, listed side by side (then their B)
+    local at = m.model.layers[1].self_attn
+    T.ok(span({at.q_proj.lora_A, at.k_proj.lora_A, at.v_proj.lora_A}, 1), what .. ': q/k/v A one tensor')
+    T.ok(ad[1] == at.q_proj.lora_A and ad[3] == at.v_proj.lora_A and ad[4] == at.q_proj.lora_B, what .. ': parameter order')
+    local mlp = m.model.layers[1].mlp
+    T.ok(span({mlp.gate_proj.lora_A, mlp.up_proj.lora_A}, 1), what .. ': gate/up A one tensor')
+    gp.lora.load(m, gp.lora.state_dict(m)) -- loading copies into the blocks: still one tensor
+    T.ok(span({at.q_proj.lora_A, at.k_proj.lora_A, at.v_proj.lora_A}, 1), what .. ': q/k/v A one tensor after lora.load')
+    -- the optimizer's flat gradient buffer: the A of a group have one gradient tensor (dA one GEMM into it)
+    local opt = gp.optim.AdamW(ad, {lr = 1e-3, weight_decay = 0})
+    local function step()
+      opt:zero_grad()
+      local lg, loss = m(e.ids, e.ids)
+      loss:backward()
+      local gs = {}
+      for i, p in ipairs(ad) do gs[i] = p.grad:clone() end
+      return {lg, gs}
+    end
+    local r1, _, l1, c1 = counted(step)
+    -- module by module: nn.LoRA.forward_group declines, every projection is one gp.lora_linear
+    local fg = nn.LoRA.forward_group
+    nn.LoRA.forward_group = function() return nil end
+    local ok, r2, _, l2, c2 = pcall(counted, step)
+    nn.LoRA.forward_group = fg
+    assert(ok, r2)
+    T.eq(c1.group, 2 * L, what .. ': q/k/v and gate/up one node each')
+    T.eq(l1, 2 * L, what .. ': o and down alone')
+    T.eq(c2.group + 0, 0)
+    T.eq(l2, 7 * L)
+    T.eq(c2.products - c1.products, fewer * L - 2, what .. ': products ' .. c2.products .. ' -> ' .. c1.products)
+    T.ok(T.relnorm(r1[1], r2[1]) < 1e-6, what .. ': logits ' .. T.relnorm(r1[1], r2[1]))
+    for i = 1, #ad do
+      T.ok(T.relnorm(r1[2][i], r2[2][i]) < 1e-5, what .. ': adapter gradient ' .. i .. ' ' .. T.relnorm(r1[2][i], r2[2][i]))
+    end
+  end
 end)
 
 T.test('models: the residual adds run fused with the norms after them: the same logits and gradients as layer by layer', function()

@@ -487,6 +487,39 @@ function Tensor:squeeze(d)
   return restride(self, rs, rst, 'squeeze')
 end
 
+-- span(list, d): when the tensors of list are consecutive blocks along dim d
+-- (1-based) of one contiguous tensor (the row blocks of a fused weight, the
+-- column blocks of a fused output), that tensor as a view of their storage;
+-- else nil. Lets one product serve where the blocks would take one each.
+local function span(list, d)
+  local n, c1 = #list, is_tensor(list[1]) and list[1].c
+  if n == 0 or not c1 or d < 1 or d > c1.ndim then return nil end
+  local nd, d0, total = c1.ndim, d - 1, 0
+  for i = 1, n do
+    local t = list[i]
+    if not is_tensor(t) then return nil end
+    local c = t.c
+    if c.storage ~= c1.storage or c.dtype ~= c1.dtype or c.device ~= c1.device or c.ndim ~= nd then return nil end
+    for k = 0, nd - 1 do if k ~= d0 and c.shape[k] ~= c1.shape[k] then return nil end end
+    total = total + c.shape[d0]
+  end
+  -- the whole's shape and contiguous strides; each block must have them and start where the one before ends
+  local s, st = shape_of(list[1]), {}
+  s[d] = tonumber(total)
+  local acc = 1
+  for k = nd, 1, -1 do st[k] = acc; acc = acc * s[k] end
+  local off = c1.offset
+  for i = 1, n do
+    local c = list[i].c
+    if c.offset ~= off then return nil end
+    for k = 0, nd - 1 do if c.shape[k] > 1 and c.stride[k] ~= st[k + 1] then return nil end end
+    off = off + c.shape[d0] * st[d]
+  end
+  if n == 1 then return list[1] end
+  return restride(list[1], s, st, 'span')
+end
+M.span = span
+
 ---------------------------------------------------------------------------
 -- arithmetic
 

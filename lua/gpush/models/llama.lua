@@ -115,7 +115,15 @@ local function fused_weight(owner, key)
   return W, B
 end
 
+-- the outputs of sibling LoRA projections of x as one node (nn.LoRA.forward_group), or nil
+local function lora_group(x, ...)
+  if not nn.LoRA then return nil end
+  return nn.LoRA.forward_group(x, ...)
+end
+
 local Attention = Module:extend('LlamaAttention')
+-- projections of one input: gp.lora.apply makes their adapters' A row blocks of one tensor
+Attention.lora_groups = {{'q_proj', 'k_proj', 'v_proj'}}
 function Attention:init(cfg, o)
   local d, H, Hkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
   self.H, self.Hkv, self.hd = H, Hkv, hd
@@ -175,9 +183,12 @@ function Attention:forward(x, pos, inv_freq, cache, layer, at)
     end
     v = y:narrow(3, nq + nkv + 1, nkv):view {B, T, Hkv, hd}:transpose(2, 3)
   else
-    q = gp.rope(self.q_proj(x):view {B, T, H, hd}, p, inv_freq):transpose(2, 3)
-    k = gp.rope(self.k_proj(x):view {B, T, Hkv, hd}, p, inv_freq):transpose(2, 3)
-    v = self.v_proj(x):view {B, T, Hkv, hd}:transpose(2, 3)
+    -- LoRA adapters on all three (unmerged): one node (gp.lora_linear_group); else each alone
+    local yq, yk, yv = lora_group(x, self.q_proj, self.k_proj, self.v_proj)
+    if not yq then yq, yk, yv = self.q_proj(x), self.k_proj(x), self.v_proj(x) end
+    q = gp.rope(yq:view {B, T, H, hd}, p, inv_freq):transpose(2, 3)
+    k = gp.rope(yk:view {B, T, Hkv, hd}, p, inv_freq):transpose(2, 3)
+    v = yv:view {B, T, Hkv, hd}:transpose(2, 3)
   end
   local y
   if at then -- nothing read on the host: the cache written and read at device positions
@@ -202,6 +213,7 @@ function Attention:forward(x, pos, inv_freq, cache, layer, at)
 end
 
 local MLP = Module:extend('LlamaMLP')
+MLP.lora_groups = {{'gate_proj', 'up_proj'}}
 function MLP:init(cfg, o)
   local d, h = cfg.hidden_size, cfg.intermediate_size
   local ob = {bias = false, dtype = o.dtype, device = o.device}
@@ -217,7 +229,9 @@ function MLP:forward(x)
     local n = y:dim()
     return self.down_proj(gp.swiglu(y:narrow(n, 1, h), y:narrow(n, h + 1, h)))
   end
-  return self.down_proj(gp.swiglu(self.gate_proj(x), self.up_proj(x)))
+  local gate, up = lora_group(x, self.gate_proj, self.up_proj)
+  if not gate then gate, up = self.gate_proj(x), self.up_proj(x) end
+  return self.down_proj(gp.swiglu(gate, up))
 end
 
 local Layer = Module:extend('LlamaDecoderLayer')

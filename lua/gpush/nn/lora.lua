@@ -79,6 +79,26 @@ function LoRA:forward(x)
   return gp.lora_linear(x, self.weight, self.bias, self.lora_A, self.lora_B, self.scaling)
 end
 
+-- LoRA.forward_group(x, m1, m2, ...): LoRA modules that read the same input
+-- (a Llama's q/k/v, gate/up) as one gp.lora_linear_group node, when each
+-- would run as one gp.lora_linear (unmerged, enabled, no dropout while
+-- training) and all have one scaling: their outputs; else nil (the caller
+-- runs the modules one by one)
+function LoRA.forward_group(x, ...)
+  local n = select('#', ...)
+  local ws, bs, As, Bs, s = {}, {}, {}, {}, nil
+  for i = 1, n do
+    local m = select(i, ...)
+    if getmetatable(m) ~= LoRA._imt or m.merged or not m.enabled or (m.drop.training and m.drop.p > 0) or
+      (s ~= nil and m.scaling ~= s) then
+      return nil
+    end
+    s = m.scaling
+    ws[i], bs[i], As[i], Bs[i] = m.weight, rawget(m, 'bias'), m.lora_A, m.lora_B
+  end
+  return gp.lora_linear_group(x, ws, bs, As, Bs, s)
+end
+
 function LoRA:merge()
   if self.merged then return self end
   if not is_tensor(self.weight) then
@@ -114,6 +134,8 @@ doc(LoRA, 'nn.LoRA(linear, {rank=8, alpha=2*rank, dropout=0})',
 doc(LoRA.merge, 'lora:merge()', 'add (alpha/rank) B A into the weight (keeps a copy for unmerge); forward then costs one matmul')
 doc(LoRA.unmerge, 'lora:unmerge()', 'restore the weight saved by merge() exactly')
 doc(LoRA.delta, 'lora:delta()', 'the low-rank update (alpha/rank) B A as an (out, in) tensor')
+doc(LoRA.forward_group, 'nn.LoRA.forward_group(x, m1, m2, ...)',
+  'the outputs of LoRA modules that read the same x (q/k/v, gate/up) as one gp.lora_linear_group node, when each would run as one gp.lora_linear (unmerged, enabled, no dropout while training) with one scaling; else nil (run them one by one)')
 
 local L = {}
 
@@ -135,6 +157,32 @@ function L.modules(model)
     if kind == 'module' and getmetatable(v) == LoRA._imt then r[#r + 1] = {name, v} end
   end)
   return r
+end
+
+-- the adapters of a module's projection groups (owner.lora_groups: lists of
+-- the names of sibling Linears that read one input, such as a Llama's q/k/v),
+-- all just made (made[m]) and of one input size, dtype and device: their A
+-- become row blocks of one tensor (separate parameters, views of it), so
+-- that gp.lora_linear_group computes x A^T for all of them as one product
+local function group_adapters(owner, made)
+  for _, names in ipairs(owner.lora_groups or {}) do
+    local ms, As = {}, {}
+    for i, nm in ipairs(names) do
+      local m = rawget(owner, nm)
+      if not made[m] then ms = nil; break end
+      local a, a1 = m.lora_A, ms[1] and ms[1].lora_A
+      if a1 and (a:size(2) ~= a1:size(2) or a.dtype ~= a1.dtype or a.device ~= a1.device) then ms = nil; break end
+      ms[i], As[i] = m, a:detach()
+    end
+    if ms and #ms > 1 then
+      local A = gp.cat(As, 1)
+      local off = 1
+      for _, m in ipairs(ms) do
+        m.lora_A = nn.Parameter(A:narrow(1, off, m.rank))
+        off = off + m.rank
+      end
+    end
+  end
 end
 
 function L.apply(model, opts)
@@ -167,20 +215,35 @@ function L.apply(model, opts)
     end
   end
   model:requires_grad_(false)
+  local made, owners, seen = {}, {}, {}
   for _, f in ipairs(found) do
     local owner, key, lin = f[1], f[2], f[3]
-    rawset(owner, key, LoRA(lin, opts))
+    local m = LoRA(lin, opts)
+    rawset(owner, key, m)
+    made[m] = true
+    if not seen[owner] then seen[owner] = true; owners[#owners + 1] = owner end
   end
+  for _, owner in ipairs(owners) do group_adapters(owner, made) end
   return L.parameters(model)
 end
 
--- the adapter tensors (lora_A, lora_B of every LoRA module)
+-- the adapter tensors (lora_A, lora_B of every LoRA module); the A of a group
+-- (row blocks of one tensor) side by side, then their B, so that an
+-- optimizer's flat gradient buffer holds the A's gradients as one tensor too
+-- (gp.lora_linear_group's dA is then one GEMM into it)
 function L.parameters(model)
-  local r = {}
-  for _, nm in ipairs(L.modules(model)) do
-    r[#r + 1] = nm[2].lora_A
-    r[#r + 1] = nm[2].lora_B
+  local r, run = {}, {}
+  local function flush()
+    for _, m in ipairs(run) do r[#r + 1] = m.lora_A end
+    for _, m in ipairs(run) do r[#r + 1] = m.lora_B end
+    run = {}
   end
+  for _, nm in ipairs(L.modules(model)) do
+    local m = nm[2]
+    if #run > 0 and not tensor.span({run[#run].lora_A, m.lora_A}, 1) then flush() end
+    run[#run + 1] = m
+  end
+  flush()
   return r
 end
 

@@ -220,6 +220,122 @@ function gp.lora_linear(x, w, b, A, B, s) return (lora_linear(x, w, b, A, B, s))
 doc(gp.lora_linear, 'gp.lora_linear(x, w, b, A, B, s)',
   'x @ w^T + b + s (x @ A^T) @ B^T (a LoRA projection: w (out, in) dense or quantized, b (out) or nil, A (rank, in), B (out, rank)) as three products and one autograd node: the adapter\'s product is added by the GEMM, the backward has no elementwise kernel')
 
+-- gp.lora_linear_group(x, ws, bs, As, Bs, s): n LoRA projections of one
+-- input (q, k and v; gate and up) as one autograd node, y_i = x w_i^T + b_i
+-- + s (x A_i^T) B_i^T. Forward: the base as ONE product when the w_i are
+-- consecutive row blocks of one dense tensor (a Llama's fused weight; the
+-- b_i likewise or concatenated), else one per projection (NF4); ONE product
+-- h = x [A_1; ...; A_n]^T (the A_i row blocks of one tensor as gp.lora.apply
+-- makes them, else concatenated), and each B_i's product added into its
+-- output by the GEMM (alpha s, beta 1). The outputs are column blocks of one
+-- (rows, sum of outs) tensor when the base was one product, else tensors of
+-- their own. It saves h (rows, sum of ranks) and the concatenated A.
+local function group_args(op, x, ws, bs, As, Bs, s)
+  if not is_tensor(x) then raise(op .. ': x must be a tensor, got ' .. type(x)) end
+  if not FLOAT[x.dtype] then raise(string.format('%s: x is %s; a float dtype (f32, bf16, f16, f64) is needed', op, x.dtype)) end
+  for _, nl in ipairs {{'ws', ws}, {'As', As}, {'Bs', Bs}} do
+    if type(nl[2]) ~= 'table' or is_tensor(nl[2]) or #nl[2] == 0 then
+      raise(string.format('%s: %s must be a non-empty list, got %s', op, nl[1], is_tensor(nl[2]) and 'a tensor' or type(nl[2])))
+    end
+  end
+  local n = #ws
+  if #As ~= n or #Bs ~= n then
+    raise(string.format('%s: %d weights, %d A and %d B given; one each per projection', op, n, #As, #Bs))
+  end
+  if bs ~= nil and (type(bs) ~= 'table' or is_tensor(bs)) then
+    raise(op .. ': bs must be nil or a list of biases (entries may be nil)')
+  end
+  if type(s) ~= 'number' then raise(op .. ': the scaling s must be a number, got ' .. type(s)) end
+  local sx = x.shape
+  local I = sx[#sx]
+  for i = 1, n do
+    local w, b, A, B = ws[i], bs and bs[i], As[i], Bs[i]
+    for _, nm in ipairs {{'A', A}, {'B', B}} do
+      local t = nm[2]
+      if not is_tensor(t) or t:dim() ~= 2 then raise(string.format('%s: %s[%d] must be a 2-d tensor', op, nm[1], i)) end
+      if t.dtype ~= x.dtype or t.device ~= x.device then
+        raise(string.format('%s: %s[%d] is %s on %s but x is %s on %s', op, nm[1], i, t.dtype, t.device, x.dtype, x.device))
+      end
+    end
+    local q = gp.is_quantized(w)
+    if not (q or (is_tensor(w) and w:dim() == 2)) then
+      raise(string.format('%s: ws[%d] must be a 2-d weight (out, in), dense or quantized', op, i))
+    end
+    if not q and (w.dtype ~= x.dtype or w.device ~= x.device) then
+      raise(string.format('%s: ws[%d] is %s on %s but x is %s on %s', op, i, w.dtype, w.device, x.dtype, x.device))
+    end
+    local O = w.shape[1]
+    if #sx < 1 or w.shape[2] ~= I or A:size(2) ~= I or B:size(1) ~= O or B:size(2) ~= A:size(1) then
+      raise(string.format('%s: projection %d: x %s, w %s, A %s, B %s; needed: x (..., in), w (out, in), A (rank, in), B (out, rank)',
+        op, i, shape_str(sx), shape_str(w.shape), shape_str(A.shape), shape_str(B.shape)))
+    end
+    if b ~= nil and not (is_tensor(b) and b:dim() == 1 and b:size(1) == O and b.dtype == x.dtype and b.device == x.device) then
+      raise(string.format('%s: bs[%d] must be a (%d) tensor of %s on %s, got %s', op, i, O, x.dtype, x.device,
+        is_tensor(b) and (b.dtype .. ' ' .. shape_str(b.shape) .. ' on ' .. b.device) or type(b)))
+    end
+  end
+  return n
+end
+
+-- the biases of a fused base product: nil (none), their span, or concatenated (zeros for the missing)
+local function group_bias(bs, ws, n, x)
+  if not bs then return nil end
+  local any, list = false, {}
+  for i = 1, n do
+    local b = bs[i]
+    any = any or b ~= nil
+    list[i] = b or gp.zeros({ws[i].shape[1]}, {dtype = x.dtype, device = x.device})
+  end
+  if not any then return nil end
+  return tensor.span(list, 1) or gp.cat(list, 1)
+end
+
+local function lora_group(x, ws, bs, As, Bs, s, save)
+  local op = 'lora_linear_group'
+  local n = group_args(op, x, ws, bs, As, Bs, s)
+  local sx = x.shape
+  local I = sx[#sx]
+  local rows = 1
+  for i = 1, #sx - 1 do rows = rows * sx[i] end
+  local x2 = x:reshape {rows, I}
+  local W = tensor.span(ws, 1) -- nil for quantized weights
+  local ys, outs = {}, {}
+  local function oshape(O)
+    local o = {}
+    for i = 1, #sx - 1 do o[i] = sx[i] end
+    o[#sx] = O
+    return o
+  end
+  if W then -- one product; the outputs are its column blocks
+    local y = gp.linear(x2, W, group_bias(bs, ws, n, x))
+    local yv, off = y:view(oshape(W:size(1))), 0
+    for i = 1, n do
+      local O = ws[i].shape[1]
+      ys[i], outs[i] = y:narrow(2, off + 1, O), yv:narrow(#sx, off + 1, O)
+      off = off + O
+    end
+  else
+    for i = 1, n do
+      ys[i] = gp.linear(x2, ws[i], bs and bs[i]):contiguous()
+      outs[i] = ys[i]:view(oshape(ws[i].shape[1]))
+    end
+  end
+  local Acat = tensor.span(As, 1) or gp.cat(As, 1)
+  local h = x2:matmul(Acat:t())
+  local off = 0
+  for i = 1, n do
+    local r = As[i]:size(1)
+    gp.matmul(h:narrow(2, off + 1, r), Bs[i]:t(), {out = ys[i], alpha = s, beta = 1})
+    off = off + r
+  end
+  if save then return {h = h, A = Acat, W = W}, outs end
+  return outs
+end
+
+function gp.lora_linear_group(x, ws, bs, As, Bs, s) return unpack(lora_group(x, ws, bs, As, Bs, s)) end
+doc(gp.lora_linear_group, 'gp.lora_linear_group(x, ws, bs, As, Bs, s)',
+  'y_1, ..., y_n with y_i = x @ ws[i]^T + bs[i] + s (x @ As[i]^T) @ Bs[i]^T: n LoRA projections of one input (q, k, v; gate, up) as one autograd node; bs nil or a list (entries may be nil). One base product when the ws are consecutive row blocks of one dense tensor (else one each: quantized weights), one product x @ [As]^T for all the adapters (one tensor when the As are its row blocks, as gp.lora.apply makes them), one per B added by the GEMM; the backward makes one dA product and one dx product for the adapters')
+
 -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2:
 -- two products, GELU in the first one's epilogue. With save (autograd's
 -- forward, grad_rules.lua) it also returns h = gelu_tanh(pre) and pre (aux),
@@ -429,6 +545,95 @@ end, {
   forward = function(_, x, w, b, A, B, s)
     local y, h = lora_linear(x, w, b, A, B, s, true)
     return {h = h}, y
+  end,
+})
+
+-- gp.lora_linear_group: per adapter dh_i = s g_i B_i (into its column block
+-- of dh (rows, sum of ranks)) and dB_i = s g_i^T h_i; then ONE product dA =
+-- dh^T x for the concatenated A (added by the GEMM into the A's .grad when
+-- those are row blocks of one tensor, as an optimizer's flat buffer holds
+-- them when gp.lora.parameters lists them side by side; else returned as
+-- row blocks), and dx = g W over the base (one product when the g_i are
+-- column blocks of one tensor and the base is one dense tensor, else one per
+-- projection, accumulated) plus dh A added by the GEMM. A frozen base gets
+-- no gradient; a trainable dense one gets dw_i = g_i^T x and db_i.
+autograd.def_function('lora_linear_group', function(g, a, _, saved)
+  local x, ws, bs, As, Bs, s = a[1], a[2], a[3], a[4], a[5], a[6]
+  local n, I = #ws, x:size(-1)
+  local rows = x:numel() / math.max(I, 1)
+  local x2 = x:reshape {rows, I}
+  local g2, allg = {}, true
+  for i = 1, n do
+    if g[i] then g2[i] = tensor.to_dtype(g[i], x.dtype):reshape {rows, ws[i].shape[1]} else allg = false end
+  end
+  local h = saved.h
+  local dBs, roff = {}, {}
+  local off = 0
+  for i = 1, n do
+    roff[i] = off
+    if g2[i] then dBs[i] = weight_grad(Bs[i], g2[i], h:narrow(2, off + 1, As[i]:size(1)), s) end
+    off = off + As[i]:size(1)
+  end
+  local needA, needx = false, autograd.needs(x)
+  for i = 1, n do needA = needA or autograd.needs(As[i]) end
+  local dh
+  if needA or needx then
+    dh = empty({rows, off}, x.dtype, x.device, 'lora_linear_group')
+    for i = 1, n do
+      local blk = dh:narrow(2, roff[i] + 1, As[i]:size(1))
+      if g2[i] then gp.matmul(g2[i], Bs[i], {out = blk, alpha = s}) else blk:zero_() end
+    end
+  end
+  local dAs
+  if needA then
+    local gs, all = {}, true
+    for i = 1, n do
+      gs[i] = grad_buffer(As[i], x.dtype, x.device)
+      all = all and gs[i] and autograd.needs(As[i])
+    end
+    local G = all and tensor.span(gs, 1)
+    if G then
+      gp.matmul(dh:t(), x2, {out = G, beta = 1})
+    else
+      local dA = dh:t():matmul(x2)
+      dAs = {}
+      for i = 1, n do
+        if autograd.needs(As[i]) then dAs[i] = dA:narrow(1, roff[i] + 1, As[i]:size(1)) end
+      end
+    end
+  end
+  local dx
+  if needx then
+    local G = saved.W and allg and tensor.span(g2, 2)
+    if G then
+      dx = G:matmul(saved.W)
+    else
+      dx = empty({rows, I}, x.dtype, x.device, 'lora_linear_group')
+      local acc = false
+      for i = 1, n do
+        if g2[i] then
+          if gp.is_quantized(ws[i]) then gp._nf4_dx_into(dx, g2[i], ws[i], acc)
+          else gp.matmul(g2[i], ws[i], {out = dx, beta = acc and 1 or 0}) end
+          acc = true
+        end
+      end
+      if not acc then dx:zero_() end
+    end
+    gp.matmul(dh, saved.A, {out = dx, beta = 1})
+    dx = dx:reshape(x.shape)
+  end
+  local dws, dbs = {}, {}
+  for i = 1, n do
+    if g2[i] then
+      if is_tensor(ws[i]) then dws[i] = weight_grad(ws[i], g2[i], x2) end
+      if bs and bs[i] ~= nil then dbs[i] = bias_grad_into(bs[i], g2[i]) end
+    end
+  end
+  return dx, dws, dbs, dAs, dBs
+end, {
+  forward = function(_, x, ws, bs, As, Bs, s)
+    local saved, outs = lora_group(x, ws, bs, As, Bs, s, true)
+    return saved, unpack(outs)
   end,
 })
 

@@ -275,6 +275,22 @@ gp.nf4_linear = nf4_linear -- autograd records it (the rule below); the forward 
 doc(gp.nf4_linear, 'gp.nf4_linear(x, q, b)',
   'x @ q:dequantize()^T + b for a quantized weight q (out, in), x (..., in) in any float dtype (the product is computed in it), b (out) or nil; differentiable in x and b, q frozen. Up to gp.nf4_option(\'gemv_rows\') rows: one fused kernel reading the packed weight; more: dequantized a chunk of rows at a time into a bounded scratch, cuBLAS for each chunk. gp.linear(x, q, b) does the same')
 
+-- d (rows, in) = g2 @ W (+ d when acc) for g2 (rows, out), W = q dequantized
+-- by chunks of its rows: the input gradient of x @ W^T
+local function dx_into(d, g2, q, acc)
+  if g2:size(1) == 0 or q.shape[1] == 0 then
+    if not acc then d:zero_() end
+    return d
+  end
+  each_chunk(q, d.dtype, function(n0, n, w)
+    local gn = g2:narrow(2, n0 + 1, n)
+    K.matmul(d, gn, w, 1, (n0 == 0 and not acc) and 0 or 1)
+    release(gn)
+  end)
+  return d
+end
+gp._nf4_dx_into = dx_into
+
 -- dx = dy @ W (rows, in) by chunks of W's rows, and db = the column sums of dy
 local function backward(g, a)
   local x, q, b = a[1], a[2], a[3]
@@ -282,17 +298,7 @@ local function backward(g, a)
   local rows = x:numel() / math.max(I, 1)
   local g2 = tensor.to_dtype(g[1], x.dtype):reshape {rows, O}:contiguous()
   local dx, db
-  if autograd.needs(x) then
-    local d = empty({rows, I}, x.dtype, x.device, 'nf4_linear')
-    if rows == 0 or O == 0 then d:zero_() else
-      each_chunk(q, x.dtype, function(n0, n, w)
-        local gn = g2:narrow(2, n0 + 1, n)
-        K.matmul(d, gn, w, 1, n0 == 0 and 0 or 1)
-        release(gn)
-      end)
-    end
-    dx = d:view(x.shape)
-  end
+  if autograd.needs(x) then dx = dx_into(empty({rows, I}, x.dtype, x.device, 'nf4_linear'), g2, q):view(x.shape) end
   if b and autograd.needs(b) then db = g2:sum(1) end
   return dx, nil, db
 end
