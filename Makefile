@@ -29,10 +29,14 @@ endif
 # kernels (kernels/attention_wg.cu) need Hopper's arch-specific sm_90a
 # target: with 90 in the list that file is compiled for sm_90a alone, and
 # GP_SM90A tells the dispatch that they exist (it runs them on compute
-# capability 9.0 only).
+# capability 9.0 only). kernels/loss.cu's cluster kernels (distributed shared
+# memory, compute capability 9.0 and up) need PTX of 9.0 for the Hopper code:
+# that file is compiled once an arch (GENCODE_EACH).
 comma   := ,
 ARCH_LO := $(firstword $(CUDA_ARCH))
 GENCODE := -gencode 'arch=compute_$(ARCH_LO),code=[$(subst $(eval) ,$(comma),$(strip $(CUDA_ARCH:%=sm_%) compute_$(ARCH_LO)))]'
+GENCODE_EACH := $(foreach a,$(CUDA_ARCH),-gencode arch=compute_$(a)$(comma)code=sm_$(a)) \
+                -gencode arch=compute_$(ARCH_LO)$(comma)code=compute_$(ARCH_LO)
 GENCODE_SM90A := $(if $(filter 90,$(CUDA_ARCH)),-gencode arch=compute_90a$(comma)code=sm_90a,$(GENCODE))
 NVDEFS  := $(if $(filter 90,$(CUDA_ARCH)),-DGP_SM90A=1)
 # ccache, when it is installed, caches every compile (CCACHE= turns it off)
@@ -107,6 +111,7 @@ $(BUILD)/obj/%.cu.o: %.cu $(BUILD)/flags.nv
 	@echo "  NVCC  $<"
 	$(Q)$(CCACHE) $(NVCC) $(CPPFLAGS) $(NVFLAGS) -c $< -o $@
 $(BUILD)/obj/kernels/attention_wg.cu.o: GENCODE := $(GENCODE_SM90A)
+$(BUILD)/obj/kernels/loss.cu.o: GENCODE := $(GENCODE_EACH)
 
 # The header as LuaJIT's ffi.cdef will read it: preprocessed, then quoted.
 $(BUILD)/gen/cdef.inc: src/gpush.h $(wildcard kernels/*.def)

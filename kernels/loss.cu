@@ -9,6 +9,8 @@
 #include "bad_index.cuh"
 #include "onchip.cuh"
 
+#include <cooperative_groups.h>
+
 #include <math.h>
 
 template <typename T, typename F> __device__ __forceinline__ void row_read(const T *p, int64_t v, bool vec, F f) {
@@ -124,25 +126,32 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
 /* forward + backward of rows held on chip (kernels/onchip.cuh): the logits
  * read once, dlogits written once (the kernel above reads each row twice).
  * Two blocks an SM where their rows fit (bf16 50,304: 104 KB each), so one
- * block's reduction overlaps the other's streaming. */
-template <typename T, typename I, int NT>
+ * block's reduction overlaps the other's streaming. A row too wide for one
+ * block (Llama 3's 128,256 in bf16: 251 KB) is split over a cluster of C
+ * blocks (Hopper), each holding V / C columns; their (max, sum) meet through
+ * distributed shared memory. */
+template <typename T, typename I, int NT, int C>
 __global__ void __launch_bounds__(NT, 2)
     k_cross_entropy_rows(float *loss, T *dlogits, const T *logits, const I *targets, const float *count, int64_t n,
                          int64_t v, int nk, int64_t ign, float scale, gp_bad_ref bad) {
   constexpr int W = 16 / sizeof(T);
   constexpr float L2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
   extern __shared__ uint4 sm_rows[];
-  const RowSlots<T, false> sl{sm_rows, nullptr, NT, nk, v / W};
+  const int64_t vc = v / C;  /* this block's columns: [rank vc, (rank + 1) vc) */
+  const int rank = (int)(blockIdx.x % C);
+  const RowSlots<T, false> sl{sm_rows, nullptr, NT, nk, vc / W};
   if (count) scale /= *count;
-  int64_t row = blockIdx.x;
+  const int64_t step = gridDim.x / C, c0 = (int64_t)rank * vc;
+  int64_t row = blockIdx.x / C;
+  [[maybe_unused]] int par = 0; /* the row's parity (clusters) */
   if (row < n)
-    for (int k = 0; k < nk; k++) sl.load(logits + row * v, nullptr, k);
-  for (; row < n; row += gridDim.x) {
+    for (int k = 0; k < nk; k++) sl.load(logits + row * v + c0, nullptr, k);
+  for (; row < n; row += step) {
     const T *x = logits + row * v;
-    T *g = dlogits + row * v;
-    const int64_t next = row + gridDim.x;
+    T *g = dlogits + row * v + c0;
+    const int64_t next = row + step;
     const bool more = next < n;
-    const T *nx = logits + next * v;
+    const T *nx = logits + next * v + c0;
     const int64_t tg = (int64_t)targets[row];
     const bool skip = tg == ign, badr = !skip && (tg < 0 || tg >= v);
     Acc a{-INFINITY, 0.f, 0.f}; /* log2 units */
@@ -157,9 +166,9 @@ __global__ void __launch_bounds__(NT, 2)
       for (int l = 0; l < W; l++) xa[l] = ld(e[l]) * L2E;
       acc_add2<W, false>(a, xa, nullptr);
     }
-    if (skip || badr) {
+    if (skip || badr) { /* (every block of a cluster takes the same branch: one row) */
       const float f = skip ? 0.f : __int_as_float(0x7fc00000);
-      if (threadIdx.x == 0) {
+      if (threadIdx.x == 0 && rank == 0) {
         loss[row] = f;
         if (badr) gp_report_bad(bad, tg);
       }
@@ -167,35 +176,93 @@ __global__ void __launch_bounds__(NT, 2)
       continue;
     }
     /* the target's logit before the reduction's barrier (dlogits may be the logits) */
-    const float xt = threadIdx.x == 0 ? ld(x[tg]) : 0.f;
+    const float xt = threadIdx.x == 0 && rank == 0 ? ld(x[tg]) : 0.f;
     float m = a.m * LN2, z = a.z;
     block_ms(m, z);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (C > 1) { /* the cluster's (max, sum); peer[par] is rewritten two rows on, after the next sync */
+      namespace cg = cooperative_groups;
+      __shared__ float2 peer[2]; /* this block's (max, sum) for the cluster, by row parity */
+      cg::cluster_group cl = cg::this_cluster();
+      if (threadIdx.x == 0) peer[par] = make_float2(m, z);
+      cl.sync();
+      m = -INFINITY;
+      z = 0.f;
+#pragma unroll
+      for (int r = 0; r < C; r++) {
+        const float2 q = *cl.map_shared_rank(peer + par, r);
+        ms_combine(m, z, q.x, q.y);
+      }
+      par ^= 1;
+    }
+#else
+    if constexpr (C > 1) __trap(); /* not reached: the host launches clusters only for code of 9.0 and up */
+#endif
     const float lse = m + logf(z), lse2 = lse * L2E;
-    if (threadIdx.x == 0) loss[row] = lse - xt;
+    if (threadIdx.x == 0 && rank == 0) loss[row] = lse - xt;
     __syncthreads(); /* every thread has read block_ms's results before the next row's */
-    const int tgi = (int)tg;
+    const int tgi = (int)(tg - c0);
     sl.backward(g, nx, nullptr, more, [=](int j, float xv, float) {
       return (ex2(fmaf(xv, L2E, -lse2)) - (j == tgi ? 1.f : 0.f)) * scale;
     });
   }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (C > 1) cooperative_groups::this_cluster().sync(); /* no block leaves while a peer may read it */
+#endif
 }
 
-/* the on-chip kernel when the row fits, from 32 KB up; false: the streaming kernel */
-template <typename T, typename I, int NT>
+/* the on-chip kernel when the row fits in C blocks (C > 1: Hopper's clusters),
+ * from 32 KB up; false: the streaming kernel */
+template <typename T, typename I, int NT, int C>
 static bool cross_entropy_rows(int *rc, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits,
                                const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t ign,
                                float scale, const gp_bad_ref &bad) {
-  const int64_t nvec = v * (int64_t)sizeof(T) / 16, nk = (nvec + NT - 1) / NT;
+  constexpr int W = 16 / sizeof(T);
+  if (v % (C * W) != 0) return false;
+  const int64_t nvec = v / C / W, nk = (nvec + NT - 1) / NT;
   const size_t smem = (size_t)nk * NT * 16;
   static int lim[8];
-  auto fn = k_cross_entropy_rows<T, I, NT>;
+  auto fn = k_cross_entropy_rows<T, I, NT, C>;
   const int nb = nk > 32 ? 0 : onchip_blocks(fn, NT, smem, lim);
   if (nb == 0) return false;
-  const int64_t sms = (gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1) * (int64_t)nb;
-  const unsigned grid = (unsigned)(n < sms ? n : sms);
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  cfg.blockDim = dim3(NT);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = gp_cuda_stream();
+  int64_t slots = (gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1) * (int64_t)nb; /* blocks resident at once */
+  if (C > 1) {
+    /* clusters: the kernel's code must be PTX 9.0 or later (the Makefile's
+     * GENCODE_EACH; a GPU running PTX of 8.0 gets the streaming kernel) */
+    static int ptx90[8]; /* by device: 1 yes, -1 no */
+    int dev = 0;
+    cudaGetDevice(&dev);
+    int &ok = ptx90[dev >= 0 && dev < 8 ? dev : 0];
+    if (ok == 0) {
+      cudaFuncAttributes fa;
+      ok = cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
+      cudaGetLastError();
+    }
+    if (ok < 0) return false;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = C;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3((unsigned)(slots / C * C));
+    int ncl = 0;
+    if (cudaOccupancyMaxActiveClusters(&ncl, fn, &cfg) != cudaSuccess || ncl < 1) {
+      cudaGetLastError();
+      return false;
+    }
+    slots = (int64_t)ncl * C;
+  }
+  const int64_t want = n * C;
+  cfg.gridDim = dim3((unsigned)(want < slots ? want : slots));
   GP_NOTE_LAUNCH(fn, NT, smem);
-  fn<<<grid, NT, smem, gp_cuda_stream()>>>((float *)gp_ptr(loss), (T *)gp_ptr(dlogits), (const T *)gp_ptr(logits),
-                                           (const I *)gp_ptr(targets), cnt, n, v, (int)nk, ign, scale, bad);
+  cudaLaunchKernelEx(&cfg, fn, (float *)gp_ptr(loss), (T *)gp_ptr(dlogits), (const T *)gp_ptr(logits),
+                     (const I *)gp_ptr(targets), cnt, n, v, (int)nk, ign, scale, bad);
   *rc = gp_cuda_check_launch("cross_entropy_fwd_bwd");
   return true;
 }
@@ -218,12 +285,13 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   if (dlogits && vec && !stream_only && v * es >= 32768) {
     int rc = GP_OK;
     bool done = false;
-    GP_FLOAT_SWITCH(logits->dtype, T,
-                    done = targets->dtype == GP_I32
-                               ? cross_entropy_rows<T, int32_t, 512>(&rc, loss, dlogits, logits, targets, cnt, n, v,
-                                                                     ignore, (float)scale, bad)
-                               : cross_entropy_rows<T, int64_t, 512>(&rc, loss, dlogits, logits, targets, cnt, n, v,
-                                                                     ignore, (float)scale, bad););
+#define GP_CR(C)                                                                                                    \
+  (targets->dtype == GP_I32 ? cross_entropy_rows<T, int32_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v,  \
+                                                                     ignore, (float)scale, bad)                     \
+                            : cross_entropy_rows<T, int64_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v,  \
+                                                                     ignore, (float)scale, bad))
+    GP_FLOAT_SWITCH(logits->dtype, T, done = GP_CR(1) || GP_CR(2) || GP_CR(4););
+#undef GP_CR
     if (done) return rc;
   }
   GP_FLOAT_SWITCH(logits->dtype, T,

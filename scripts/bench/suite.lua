@@ -201,6 +201,12 @@ local function ce_cases()
     for k, v in pairs(KERNEL_IT) do p[k] = v end
     cs[#cs + 1] = {row = 'cross_entropy fwd+bwd', shape = dt .. ' ' .. N .. 'x' .. V, p = p, bytes = bytes}
   end
+  -- Llama 3's vocabulary (issue 24): rows split over a cluster of blocks
+  local N3, V3 = S(4096, 16), S(128256, 1000)
+  local b3 = 2 * N3 * V3 * 2
+  local p3 = {dtype = 'bf16', n = N3, v = V3, sets = sets_for(b3)}
+  for k, v in pairs(KERNEL_IT) do p3[k] = v end
+  cs[#cs + 1] = {row = 'cross_entropy fwd+bwd', shape = 'bf16 ' .. N3 .. 'x' .. V3, p = p3, bytes = b3}
   return cs
 end
 

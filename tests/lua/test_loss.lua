@@ -126,12 +126,13 @@ T.test('cross_entropy (cuda): matches the CPU for every dtype; a bad target give
 end)
 
 -- rows from 32 KB up to what fits in shared memory are held on chip, several a block
--- (the next row loads while this one is finished): many rows, ignored and bad ones among
--- them, and in place (dlogits over the logits, as gp.linear_cross_entropy's chunks)
+-- (the next row loads while this one is finished), wider ones (128,256 in bf16) split
+-- over a cluster of 2 or 4 blocks on Hopper: many rows, ignored and bad ones among them,
+-- and in place (dlogits over the logits, as gp.linear_cross_entropy's chunks)
 T.test('cross_entropy (cuda): many rows held on chip, ignored and bad rows, in place', function()
   T.cuda()
   local N = 400
-  for _, c in ipairs {{'bf16', 50304}, {'f16', 32000}, {'f32', 16384}, {'bf16', 100000}} do
+  for _, c in ipairs {{'bf16', 50304}, {'f16', 32000}, {'f32', 16384}, {'bf16', 100000}, {'bf16', 128256}, {'f32', 65536}} do
     local dt, V = c[1], c[2]
     local lg = (gp.randn({N, V}, cpu) * 3):to(dt)
     local tg = gp.randint(0, V, {N}, {device = 'cpu'}):totable()
