@@ -72,6 +72,27 @@ function M.counted(f, fns)
   return r[2], n
 end
 
+-- f()'s result and its kernel launches by name ({copy = 3, fill = 1, ...}):
+-- every gp.k function and the tensor methods' kernel table wrapped while f
+-- runs (as gp.profile does), restored after, also on error
+function M.launches(f)
+  local n, saved = {}, {}
+  local k, K = require('gpush.core.kernels').k, require('gpush.core.tensor').K
+  for _, tbl in ipairs {k, K} do
+    local names = {}
+    for name in pairs(tbl) do names[#names + 1] = name end
+    for _, name in ipairs(names) do
+      local orig = tbl[name]
+      saved[#saved + 1] = {tbl, name, orig}
+      tbl[name] = function(...) n[name] = (n[name] or 0) + 1; return orig(...) end
+    end
+  end
+  local r = {pcall(f)}
+  for i = #saved, 1, -1 do saved[i][1][saved[i][2]] = saved[i][3] end
+  if not r[1] then error(r[2], 0) end
+  return r[2], setmetatable(n, {__index = function() return 0 end})
+end
+
 -- run a shell command; returns its output (stdout and stderr) and exit status
 function M.sh(cmd)
   local f = io.popen(cmd .. ' 2>&1; echo "<rc=$?>"')

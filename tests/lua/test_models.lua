@@ -164,6 +164,44 @@ T.test('models: LoRA on a Llama under autograd: q/k/v and gate/up one node each,
   end
 end)
 
+-- one LoRA update of the polychromic experiment (issue #20: launch-bound): the
+-- token log-probs of the last K positions with autograd, the PPO loss,
+-- backward, gradient clipping and the AdamW step; its kernel launches by name
+local function lora_update(m, ad)
+  gp.manual_seed(5)
+  local V = m.config.vocab_size
+  local full = gp.randint(0, V, {3, 12}, {dtype = 'i64', device = 'cpu'})
+  local tg = gp.randint(0, V, {3, 8}, {dtype = 'i64', device = 'cpu'})
+  local mask, adv = tg:ne(-100):float(), gp.randn({3}, {device = 'cpu'})
+  local opt = gp.optim.AdamW(ad, {lr = 1e-3, weight_decay = 0})
+  local old
+  local function step()
+    opt:zero_grad()
+    local logp = gp.polychromic.token_logp(m, full, tg)
+    old = old or logp:detach()
+    local loss = gp.polychromic.ppo_loss(logp, old, adv, mask, {clip = 0.2})
+    loss:backward()
+    gp.optim.clip_grad_norm(opt, 1.0)
+    opt:step()
+    return loss
+  end
+  step() -- the optimizer's state, the old log-probs
+  local _, n = T.launches(step)
+  return n
+end
+
+-- where the fills and copies of an update come from, per layer (L) and once:
+-- none per layer (no bias zeros for bias-free groups);
+-- fills once: zero_grad's flat buffer, the loss's count, backward's seed, the narrowed hidden's gradient
+T.test('models: a LoRA update of a Llama launches no per-layer fill', function()
+  for _, case in ipairs {{'llama_gqa', false}, {'llama_gqa', true}, {'qwen2', false}} do
+    local m, ad = lora_llama(case[1], case[2])
+    local n = lora_update(m, ad)
+    local what = case[1] .. (case[2] and ' (NF4)' or '')
+    T.eq(n.fill, 4, what .. ': fills')
+  end
+end)
+
 T.test('models: the residual adds run fused with the norms after them: the same logits and gradients as layer by layer', function()
   local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
   local e = expected('llama_gqa')
