@@ -190,15 +190,22 @@ local function lora_update(m, ad)
   return n
 end
 
--- where the fills and copies of an update come from, per layer (L) and once:
--- none per layer (no bias zeros for bias-free groups);
--- fills once: zero_grad's flat buffer, the loss's count, backward's seed, the narrowed hidden's gradient
-T.test('models: a LoRA update of a Llama launches no per-layer fill', function()
-  for _, case in ipairs {{'llama_gqa', false}, {'llama_gqa', true}, {'qwen2', false}} do
+-- where the fills and copies of an update come from, per layer (L) and once.
+-- Fills: none per layer (no bias zeros for bias-free groups); once: zero_grad's
+-- flat buffer, the loss's count, backward's seed, the narrowed hidden's gradient.
+-- Copies per layer: none for rope (it reads q and k where the q/k/v product put
+-- them); the attention output's (B, H, T, hd) -> (B, T, H * hd); swiglu's
+-- backward makes gate and up contiguous (dense base: column views of one
+-- product). Once: 8 (the narrowed ids and hidden states, the narrow's
+-- gradient, dtype casts in the loss's backward)
+T.test('models: a LoRA update of a Llama launches no per-layer fill and the copies counted', function()
+  for _, case in ipairs {{'llama_gqa', false, 3}, {'llama_gqa', true, 1}, {'qwen2', false, 3}} do
     local m, ad = lora_llama(case[1], case[2])
     local n = lora_update(m, ad)
+    local L = m.config.num_hidden_layers
     local what = case[1] .. (case[2] and ' (NF4)' or '')
     T.eq(n.fill, 4, what .. ': fills')
+    T.eq(n.copy, case[3] * L + 8, what .. ': copies')
   end
 end)
 
