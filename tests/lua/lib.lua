@@ -93,6 +93,26 @@ function M.launches(f)
   return r[2], setmetatable(n, {__index = function() return 0 end})
 end
 
+-- y = f(x, device) from the same x0 on the CPU and on the GPU (x requiring
+-- grad), then y:backward(g) with one random g: the GPU's y and x.grad must be
+-- within tol of the CPU's (relative norm); what names the case
+function M.cuda_matches_cpu(f, x0, tol, what)
+  local g
+  local function run(dev)
+    local x = x0:to(dev)
+    if x == x0 then x = x0:clone() end -- a leaf of each run's own
+    x:requires_grad()
+    local y = f(x, dev)
+    g = g or gp.randn(y.shape, {device = 'cpu'}):to(y.dtype)
+    y:backward(g:to(dev))
+    return y:cpu():float(), x.grad:cpu():float()
+  end
+  local yc, gc = run('cpu')
+  local yg, gg = run('cuda')
+  M.ok(M.relnorm(yg, yc) < tol, what .. ': forward ' .. M.relnorm(yg, yc))
+  M.ok(M.relnorm(gg, gc) < tol, what .. ': gradient ' .. M.relnorm(gg, gc))
+end
+
 -- run a shell command; returns its output (stdout and stderr) and exit status
 function M.sh(cmd)
   local f = io.popen(cmd .. ' 2>&1; echo "<rc=$?>"')
