@@ -64,7 +64,9 @@ function gp.bias_gelu(x, b)
 end
 gp.doc(gp.bias_gelu, 'gp.bias_gelu(x, b)', 'gelu(x + b) (erf form), b of size x:size(-1) broadcast over rows')
 
--- add_rms_norm: h = x + res (returned as res_out), out = rms_norm(h) * w
+-- add_rms_norm: h = x + res (returned as res_out), out = rms_norm(h) * w; h's
+-- gradient is the norm's plus the one h got downstream (the residual stream),
+-- added by the norm's backward kernel as it writes dx (no add kernel)
 autograd.def_function('add_rms_norm', function(g, a, o)
   local w = a[3]
   local h = o[2]
@@ -74,8 +76,12 @@ autograd.def_function('add_rms_norm', function(g, a, o)
     local dx = empty(h.shape, h.dtype, h.device, 'add_rms_norm')
     local dw, _, acc
     dw, _, acc, rw = norm_outs(h, D, 'add_rms_norm', w)
-    K.rms_norm_backward(dx, dw, h, norm_w(w, h, D), o[3], like_dt(g[1], h), acc)
-    dh = dh and dx + dh or dx
+    if dh then
+      K.rms_norm_backward_add(dx, dw, h, norm_w(w, h, D), o[3], like_dt(g[1], h), like_dt(dh, h), acc)
+    else
+      K.rms_norm_backward(dx, dw, h, norm_w(w, h, D), o[3], like_dt(g[1], h), acc)
+    end
+    dh = dx
   end
   return dh, dh, rw
 end, {nout = 2})
