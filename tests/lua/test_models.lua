@@ -177,13 +177,8 @@ local function lora_update(m, ad)
   local opt = gp.optim.AdamW(ad, {lr = 1e-3, weight_decay = 0})
   local old
   local function step()
-    opt:zero_grad()
-    local logp = gp.polychromic.token_logp(m, full, tg)
-    old = old or logp:detach()
-    local loss = gp.polychromic.ppo_loss(logp, old, adv, mask, {clip = 0.2})
-    loss:backward()
-    gp.optim.clip_grad_norm(opt, 1.0)
-    opt:step()
+    local loss
+    loss, old = gp.polychromic.ppo_step(m, opt, full, tg, adv, mask, {old = old, clip = 0.2})
     return loss
   end
   step() -- the optimizer's state, the old log-probs
