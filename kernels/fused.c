@@ -7,6 +7,16 @@
 
 static double sigm(double v) { return 1.0 / (1.0 + exp(-v)); }
 
+/* the element offset of row r (an index over every dim but the last) of a strided t */
+static int64_t row_offset(const gp_tensor *t, int64_t r) {
+  int64_t off = 0;
+  for (int d = t->ndim - 2; d >= 0; d--) {
+    off += (r % t->shape[d]) * t->stride[d];
+    r /= t->shape[d];
+  }
+  return off;
+}
+
 int gp_k_swiglu(gp_tensor *out, const gp_tensor *gate, const gp_tensor *up) {
   GP_CHECK(swiglu, out, gate, up);
   GP_CUDA_DISPATCH(out, gp_cuda_swiglu(out, gate, up));
@@ -29,14 +39,19 @@ int gp_k_swiglu_backward(gp_tensor *dgate, gp_tensor *dup, const gp_tensor *gate
                          const gp_tensor *dout) {
   GP_CHECK(swiglu_backward, dgate, dup, gate, up, dout);
   GP_CUDA_DISPATCH(dgate, gp_cuda_swiglu_backward(dgate, dup, gate, up, dout));
-  int64_t n = gp_numel(gate);
+  const int64_t R = gp_rows_of(gate), D = gp_cols_of(gate);
   char *pdg = gp_ptr(dgate), *pdu = gp_ptr(dup);
   const char *pg = gp_ptr(gate), *pu = gp_ptr(up), *pd = gp_ptr(dout);
   int dt = gate->dtype;
-  for (int64_t i = 0; i < n; i++) {
-    double g = gp_load(pg, dt, i), u = gp_load(pu, dt, i), d = gp_load(pd, dt, i), s = sigm(g);
-    gp_store(pdg, dt, i, d * u * s * (1.0 + g * (1.0 - s)));
-    gp_store(pdu, dt, i, d * g * s);
+  for (int64_t r = 0; r < R; r++) {
+    /* each operand's row r at its own strides (stride 1 along the row, the spec's '/') */
+    const int64_t odg = row_offset(dgate, r), odu = row_offset(dup, r), og = row_offset(gate, r), ou = row_offset(up, r),
+                  od = row_offset(dout, r);
+    for (int64_t j = 0; j < D; j++) {
+      double g = gp_load(pg, dt, og + j), u = gp_load(pu, dt, ou + j), d = gp_load(pd, dt, od + j), s = sigm(g);
+      gp_store(pdg, dt, odg + j, d * u * s * (1.0 + g * (1.0 - s)));
+      gp_store(pdu, dt, odu + j, d * g * s);
+    }
   }
   return GP_OK;
 }

@@ -42,18 +42,102 @@ __global__ void k_swiglu_bwd(T *__restrict__ dg, T *__restrict__ du, const T *__
   for (int64_t i = nv * V + tid; i < n; i += nth) swiglu_bwd1(g[i], u[i], d[i], dg[i], du[i]);
 }
 
+/* the five operands as rows of D (stride 1 along a row): the leading dims,
+ * merged where all five allow it, and each operand's strides over them */
+struct SwigluRows {
+  int nl;
+  int64_t rows, D;
+  int64_t shape[GP_MAX_DIMS];
+  int64_t stride[5][GP_MAX_DIMS];
+};
+
+/* row-strided operands (gate and up column blocks of one product, dgate and
+ * dup those of one gradient); a thread takes V elements of a row (V > 1 only
+ * when D, every stride and every pointer allow 16-byte vectors). NL1: one
+ * leading dim after merging, each operand's row r at r * its row stride. */
+template <typename T, int V, bool NL1>
+__global__ void k_swiglu_bwd_rows(T *__restrict__ dg, T *__restrict__ du, const T *__restrict__ g,
+                                  const T *__restrict__ u, const T *__restrict__ d, const SwigluRows L) {
+  typedef rowvec<T, V> VT;
+  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  const int64_t dv = L.D / V, n = L.rows * dv;
+  for (int64_t i = tid; i < n; i += nth) {
+    const int64_t r = i / dv, c = (i - r * dv) * V;
+    int64_t off[5];
+    if constexpr (NL1) {
+#pragma unroll
+      for (int k = 0; k < 5; k++) off[k] = r * L.stride[k][0] + c;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 5; k++) off[k] = c;
+      int64_t rem = r;
+      for (int dd = L.nl - 1; dd >= 0; dd--) {
+        const int64_t q = rem / L.shape[dd], idx = rem - q * L.shape[dd];
+#pragma unroll
+        for (int k = 0; k < 5; k++) off[k] += idx * L.stride[k][dd];
+        rem = q;
+      }
+    }
+    VT a = *reinterpret_cast<const VT *>(g + off[2]), b = *reinterpret_cast<const VT *>(u + off[3]),
+       e = *reinterpret_cast<const VT *>(d + off[4]), x, y;
+#pragma unroll
+    for (int j = 0; j < V; j++) swiglu_bwd1(a.v[j], b.v[j], e.v[j], x.v[j], y.v[j]);
+    *reinterpret_cast<VT *>(dg + off[0]) = x;
+    *reinterpret_cast<VT *>(du + off[1]) = y;
+  }
+}
+
 extern "C" int gp_cuda_swiglu_backward(gp_tensor *dgate, gp_tensor *dup, const gp_tensor *gate, const gp_tensor *up,
                                        const gp_tensor *dout) {
   const int64_t n = gp_numel(gate);
   if (n == 0) return GP_OK;
-  const bool al = al16(gp_ptr(dgate)) && al16(gp_ptr(dup)) && al16(gp_ptr(gate)) && al16(gp_ptr(up)) && al16(gp_ptr(dout));
+  const gp_tensor *ops[5] = {dgate, dup, gate, up, dout};
+  /* the leading dims: size-1 dims dropped, a dim merged into the one before where every operand allows it */
+  SwigluRows L;
+  L.D = gp_cols_of(gate);
+  L.rows = gp_rows_of(gate);
+  int m = 0;
+  for (int dd = 0; dd < gate->ndim - 1; dd++) {
+    if (gate->shape[dd] == 1) continue;
+    bool merge = m > 0;
+    for (int k = 0; merge && k < 5; k++) merge = L.stride[k][m - 1] == ops[k]->stride[dd] * gate->shape[dd];
+    if (merge) {
+      L.shape[m - 1] *= gate->shape[dd];
+      for (int k = 0; k < 5; k++) L.stride[k][m - 1] = ops[k]->stride[dd];
+    } else {
+      L.shape[m] = gate->shape[dd];
+      for (int k = 0; k < 5; k++) L.stride[k][m] = ops[k]->stride[dd];
+      m++;
+    }
+  }
+  if (m == 0) { /* one row */
+    L.shape[0] = 1;
+    for (int k = 0; k < 5; k++) L.stride[k][0] = 0;
+    m = 1;
+  }
+  L.nl = m;
+  /* dense: every operand's rows back to back (along a row the stride is 1 by the spec, or D is 1) */
+  bool dense = m == 1;
+  for (int k = 0; dense && k < 5; k++) dense = L.stride[k][0] == L.D || L.shape[0] == 1;
   cudaStream_t s = gp_cuda_stream();
   GP_FLOAT_SWITCH(gate->dtype, T, {
     constexpr int V = 16 / sizeof(T);
     T *a = (T *)gp_ptr(dgate), *b = (T *)gp_ptr(dup);
     const T *g = (const T *)gp_ptr(gate), *u = (const T *)gp_ptr(up), *d = (const T *)gp_ptr(dout);
-    if (al) k_swiglu_bwd<T, V><<<gp_grid((n + V - 1) / V, 256), 256, 0, s>>>(a, b, g, u, d, n);
-    else k_swiglu_bwd<T, 1><<<gp_grid(n, 256), 256, 0, s>>>(a, b, g, u, d, n);
+    bool al = al16(a) && al16(b) && al16(g) && al16(u) && al16(d);
+    if (dense) {
+      if (al) k_swiglu_bwd<T, V><<<gp_grid((n + V - 1) / V, 256), 256, 0, s>>>(a, b, g, u, d, n);
+      else k_swiglu_bwd<T, 1><<<gp_grid(n, 256), 256, 0, s>>>(a, b, g, u, d, n);
+    } else {
+      bool vec = al && L.D % V == 0;
+      for (int k = 0; vec && k < 5; k++)
+        for (int dd = 0; vec && dd < m; dd++) vec = L.stride[k][dd] % V == 0;
+      const unsigned grid = gp_grid(vec ? n / V : n, 256);
+      if (vec && m == 1) k_swiglu_bwd_rows<T, V, true><<<grid, 256, 0, s>>>(a, b, g, u, d, L);
+      else if (vec) k_swiglu_bwd_rows<T, V, false><<<grid, 256, 0, s>>>(a, b, g, u, d, L);
+      else if (m == 1) k_swiglu_bwd_rows<T, 1, true><<<grid, 256, 0, s>>>(a, b, g, u, d, L);
+      else k_swiglu_bwd_rows<T, 1, false><<<grid, 256, 0, s>>>(a, b, g, u, d, L);
+    }
   });
   return gp_cuda_check_launch("swiglu_backward");
 }

@@ -126,10 +126,11 @@ static void norm_dw_cpu(gp_tensor *dw, gp_tensor *db, const gp_tensor *x, const 
 }
 
 /* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * w (RMSNorm: no mean(g) term, xhat = x * rstd) */
+/* dx of a norm; dres (or NULL) is added to it */
 static void norm_dx_cpu(gp_tensor *dx, const gp_tensor *x, const gp_tensor *w, const gp_tensor *mean,
-                        const gp_tensor *rstd, const gp_tensor *dout) {
+                        const gp_tensor *rstd, const gp_tensor *dout, const gp_tensor *dres) {
   int64_t R = gp_rows_of(x), D = gp_cols_of(x);
-  const char *px = gp_ptr(x), *pg = gp_ptr(dout), *pw = gp_ptr(w);
+  const char *px = gp_ptr(x), *pg = gp_ptr(dout), *pw = gp_ptr(w), *pres = dres ? gp_ptr(dres) : NULL;
   const float *pm = mean ? gp_ptr(mean) : NULL, *pr = gp_ptr(rstd);
   char *pd = gp_ptr(dx);
   int dt = x->dtype;
@@ -146,7 +147,7 @@ static void norm_dx_cpu(gp_tensor *dx, const gp_tensor *x, const gp_tensor *w, c
     if (!pm) a = 0;
     for (int64_t j = 0; j < D; j++) {
       double g = gp_load(pg, dt, o + j) * gp_load(pw, dt, j), xh = (gp_load(px, dt, o + j) - mu) * rs;
-      gp_store(pd, dt, o + j, rs * (g - a - xh * c));
+      gp_store(pd, dt, o + j, rs * (g - a - xh * c) + (pres ? gp_load(pres, dt, o + j) : 0.0));
     }
   }
 }
@@ -161,7 +162,7 @@ int gp_k_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tensor *db, const 
   GP_CHECK(layer_norm_backward, dx, dw, db, x, w, mean, rstd, dout);
   GP_TRY(check_accumulate("layer_norm_backward", accumulate));
   GP_CUDA_DISPATCH(dx, gp_cuda_layer_norm_backward(dx, dw, db, x, w, mean, rstd, dout, (int)accumulate));
-  norm_dx_cpu(dx, x, w, mean, rstd, dout);
+  norm_dx_cpu(dx, x, w, mean, rstd, dout, NULL);
   norm_dw_cpu(dw, db, x, mean, rstd, dout, (int)accumulate);
   return GP_OK;
 }
@@ -194,8 +195,18 @@ int gp_k_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_tensor *x, con
                            const gp_tensor *dout, double accumulate) {
   GP_CHECK(rms_norm_backward, dx, dw, x, w, rstd, dout);
   GP_TRY(check_accumulate("rms_norm_backward", accumulate));
-  GP_CUDA_DISPATCH(dx, gp_cuda_rms_norm_backward(dx, dw, x, w, rstd, dout, (int)accumulate));
-  norm_dx_cpu(dx, x, w, NULL, rstd, dout);
+  GP_CUDA_DISPATCH(dx, gp_cuda_rms_norm_backward(dx, dw, x, w, rstd, dout, NULL, (int)accumulate));
+  norm_dx_cpu(dx, x, w, NULL, rstd, dout, NULL);
+  norm_dw_cpu(dw, NULL, x, NULL, rstd, dout, (int)accumulate);
+  return GP_OK;
+}
+
+int gp_k_rms_norm_backward_add(gp_tensor *dx, gp_tensor *dw, const gp_tensor *x, const gp_tensor *w,
+                               const gp_tensor *rstd, const gp_tensor *dout, const gp_tensor *dres, double accumulate) {
+  GP_CHECK(rms_norm_backward_add, dx, dw, x, w, rstd, dout, dres);
+  GP_TRY(check_accumulate("rms_norm_backward_add", accumulate));
+  GP_CUDA_DISPATCH(dx, gp_cuda_rms_norm_backward(dx, dw, x, w, rstd, dout, dres, (int)accumulate));
+  norm_dx_cpu(dx, x, w, NULL, rstd, dout, dres);
   norm_dw_cpu(dw, NULL, x, NULL, rstd, dout, (int)accumulate);
   return GP_OK;
 }

@@ -250,11 +250,13 @@ extern "C" int gp_cuda_rms_norm(gp_tensor *out, gp_tensor *rstd, const gp_tensor
 }
 
 /* ---- norm backward: dx per row ---- */
-template <typename T, bool RMS> struct NormDxOp {
+/* RES: dres (the gradient of a residual stream that also feeds the norm) is added into dx */
+template <typename T, bool RMS, bool RES = false> struct NormDxOp {
   const T *x, *w, *dout;
   const float *mean, *rstd;
   T *dx;
   int64_t D;
+  const T *dres = nullptr;
   template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
     float xv[NV * V], g[NV * V], wv[NV * V];
     row_load<T, V, NV>(x + row * D, D, lane, tpr, xv, 0.f);
@@ -273,6 +275,11 @@ template <typename T, bool RMS> struct NormDxOp {
     const float a = RMS ? 0.f : s.x / (float)D, c = s.y / (float)D;
 #pragma unroll
     for (int i = 0; i < NV * V; i++) xv[i] = rs * (g[i] - a - xv[i] * c);
+    if constexpr (RES) {
+      row_load<T, V, NV>(dres + row * D, D, lane, tpr, g, 0.f);
+#pragma unroll
+      for (int i = 0; i < NV * V; i++) xv[i] += g[i];
+    }
     row_store<T, V, NV>(dx + row * D, D, lane, tpr, xv);
   }
   __device__ void loop(int64_t row, float *sh) const {
@@ -289,7 +296,7 @@ template <typename T, bool RMS> struct NormDxOp {
     const float a = RMS ? 0.f : s.x / (float)D, c = s.y / (float)D;
     for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
       float g = ld(dout[o + j]) * ld(w[j]), xh = (ld(x[o + j]) - mu) * rs;
-      dx[o + j] = st<T>(rs * (g - a - xh * c));
+      dx[o + j] = st<T>(rs * (g - a - xh * c) + (RES ? ld(dres[o + j]) : 0.f));
     }
   }
 };
@@ -378,15 +385,23 @@ extern "C" int gp_cuda_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tens
 }
 
 extern "C" int gp_cuda_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_tensor *x, const gp_tensor *w,
-                                         const gp_tensor *rstd, const gp_tensor *dout, int accumulate) {
+                                         const gp_tensor *rstd, const gp_tensor *dout, const gp_tensor *dres,
+                                         int accumulate) {
   int64_t R = gp_rows_of(x), D = gp_cols_of(x);
   int rc = GP_OK;
-  bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx));
+  const char *name = dres ? "rms_norm_backward_add" : "rms_norm_backward";
+  bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx)) && (!dres || al16(gp_ptr(dres)));
   GP_FLOAT_SWITCH(x->dtype, T, {
-    NormDxOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
-                         (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
-    rc = rows_launch<T>("rms_norm_backward", op, R, D, al);
-    if (rc == GP_OK) rc = norm_dw<T>("rms_norm_backward", dw, nullptr, x, nullptr, rstd, dout, accumulate);
+    if (dres) {
+      NormDxOp<T, true, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
+                                 (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D, (const T *)gp_ptr(dres)};
+      rc = rows_launch<T>(name, op, R, D, al);
+    } else {
+      NormDxOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
+                           (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
+      rc = rows_launch<T>(name, op, R, D, al);
+    }
+    if (rc == GP_OK) rc = norm_dw<T>(name, dw, nullptr, x, nullptr, rstd, dout, accumulate);
   });
   return rc;
 }

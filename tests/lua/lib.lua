@@ -72,6 +72,47 @@ function M.counted(f, fns)
   return r[2], n
 end
 
+-- f()'s result and its kernel launches by name ({copy = 3, fill = 1, ...}):
+-- every gp.k function and the tensor methods' kernel table wrapped while f
+-- runs (as gp.profile does), restored after, also on error
+function M.launches(f)
+  local n, saved = {}, {}
+  local k, K = require('gpush.core.kernels').k, require('gpush.core.tensor').K
+  for _, tbl in ipairs {k, K} do
+    local names = {}
+    for name in pairs(tbl) do names[#names + 1] = name end
+    for _, name in ipairs(names) do
+      local orig = tbl[name]
+      saved[#saved + 1] = {tbl, name, orig}
+      tbl[name] = function(...) n[name] = (n[name] or 0) + 1; return orig(...) end
+    end
+  end
+  local r = {pcall(f)}
+  for i = #saved, 1, -1 do saved[i][1][saved[i][2]] = saved[i][3] end
+  if not r[1] then error(r[2], 0) end
+  return r[2], setmetatable(n, {__index = function() return 0 end})
+end
+
+-- y = f(x, device) from the same x0 on the CPU and on the GPU (x requiring
+-- grad), then y:backward(g) with one random g: the GPU's y and x.grad must be
+-- within tol of the CPU's (relative norm); what names the case
+function M.cuda_matches_cpu(f, x0, tol, what)
+  local g
+  local function run(dev)
+    local x = x0:to(dev)
+    if x == x0 then x = x0:clone() end -- a leaf of each run's own
+    x:requires_grad()
+    local y = f(x, dev)
+    g = g or gp.randn(y.shape, {device = 'cpu'}):to(y.dtype)
+    y:backward(g:to(dev))
+    return y:cpu():float(), x.grad:cpu():float()
+  end
+  local yc, gc = run('cpu')
+  local yg, gg = run('cuda')
+  M.ok(M.relnorm(yg, yc) < tol, what .. ': forward ' .. M.relnorm(yg, yc))
+  M.ok(M.relnorm(gg, gc) < tol, what .. ': gradient ' .. M.relnorm(gg, gc))
+end
+
 -- run a shell command; returns its output (stdout and stderr) and exit status
 function M.sh(cmd)
   local f = io.popen(cmd .. ' 2>&1; echo "<rc=$?>"')

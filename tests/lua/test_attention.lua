@@ -67,6 +67,41 @@ T.test('attention matches a matmul/softmax oracle (causal, prefill, windows, not
   T.ok(T.relnorm(gp.attention(q, k, v), (oracle(q, k, v))) < 1e-12)
 end)
 
+-- out is laid out as q: for q the heads of a (B, T, H, D) buffer, out:transpose(2, 3) is a contiguous
+-- (B, T, H, D), so the output projection's (B, T, H * D) input is a view (a copy a layer fewer in a Llama)
+T.test('attention: out in the layout of q (heads of a (B, T, H, D) buffer); values and gradients unchanged', function()
+  for _, c in ipairs {{B = 2, T = 5, H = 4, Hkv = 2, D = 64}, {B = 1, T = 9, H = 2, Hkv = 2, D = 32}} do
+    local x = rn({c.B, c.T, (c.H + 2 * c.Hkv) * c.D}, CPU64)
+    local function heads(t, first, n) return t:narrow(3, first * c.D + 1, n * c.D):view {c.B, t:size(2), n, c.D}:transpose(2, 3) end
+    local q, k, v = heads(x, 0, c.H), heads(x, c.H, c.Hkv), heads(x, c.H + c.Hkv, c.Hkv)
+    local out, lse = gp.attention(q, k, v)
+    T.ok(out:transpose(2, 3):is_contiguous(), 'out:transpose(2, 3) contiguous')
+    local ro, rl = gp.attention(q:contiguous(), k:contiguous(), v:contiguous())
+    T.ok(ro:is_contiguous(), 'a contiguous q gives a contiguous out')
+    T.eq(T.relnorm(out, ro), 0)
+    T.eq(T.relnorm(lse, rl), 0)
+    local y, n = T.launches(function() return out:transpose(2, 3):reshape {c.B, c.T, c.H * c.D} end)
+    T.eq(n.copy, 0, 'the merge of the heads is a view')
+    T.same(y.shape, {c.B, c.T, c.H * c.D})
+    -- the gradient through the strided heads and the merged view, in double
+    T.ok(gp.gradcheck(function(t)
+      local a, b, d = heads(t, 0, c.H), heads(t, c.H, c.Hkv), heads(t, c.H + c.Hkv, c.Hkv)
+      return (gp.attention(a, b, d)):transpose(2, 3):reshape {c.B, t:size(2), c.H * c.D}
+    end, {rn({c.B, 3, (c.H + 2 * c.Hkv) * c.D}, CPU64)}))
+  end
+end)
+
+T.test('attention: out in the layout of q on the GPU (bf16 tensor cores, f32) equals the CPU, forward and gradient', function()
+  T.cuda()
+  for _, dt in ipairs {'bf16', 'f32'} do
+    local B, Tn, H, Hkv, D = 2, 37, 4, 2, 64
+    local function heads(x, first, n) return x:narrow(3, first * D + 1, n * D):view {B, Tn, n, D}:transpose(2, 3) end
+    T.cuda_matches_cpu(function(x)
+      return gp.attention(heads(x, 0, H), heads(x, H, Hkv), heads(x, H + Hkv, Hkv)):transpose(2, 3):reshape {B, Tn, H * D}
+    end, rn({B, Tn, (H + 2 * Hkv) * D}):to(dt), dt == 'bf16' and 1e-2 or 1e-4, dt)
+  end
+end)
+
 T.test('attention backward: central differences in f64 (causal, prefill, window + n_global, not causal)', function()
   gp.manual_seed(3)
   for _, c in ipairs {

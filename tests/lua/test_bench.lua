@@ -138,6 +138,23 @@ T.test('models bench (scripts/bench/models.lua) runs on a fixture model and prin
   T.ok(out:find('gpush decode batch 2:', 1, true), out)
 end)
 
+T.test('lora launches (scripts/bench/lora_launches.lua) counts an update\'s kernels by name, and call sites', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/lora_launches.lua --layers 2 --sites fill')
+  T.eq(rc, 0, out)
+  local total = tonumber(out:match('bf16 base, 2 layers, 4 x 24 tokens: (%d+) launches'))
+  T.ok(total, out)
+  local sum = 0
+  for n in out:gmatch('\n  [%w_]+%s+(%d+)') do sum = sum + tonumber(n) end
+  T.eq(sum, total, 'the rows add up to the total')
+  T.eq(tonumber(out:match('\n  fill%s+(%d+)')), 4, out) -- none a layer (tests/lua/test_models.lua)
+  T.ok(out:find('---- 1 x fill', 1, true), 'a call site of fill\n' .. out)
+  out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/lora_launches.lua --layers 1 --nf4 --rows 3')
+  T.eq(rc, 0, out)
+  T.ok(out:find('NF4 base, 1 layers, 3 x 24 tokens', 1, true) and out:find('nf4_', 1, true), out)
+  out, rc = T.sh(exe .. ' ' .. root .. '/scripts/bench/lora_launches.lua --layers x')
+  T.ok(rc ~= 0 and out:find('--layers needs a number', 1, true), out)
+end)
+
 T.test('kv decode bench (scripts/bench/kv_decode.lua) prints a row per cache dtype', function()
   local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/kv_decode.lua --len 64 --batch 1 ' ..
     '--heads 4 --kv-heads 2 --head-dim 64 --iters 1')

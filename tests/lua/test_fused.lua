@@ -29,6 +29,58 @@ T.test('swiglu backward: finite differences', function()
   fd.check('swiglu dup', du, fd.grad(f, {g, u}, 2, dout), 1e-7)
 end)
 
+-- gate and up as column blocks of one (rows, 2h) product (a Llama's gate/up
+-- with LoRA): the backward reads them where they lie and writes dgate and dup
+-- as the same blocks of one gradient
+T.test('swiglu backward: row-strided gate, up and gradients, no copy; finite differences through the views', function()
+  local cpu = {dtype = 'f64', device = 'cpu'}
+  -- the kernel on strided rows equals it on contiguous copies; strided outputs too, every element written
+  for _, shape in ipairs {{4, 5, 7}, {1, 9}, {6, 1}, {3, 2, 8}} do
+    local n = #shape
+    local h = shape[n]
+    local big = {}
+    for i = 1, n do big[i] = shape[i] end
+    big[n] = 2 * h + 3
+    local y, d = gp.randn(big, cpu), gp.randn(big, cpu)
+    local g, u, dout = y:narrow(n, 1, h), y:narrow(n, h + 1, h), d:narrow(n, h + 3, h)
+    local o = gp.full(big, 77, cpu)
+    local dg, du = o:narrow(n, 1, h), o:narrow(n, h + 1, h)
+    gp.k.swiglu_backward(dg, du, g, u, dout)
+    local rg, ru = gp.empty(shape, cpu), gp.empty(shape, cpu)
+    gp.k.swiglu_backward(rg, ru, g:contiguous(), u:contiguous(), dout:contiguous())
+    T.eq(T.relnorm(dg, rg), 0, 'dgate ' .. table.concat(shape, 'x'))
+    T.eq(T.relnorm(du, ru), 0, 'dup ' .. table.concat(shape, 'x'))
+    -- the columns past both blocks untouched
+    T.eq(o:narrow(n, 2 * h + 1, 3):eq(77):float():sum():item(), o:numel() / big[n] * 3)
+    -- leading dims that do not merge (the rows of a transposed buffer)
+    if n == 3 then
+      local t = gp.randn({shape[2], shape[1], 2 * h}, cpu):transpose(1, 2)
+      local tg, tu = t:narrow(3, 1, h), t:narrow(3, h + 1, h)
+      gp.k.swiglu_backward(rg, ru, tg, tu, dout)
+      local cg, cu = gp.empty(shape, cpu), gp.empty(shape, cpu)
+      gp.k.swiglu_backward(cg, cu, tg:contiguous(), tu:contiguous(), dout:contiguous())
+      T.eq(T.relnorm(rg, cg) + T.relnorm(ru, cu), 0, 'transposed rows')
+    end
+  end
+  -- autograd: no copy, one gradient tensor for both blocks
+  local y = gp.randn({3, 4, 10}, cpu):requires_grad()
+  local z = y * 1 -- a non-leaf, as a product's output is
+  local out = gp.swiglu(z:narrow(3, 1, 5), z:narrow(3, 6, 5))
+  local gout = gp.randn({3, 4, 5}, cpu)
+  local _, n = T.launches(function() out:backward(gout) end)
+  T.eq(n.swiglu_backward, 1)
+  -- two copies, neither swiglu's: the first narrow's gradient into z's zeros, y's first .grad (a leaf's clone)
+  T.eq(n.copy, 2, 'copies')
+  local zc = z:detach()
+  local sg, su = zc:narrow(3, 1, 5), zc:narrow(3, 6, 5)
+  local dg, du = gp.empty({3, 4, 5}, cpu), gp.empty({3, 4, 5}, cpu)
+  gp.k.swiglu_backward(dg, du, sg:contiguous(), su:contiguous(), gout)
+  T.ok(T.relnorm(y.grad, gp.cat({dg, du}, 3)) < 1e-15, 'the gradient')
+  -- the gradient through the views in double
+  gp.gradcheck(function(x) return gp.swiglu(x:narrow(3, 1, 5), x:narrow(3, 6, 5)) end, {gp.randn({2, 3, 10}, cpu)})
+  gp.gradcheck(function(x) return gp.swiglu(x:narrow(2, 2, 4), x:narrow(2, 7, 4)) end, {gp.randn({3, 11}, cpu)})
+end)
+
 T.test('fused errors name the op and the shapes', function()
   local a = gp.randn({3, 4}, {device = 'cpu'})
   T.raises(function() gp.swiglu(a, gp.randn({3, 5}, {device = 'cpu'})) end, 'swiglu', '(3,5)', '(3,4)')
@@ -37,6 +89,10 @@ T.test('fused errors name the op and the shapes', function()
   T.raises(function() gp.add_rms_norm(a, a, gp.ones({5}, {device = 'cpu'})) end, 'add_rms_norm', 'w', '(5)')
   T.raises(function() gp.bias_gelu(a, gp.ones({3}, {device = 'cpu'})) end, 'bias_gelu', 'b', '(3)', '(3,4)')
   T.raises(function() gp.k.swiglu_backward(a, a, a, a:t(), a) end, 'swiglu_backward')
+  -- rows at any strides, but stride 1 along them
+  local at = gp.randn({4, 3}, {device = 'cpu'}):t()
+  T.raises(function() gp.k.swiglu_backward(a, a:clone(), at, a, a) end, 'swiglu_backward', 'gate', 'stride 1 on its last dim')
+  T.raises(function() gp.k.swiglu_backward(at, a:clone(), a, a, a) end, 'swiglu_backward', 'dgate', 'stride 1 on its last dim')
   T.cuda()
   T.raises(function() gp.swiglu(a:cuda(), a) end, 'swiglu', 'cpu', 'cuda')
 end)
@@ -58,6 +114,37 @@ T.test('cuda swiglu forward/backward with tails and unaligned starts', function(
         gp.k.swiglu_backward(base, b2, gg, ug, dg)
         T.ok(T.relnorm(base, a1) <= tol and T.relnorm(b2, a2) <= tol, 'swiglu_backward ' .. dt .. ' ' .. n)
       end
+    end
+  end
+end)
+
+T.test('cuda swiglu backward on row-strided operands (column blocks, transposed rows, unaligned) equals the CPU', function()
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16', 'f16'} do
+    local tol = dt == 'f32' and 1e-5 or 1e-2
+    -- h: 8-multiples take 16-byte vectors (f32: 4-multiples), 7 and 1 do not; off shifts every row's start
+    for _, c in ipairs {{3, 5, 64, 0}, {2, 33, 1536, 0}, {3, 5, 64, 1}, {4, 3, 7, 0}, {5, 2, 1, 0}, {1, 1, 24, 0}} do
+      local B, Tn, h, off = c[1], c[2], c[3], c[4]
+      local what = string.format('%s %dx%dx%d off %d', dt, B, Tn, h, off)
+      local y = gp.randn({B, Tn, 2 * h + off}, {device = 'cpu'}):to(dt)
+      local d = gp.randn({B, Tn, h}, {device = 'cpu'}):to(dt)
+      local g, u = y:narrow(3, 1 + off, h), y:narrow(3, h + 1 + off, h)
+      local rg, ru = gp.empty({B, Tn, h}, {dtype = dt, device = 'cpu'}), gp.empty({B, Tn, h}, {dtype = dt, device = 'cpu'})
+      gp.k.swiglu_backward(rg, ru, g, u, d)
+      local yc, dc = y:cuda(), d:cuda()
+      local o = gp.full({B, Tn, 2 * h + off}, 7, {dtype = dt})
+      local og, ou = o:narrow(3, 1 + off, h), o:narrow(3, h + 1 + off, h)
+      gp.k.swiglu_backward(og, ou, yc:narrow(3, 1 + off, h), yc:narrow(3, h + 1 + off, h), dc)
+      T.ok(T.relnorm(og:cpu(), rg) <= tol, what .. ' dgate ' .. T.relnorm(og:cpu(), rg))
+      T.ok(T.relnorm(ou:cpu(), ru) <= tol, what .. ' dup ' .. T.relnorm(ou:cpu(), ru))
+      if off > 0 then T.eq(o:narrow(3, 1, off):cpu():float():eq(7):float():sum():item(), B * Tn * off, what .. ' untouched') end
+      -- rows of a transposed buffer (the leading dims do not merge)
+      local t = gp.randn({Tn, B, 2 * h}, {device = 'cpu'}):to(dt):transpose(1, 2)
+      gp.k.swiglu_backward(rg, ru, t:narrow(3, 1, h), t:narrow(3, h + 1, h), d)
+      local tc = t:cuda()
+      local cg, cu = gp.empty({B, Tn, h}, {dtype = dt}), gp.empty({B, Tn, h}, {dtype = dt})
+      gp.k.swiglu_backward(cg, cu, tc:narrow(3, 1, h), tc:narrow(3, h + 1, h), dc)
+      T.ok(T.relnorm(cg:cpu(), rg) <= tol and T.relnorm(cu:cpu(), ru) <= tol, what .. ' transposed rows')
     end
   end
 end)

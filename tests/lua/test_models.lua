@@ -115,13 +115,14 @@ local function lora_llama(name, nf4)
 end
 
 -- products a layer in a training step (forward and backward), LoRA on all 7 projections, dense base:
--- module by module 7 x (3 + 5) = 56; grouped q/k/v 5 + 11 (9 + 15 before) and gate/up 4 + 8 (6 + 10),
--- o and down 8 each: 44, 12 fewer; over NF4 (the base one product a projection either way) 9 fewer. The
+-- module by module 7 x (3 + 5) = 56; grouped q/k/v 5 + 11 (9 + 15 before) and gate/up 4 + 7 (6 + 10: swiglu's
+-- backward writes dgate and dup as column blocks of one gradient, so dx is one product over the fused
+-- weight), o and down 8 each: 43, 13 fewer; over NF4 (the base one product a projection either way) 9 fewer. The
 -- first layer's input needs no gradient (the embedding is frozen): its q/k/v skip their dx products, 6
 -- module by module and 4 grouped, so that layer saves 2 fewer.
 T.test('models: LoRA on a Llama under autograd: q/k/v and gate/up one node each, the same logits and adapter gradients as module by module, fewer products', function()
   local span = require('gpush.core.tensor').span
-  for _, case in ipairs {{'llama_gqa', false, 12}, {'qwen2', false, 12}, {'llama_gqa', true, 9}} do
+  for _, case in ipairs {{'llama_gqa', false, 13}, {'qwen2', false, 13}, {'llama_gqa', true, 9}} do
     local name, nf4, fewer = case[1], case[2], case[3]
     local what = name .. (nf4 and ' (NF4)' or '')
     local m, ad = lora_llama(name, nf4)
@@ -161,6 +162,46 @@ T.test('models: LoRA on a Llama under autograd: q/k/v and gate/up one node each,
     for i = 1, #ad do
       T.ok(T.relnorm(r1[2][i], r2[2][i]) < 1e-5, what .. ': adapter gradient ' .. i .. ' ' .. T.relnorm(r1[2][i], r2[2][i]))
     end
+  end
+end)
+
+-- one LoRA update of the polychromic experiment (issue #20: launch-bound): the
+-- token log-probs of the last K positions with autograd, the PPO loss,
+-- backward, gradient clipping and the AdamW step; its kernel launches by name
+local function lora_update(m, ad)
+  gp.manual_seed(5)
+  local V = m.config.vocab_size
+  local full = gp.randint(0, V, {3, 12}, {dtype = 'i64', device = 'cpu'})
+  local tg = gp.randint(0, V, {3, 8}, {dtype = 'i64', device = 'cpu'})
+  local mask, adv = tg:ne(-100):float(), gp.randn({3}, {device = 'cpu'})
+  local opt = gp.optim.AdamW(ad, {lr = 1e-3, weight_decay = 0})
+  local old
+  local function step()
+    local loss
+    loss, old = gp.polychromic.ppo_step(m, opt, full, tg, adv, mask, {old = old, clip = 0.2})
+    return loss
+  end
+  step() -- the optimizer's state, the old log-probs
+  local _, n = T.launches(step)
+  return n
+end
+
+-- where the fills and copies of an update come from, per layer (L) and once.
+-- Fills: none per layer (no bias zeros for bias-free groups); once: zero_grad's
+-- flat buffer, the loss's count, backward's seed, the narrowed hidden's gradient.
+-- Copies per layer: none for rope (it reads q and k where the q/k/v product put
+-- them), nor for swiglu's backward (it reads gate and up, column views of the
+-- gate/up product, where they lie), nor for the attention output's (B, H, T, hd)
+-- -> (B, T, H * hd) (gp.attention writes it in q's layout: a view). Once: 8 (the narrowed ids and hidden states, the narrow's
+-- gradient, dtype casts in the loss's backward)
+T.test('models: a LoRA update of a Llama launches no per-layer fill or copy', function()
+  for _, case in ipairs {{'llama_gqa', false, 0}, {'llama_gqa', true, 0}, {'qwen2', false, 0}} do
+    local m, ad = lora_llama(case[1], case[2])
+    local n = lora_update(m, ad)
+    local L = m.config.num_hidden_layers
+    local what = case[1] .. (case[2] and ' (NF4)' or '')
+    T.eq(n.fill, 4, what .. ': fills')
+    T.eq(n.copy, case[3] * L + 8, what .. ': copies')
   end
 end)
 

@@ -28,8 +28,27 @@ T.test('rope: strided heads (a view of a qkv buffer) and the gradient in double'
   local qkv = gp.randn({2, 5, 3 * 8}, cpu)
   local q = qkv:narrow(3, 1, 8):view {2, 5, 2, 4}
   local f = gp.rope_inv_freq(4, {theta = 100, device = 'cpu'}):double()
-  T.ok(T.relnorm(gp.rope(q, 0, f), gp.rope(q:contiguous(), 0, f)) < 1e-12)
+  -- read where it lies: no copy of the view (two per layer of a Llama: q and k of its q/k/v product)
+  local f32 = f:float()
+  local y, n = T.launches(function() return gp.rope(q, 0, f32) end)
+  T.eq(n.copy, 0, 'copies')
+  T.eq(n.rope, 1)
+  T.ok(T.relnorm(y, gp.rope(q:contiguous(), 0, f)) < 1e-12)
   gp.gradcheck(function(x) return gp.rope(x, 2, f) end, {gp.randn({1, 4, 3, 4}, cpu)})
+  -- the gradient through a strided view of a larger tensor (only its columns get one)
+  gp.gradcheck(function(x) return gp.rope(x:narrow(3, 3, 8):view {1, 4, 2, 4}, 2, f) end, {gp.randn({1, 4, 12}, cpu)})
+  -- an f32 view with a stride 2 on the last dim is copied first (the kernel needs stride 1 there)
+  local odd = gp.randn({2, 5, 2, 4, 2}, {device = 'cpu'}):select(5, 1)
+  T.ok(T.relnorm(gp.rope(odd, 1, f:float()), gp.rope(odd:contiguous(), 1, f:float())) < 1e-6)
+end)
+
+T.test('rope: strided heads on the GPU equal the CPU (bf16, f32), forward and gradient', function()
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16'} do
+    local f = gp.rope_inv_freq(32, {device = 'cpu'})
+    T.cuda_matches_cpu(function(x, dev) return gp.rope(x:narrow(3, 65, 64):view {2, 7, 2, 32}, 3, f:to(dev)) end,
+      gp.randn({2, 7, 3 * 64}, {device = 'cpu'}):to(dt), dt == 'bf16' and 1e-2 or 1e-5, dt)
+  end
 end)
 
 T.test('rope_inv_freq: plain, linear and llama3 scaling (the values of transformers\' formulas)', function()

@@ -85,6 +85,56 @@ T.test('rms_norm backward: finite differences of dx, dw', function()
   fd.check('rms_norm dw', dw, fd.grad(f, {x, w}, 2, dout), 1e-5)
 end)
 
+-- rms_norm_backward_add: dx + dres in one pass (add_rms_norm's backward: the
+-- norm's gradient of h plus the residual stream's), dw as rms_norm_backward
+T.test('rms_norm_backward_add: rms_norm_backward\'s dx plus dres, dw unchanged (cpu; cuda against the cpu)', function()
+  local function run(dev, dt, R, D, acc, seed)
+    gp.manual_seed(seed)
+    local o = {dtype = dt, device = 'cpu'}
+    local x, w, dout, dres = gp.randn({R, D}, o), gp.randn({D}, o), gp.randn({R, D}, o), gp.randn({R, D}, o)
+    local dw0 = gp.randn({D}, o)
+    x, w, dout, dres = x:to(dev), w:to(dev), dout:to(dev), dres:to(dev)
+    local _, rs = gp.rms_norm(x, w)
+    local dx, dw = gp.full({R, D}, 77, {dtype = dt, device = dev}), dw0:to(dev)
+    gp.k.rms_norm_backward_add(dx, dw, x, w, rs, dout, dres, acc)
+    local rdx, rdw = gp.empty({R, D}, {dtype = dt, device = dev}), dw0:to(dev)
+    gp.k.rms_norm_backward(rdx, rdw, x, w, rs, dout, acc)
+    return dx:cpu(), dw:cpu(), rdx:cpu(), rdw:cpu(), dres:cpu()
+  end
+  for _, acc in ipairs {0, 1} do
+    local dx, dw, rdx, rdw, dres = run('cpu', 'f64', 5, 7, acc, 3)
+    T.ok(T.relnorm(dx, rdx + dres) < 1e-15, 'dx + dres')
+    T.eq(T.relnorm(dw, rdw), 0, 'dw')
+  end
+  -- through add_rms_norm's rule: the same gradients as the norm and the add apart, no add kernel
+  local cpu = {dtype = 'f64', device = 'cpu'}
+  local x, res, w = gp.randn({3, 4, 9}, cpu), gp.randn({3, 4, 9}, cpu), gp.randn({9}, cpu)
+  gp.gradcheck(function(a, b, c)
+    local n, h = gp.add_rms_norm(a, b, c)
+    return n * 0.5 + h * h -- both outputs carry a gradient
+  end, {x, res, w})
+  local xr, rr = gp.randn({3, 4, 9}, cpu):requires_grad(), gp.randn({3, 4, 9}, cpu):requires_grad()
+  local n, h = gp.add_rms_norm(xr, rr, gp.randn({9}, cpu))
+  local loss = (n * gp.randn({3, 4, 9}, cpu) + h * gp.randn({3, 4, 9}, cpu)):sum()
+  local _, k = T.launches(function() loss:backward() end)
+  T.eq(k.rms_norm_backward_add, 1)
+  T.eq(k.rms_norm_backward, 0)
+  T.eq(k.add, 0, 'no add kernel in add_rms_norm\'s backward')
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16'} do
+    local tol = dt == 'f32' and 1e-4 or 1e-2
+    for _, c in ipairs {{4096, 128}, {64, 4096}, {300, 33}, {1, 5}, {7, 576}} do
+      for _, acc in ipairs {0, 1} do
+        local g = {run('cuda', dt, c[1], c[2], acc, 5)}
+        local r = {run('cpu', dt, c[1], c[2], acc, 5)}
+        local what = string.format('%s %dx%d acc %d', dt, c[1], c[2], acc)
+        T.ok(T.relnorm(g[1]:float(), r[1]:float()) < tol, what .. ' dx ' .. T.relnorm(g[1]:float(), r[1]:float()))
+        T.ok(T.relnorm(g[2]:float(), r[2]:float()) < tol, what .. ' dw ' .. T.relnorm(g[2]:float(), r[2]:float()))
+      end
+    end
+  end
+end)
+
 T.test('rows errors name the op and the shapes', function()
   local x = gp.randn({4, 8}, {device = 'cpu'})
   T.raises(function() gp.layer_norm(x, gp.ones({7}, {device = 'cpu'})) end, 'layer_norm', 'w', '(7)', '(4,8)')

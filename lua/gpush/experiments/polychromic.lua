@@ -587,6 +587,23 @@ end
 doc(P.ppo_loss, string.format('gp.polychromic.ppo_loss(logp, old_logp, adv, mask, {clip=%g, kl=%g, base_logp=})', DEF.clip, DEF.kl),
   'the PPO clipped surrogate -mean over reply tokens of min(ratio A, clip(ratio) A) with ratio = exp(logp - old), plus kl times the k3 estimate of KL(policy || base)')
 
+-- one update of the adapters: the log-probs with autograd, the PPO loss (old:
+-- the first pass's log-probs, taken from this one when nil), backward,
+-- clipping to norm 1, the optimizer's step; returns the loss and old
+function P.ppo_step(policy, opt, full, targets, adv, mask, opts)
+  opts = opts or {}
+  opt:zero_grad()
+  local logp = P.token_logp(policy, full, targets)
+  local old = opts.old or logp:detach()
+  local loss = P.ppo_loss(logp, old, adv, mask, {clip = opts.clip, kl = opts.kl, base_logp = opts.base_logp})
+  loss:backward()
+  optim.clip_grad_norm(opt, 1.0)
+  opt:step()
+  return loss, old
+end
+doc(P.ppo_step, 'gp.polychromic.ppo_step(policy, opt, full, targets, adv, mask, {old=, clip=, kl=, base_logp=})',
+  'one PPO update: zero_grad, token_logp with autograd, ppo_loss against old (this pass\'s log-probs detached when nil), backward, clip_grad_norm to 1, opt:step(); returns the loss and old')
+
 -- the set diversity of the valid replies: per prompt, the mean pair distance
 -- 1 - cos(e_i, e_j) over the pairs of its replies with reward > thr (0.5);
 -- returns the mean over the B prompts (a prompt with fewer than 2 valid
@@ -746,13 +763,7 @@ function P.finetune(policy, tok, task, o)
       local old, loss
       policy:train()
       for _ = 1, o.epochs or DEF.epochs do
-        opt:zero_grad()
-        local logp = P.token_logp(policy, ro.full, tg)
-        if not old then old = logp:detach() end
-        loss = P.ppo_loss(logp, old, at, mask, {clip = o.clip, kl = o.kl, base_logp = base_logp})
-        loss:backward()
-        optim.clip_grad_norm(opt, 1.0)
-        opt:step()
+        loss, old = P.ppo_step(policy, opt, ro.full, tg, at, mask, {old = old, clip = o.clip, kl = o.kl, base_logp = base_logp})
       end
       rec.loss = loss:item()
       local t3 = logger.now()

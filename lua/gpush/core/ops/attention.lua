@@ -124,10 +124,13 @@ local function prepare(op, q, k, v, opts)
   return usable(q), as(k, q), as(v, q), scale, window, n_global, causal
 end
 
+-- out in q's layout (the kernels write it at any strides): for heads of a
+-- (B, T, H, D) buffer, out:transpose(2, 3) is a contiguous (B, T, H, D), so
+-- the (B, T, H * D) input of the output projection is a view, not a copy
 function gp.attention(q, k, v, opts)
   local qc, kc, vc, scale, window, ng, causal = prepare('attention', q, k, v, opts)
   local s = qc.shape
-  local out = empty(s, qc.dtype, qc.device, 'attention')
+  local out = empty_like_rows(qc, qc.dtype, 'attention')
   local lse = empty({s[1], s[2], s[3]}, 'f32', qc.device, 'attention')
   K.attn_fwd(out, lse, qc, kc, vc, scale, window, ng, causal)
   return out, lse
@@ -137,7 +140,8 @@ gp.doc(gp.attention, 'gp.attention(q, k, v, {causal=true, scale=1/sqrt(D), windo
   'Hkv < H is grouped-query attention (Hkv divides H; query head h reads KV head h / (H / Hkv); Hkv 1: multi-query), ' ..
   'k and v never repeated in memory; ' ..
   'queries are the last T of S positions (query i sees keys j <= i + S - T when causal); window > 0 keeps keys ' ..
-  'with p - j < window, plus the first n_global keys; returns out and lse (B, H, T) (f32 logsumexp); differentiable ' ..
+  'with p - j < window, plus the first n_global keys; returns out (B, H, T, D), laid out as q is (the heads of a ' ..
+  '(B, T, H, D) buffer give out:transpose(2, 3) contiguous), and lse (B, H, T) (f32 logsumexp); differentiable ' ..
   '(dk, dv have Hkv heads: summed over each KV head\'s query heads)')
 
 autograd.def_function('attention', function(g, a, o)

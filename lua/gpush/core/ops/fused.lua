@@ -64,7 +64,9 @@ function gp.bias_gelu(x, b)
 end
 gp.doc(gp.bias_gelu, 'gp.bias_gelu(x, b)', 'gelu(x + b) (erf form), b of size x:size(-1) broadcast over rows')
 
--- add_rms_norm: h = x + res (returned as res_out), out = rms_norm(h) * w
+-- add_rms_norm: h = x + res (returned as res_out), out = rms_norm(h) * w; h's
+-- gradient is the norm's plus the one h got downstream (the residual stream),
+-- added by the norm's backward kernel as it writes dx (no add kernel)
 autograd.def_function('add_rms_norm', function(g, a, o)
   local w = a[3]
   local h = o[2]
@@ -74,18 +76,41 @@ autograd.def_function('add_rms_norm', function(g, a, o)
     local dx = empty(h.shape, h.dtype, h.device, 'add_rms_norm')
     local dw, _, acc
     dw, _, acc, rw = norm_outs(h, D, 'add_rms_norm', w)
-    K.rms_norm_backward(dx, dw, h, norm_w(w, h, D), o[3], like_dt(g[1], h), acc)
-    dh = dh and dx + dh or dx
+    if dh then
+      K.rms_norm_backward_add(dx, dw, h, norm_w(w, h, D), o[3], like_dt(g[1], h), like_dt(dh, h), acc)
+    else
+      K.rms_norm_backward(dx, dw, h, norm_w(w, h, D), o[3], like_dt(g[1], h), acc)
+    end
+    dh = dx
   end
   return dh, dh, rw
 end, {nout = 2})
 
+-- t in dtype dt for a kernel that reads rows at any strides (spec '/'): copied only when its last dim is strided
+local function rows_dt(t, dt)
+  t = tensor.to_dtype(t, dt)
+  if t:dim() > 0 and t:size(-1) > 1 and t:stride(-1) ~= 1 then return t:contiguous() end
+  return t
+end
+
+-- the kernel reads gate and up where they lie (a Llama's are column blocks of
+-- its gate/up product); when they are adjacent blocks of one tensor, dgate and
+-- dup are written as the same blocks of one gradient, which the product's
+-- backward then takes as one tensor (gp.lora_linear_group: one dx product)
 autograd.def_function('swiglu', function(g, a)
-  local gate = floatc(a[1])
-  local up = like_dt(a[2], gate)
-  local dgate = empty(gate.shape, gate.dtype, gate.device, 'swiglu')
-  local dup = empty(gate.shape, gate.dtype, gate.device, 'swiglu')
-  K.swiglu_backward(dgate, dup, gate, up, like_dt(g[1], gate))
+  local dt = FLOAT[a[1].dtype] and a[1].dtype or 'f32'
+  local gate, up, dout = rows_dt(a[1], dt), rows_dt(a[2], dt), rows_dt(g[1], dt)
+  local n = gate:dim()
+  local whole = n > 0 and tensor.span({gate, up}, n)
+  local dgate, dup
+  if whole then
+    local d, h = empty(whole.shape, dt, gate.device, 'swiglu'), gate:size(n)
+    dgate, dup = d:narrow(n, 1, h), d:narrow(n, h + 1, h)
+  else
+    dgate = empty(gate.shape, dt, gate.device, 'swiglu')
+    dup = empty(gate.shape, dt, gate.device, 'swiglu')
+  end
+  K.swiglu_backward(dgate, dup, gate, up, dout)
   return dgate, dup
 end)
 

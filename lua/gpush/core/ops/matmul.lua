@@ -280,13 +280,11 @@ end
 -- the biases of a fused base product: nil (none), their span, or concatenated (zeros for the missing)
 local function group_bias(bs, ws, n, x)
   if not bs then return nil end
-  local any, list = false, {}
-  for i = 1, n do
-    local b = bs[i]
-    any = any or b ~= nil
-    list[i] = b or gp.zeros({ws[i].shape[1]}, {dtype = x.dtype, device = x.device})
-  end
-  if not any then return nil end
+  local any = false
+  for i = 1, n do any = any or bs[i] ~= nil end
+  if not any then return nil end -- (no zeros made to be thrown away: a fill each)
+  local list = {}
+  for i = 1, n do list[i] = bs[i] or gp.zeros({ws[i].shape[1]}, {dtype = x.dtype, device = x.device}) end
   return tensor.span(list, 1) or gp.cat(list, 1)
 end
 

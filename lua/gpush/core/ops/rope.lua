@@ -10,6 +10,7 @@ local autograd = require 'gpush.core.autograd'
 local common = require 'gpush.core.ops.common'
 local raise, empty, is_tensor, shape_str = rt.raise, tensor.empty, tensor.is_tensor, tensor.shape_str
 local K = tensor.K
+local FLOAT = require('gpush.core.dtype').FLOAT
 
 -- positions: a tensor of T i32/i64 ids, or a number: start, start + 1, ...
 local function positions(pos, T, device)
@@ -28,7 +29,10 @@ function gp.rope(x, pos, inv_freq)
     raise('rope: x must be a tensor (..., T, H, D), got ' .. (is_tensor(x) and shape_str(x.shape) or type(x)))
   end
   if not is_tensor(inv_freq) then raise('rope: inv_freq must be a tensor (gp.rope_inv_freq)') end
-  x = common.floatc(x:stride(-1) == 1 and x or x:contiguous())
+  -- a strided view (the q or k heads of a fused product's output) is read as it is: the kernel takes any strides
+  -- but the last dim's
+  if not FLOAT[x.dtype] then x = tensor.to_dtype(x, 'f32') end
+  if x:stride(-1) ~= 1 then x = x:contiguous() end
   local T = x:size(-3)
   local p = positions(pos, T, x.device)
   if inv_freq.device ~= x.device or inv_freq.dtype ~= 'f32' then inv_freq = inv_freq:to {dtype = 'f32', device = x.device} end
