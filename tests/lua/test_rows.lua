@@ -95,9 +95,10 @@ T.test('rms_norm_backward_add: rms_norm_backward\'s dx plus dres, dw unchanged (
     local dw0 = gp.randn({D}, o)
     x, w, dout, dres = x:to(dev), w:to(dev), dout:to(dev), dres:to(dev)
     local _, rs = gp.rms_norm(x, w)
-    local dx, dw = gp.full({R, D}, 77, {dtype = dt, device = dev}), dw0:to(dev)
+    -- (dw0:clone(): on the CPU :to(dev) is dw0 itself, and both calls would accumulate into it)
+    local dx, dw = gp.full({R, D}, 77, {dtype = dt, device = dev}), dw0:clone():to(dev)
     gp.k.rms_norm_backward_add(dx, dw, x, w, rs, dout, dres, acc)
-    local rdx, rdw = gp.empty({R, D}, {dtype = dt, device = dev}), dw0:to(dev)
+    local rdx, rdw = gp.empty({R, D}, {dtype = dt, device = dev}), dw0:clone():to(dev)
     gp.k.rms_norm_backward(rdx, rdw, x, w, rs, dout, acc)
     return dx:cpu(), dw:cpu(), rdx:cpu(), rdw:cpu(), dres:cpu()
   end
