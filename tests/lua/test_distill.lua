@@ -216,6 +216,70 @@ T.test('distill_loss: bad input', function()
   T.raises(function() gp.k.distill_loss(loss, s, t, tg, 1, 0.5, 3, -100) end, 'distill_loss', 'kind')
 end)
 
+-- the head-fused variant: the student's logits h @ w^T made chunk by chunk, never whole
+T.test('linear_distill_loss equals distill_loss(h @ w^T) in f64: loss, dh, dw; kinds, chunks, ignored rows, no targets', function()
+  local h0, w0 = gp.randn({2, 3, 6}, CPU64), gp.randn({11, 6}, CPU64)
+  local t0 = gp.randn({2, 3, 11}, CPU64) * 2
+  local tg = gp.tensor({{1, -100, 4}, {0, 10, 3}}, I64)
+  for _, kind in ipairs(KINDS) do
+    for _, c in ipairs {{chunk = 1, alpha = 0.3, targets = tg}, {chunk = 4, reduction = 'sum'}, {chunk = 6, targets = tg}} do
+      local o = {kind = kind, temperature = 2, alpha = c.alpha, targets = c.targets, reduction = c.reduction, chunk = c.chunk}
+      local h1, w1 = h0:clone():requires_grad(), w0:clone():requires_grad()
+      local got = gp.linear_distill_loss(h1, w1, t0, o)
+      T.eq(rawget(got, '_node').name, 'linear_distill_loss')
+      got:backward()
+      local h2, w2 = h0:clone():requires_grad(), w0:clone():requires_grad()
+      local want = gp.distill_loss(h2:matmul(w2:t()), t0, o)
+      want:backward()
+      local what = string.format('%s chunk %d', kind, c.chunk)
+      T.ok(T.relnorm(got, want) < 1e-12, what .. ' loss')
+      -- (1e-6: the loss, so its upstream gradient and the mean's 1 / count, are f32)
+      T.ok(T.relnorm(h1.grad, h2.grad) < 1e-6 and T.relnorm(w1.grad, w2.grad) < 1e-6, what .. ' dh, dw')
+    end
+  end
+  -- (the loss is f32: a larger step keeps the rounding out of the differences)
+  T.ok(gp.gradcheck(function(hh, ww) return gp.linear_distill_loss(hh, ww, t0, {kind = 'jsd', targets = tg, chunk = 4}) end,
+    {h0:clone(), w0:clone()}, {eps = 1e-2, atol = 1e-4, rtol = 1e-3}))
+  local l, dh, dw = gp.linear_distill_loss(h0, w0, t0, {targets = tg, grad = true})
+  local s = h0:matmul(w0:t()):requires_grad()
+  gp.distill_loss(s, t0, {targets = tg}):backward()
+  T.ok(T.relnorm(dh, s.grad:matmul(w0)) < 1e-6 and T.relnorm(dw, s.grad:reshape {6, 11}:t():matmul(h0:reshape {6, 6})) < 1e-6)
+  T.eq(l:dim(), 0)
+  local none = gp.linear_distill_loss(h0, w0, t0, {reduction = 'none', chunk = 4})
+  T.same(none.shape, {2, 3})
+  T.ok(T.relnorm(none, gp.distill_loss(h0:matmul(w0:t()), t0, {reduction = 'none'})) < 1e-12)
+end)
+
+T.test('linear_distill_loss: bad input', function()
+  local h, w, t = gp.randn({4, 6}, CPU64), gp.randn({10, 6}, CPU64), gp.randn({4, 10}, CPU64)
+  T.raises(function() gp.linear_distill_loss(h, gp.randn({10, 5}, CPU64), t) end, 'linear_distill_loss', '(4,6)', '(10,5)')
+  T.raises(function() gp.linear_distill_loss(h, w, gp.randn({4, 9}, CPU64)) end, 'linear_distill_loss', '(4,10)', '(4,9)')
+  T.raises(function() gp.linear_distill_loss(h, w, t, {temperature = 0}) end, 'linear_distill_loss', 'temperature')
+  T.raises(function() gp.linear_distill_loss(h, w, t, {alpha = 0.5}) end, 'linear_distill_loss', 'targets')
+  T.raises(function() gp.linear_distill_loss(h, w, t, {chunk = 0}) end, 'linear_distill_loss', 'chunk')
+  T.raises(function() gp.linear_distill_loss(h:clone():requires_grad(), w, t, {reduction = 'none'}) end,
+    'linear_distill_loss', "'none'", 'gradient')
+  T.raises(function() gp.linear_distill_loss(h, w, t, {targets = gp.tensor({0, 1, 2}, I64)}) end, 'linear_distill_loss', '(4)', '(3)')
+end)
+
+T.test('linear_distill_loss (cuda): bf16 at SmolLM2\'s vocabulary equals distill_loss(h @ w^T), loss and gradients', function()
+  T.cuda()
+  local o = {dtype = 'bf16', device = 'cuda'}
+  local h0, w0 = gp.randn({300, 64}, o), gp.randn({49152, 64}, o) * 0.2
+  local t0 = gp.randn({300, 49152}, o) * 2
+  local tg = gp.randint(0, 49152, {300}, {device = 'cuda'})
+  local op = {temperature = 2, alpha = 0.5, targets = tg, chunk = 128}
+  local h1, w1 = h0:clone():requires_grad(), w0:clone():requires_grad()
+  local got = gp.linear_distill_loss(h1, w1, t0, op)
+  got:backward()
+  local h2, w2 = h0:clone():requires_grad(), w0:clone():requires_grad()
+  local want = gp.distill_loss(h2:matmul(w2:t()), t0, op)
+  want:backward()
+  T.ok(T.relnorm(got, want) < 1e-3, 'loss ' .. T.relnorm(got, want))
+  T.ok(T.relnorm(h1.grad:float(), h2.grad:float()) < 2e-2, 'dh ' .. T.relnorm(h1.grad:float(), h2.grad:float()))
+  T.ok(T.relnorm(w1.grad:float(), w2.grad:float()) < 2e-2, 'dw ' .. T.relnorm(w1.grad:float(), w2.grad:float()))
+end)
+
 T.test('scripts/distill.lua --tiny: hard-target and distilled students, 2 seeds, held-out losses, JSONL log', function()
   local log = os.tmpname()
   local out, rc = T.sh(string.format('%s --device cpu %s/scripts/distill.lua --tiny --quiet --log %s', T.exe, T.root, log))

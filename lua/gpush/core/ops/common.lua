@@ -5,6 +5,7 @@ local autograd = require 'gpush.core.autograd'
 local gp = require 'gpush.core.ns'
 local FLOAT = require('gpush.core.dtype').FLOAT
 local shape_str = tensor.shape_str
+local raise = rt.raise
 
 local M = {}
 
@@ -110,6 +111,125 @@ M.fused_loss_opts = {
     local loss, dx = f(x, y, o2)
     if opts and opts.grad then return {dx}, loss, dx end
     return {dx}, loss
+  end,
+}
+
+---------------------------------------------------------------------------
+-- losses fused with the LM head's product (gp.linear_cross_entropy,
+-- gp.linear_distill_loss), chunk by chunk over the rows: per chunk, logits =
+-- h_c @ w^T into one (chunk, V) scratch, the loss kernel writes the rows'
+-- losses and dlogits over the logits in place, then dh_c = dlogits @ w and
+-- dw += dlogits^T @ h_c. The (N, V) logits never exist whole. The gradients
+-- come with the loss, unscaled; autograd's path (grad = 'raw') scales them by
+-- upstream / count in its backward.
+
+-- lead .. {last}: a shape for messages
+function M.with_last(lead, last)
+  local s = {unpack(lead)}
+  s[#s + 1] = last
+  return s
+end
+
+-- rows per chunk: a scratch of about 256 MiB, at most N
+local function head_chunk(N, V, es) return math.max(1, math.min(N, math.floor(2 ^ 28 / math.max(V * es, 1)))) end
+
+-- h (..., D) and w (V, D) checked; {N, D, V, lead, hh (N, D), h, w, C}
+function M.head_args(op, h, w, opts)
+  if not FLOAT[h.dtype] or h.dtype ~= w.dtype then
+    raise(string.format('%s: h and w must have one float dtype, got %s and %s', op, h.dtype, w.dtype))
+  end
+  if h.device ~= w.device then
+    raise(string.format('%s: h and w must be on one device, got %s and %s', op, h.device, w.device))
+  end
+  if h:dim() < 1 or w:dim() ~= 2 or w:size(2) ~= h:size(-1) then
+    raise(string.format('%s: h is %s and w is %s: w must be (V, D) with D = the last dim of h (logits = h @ w^T)', op,
+      shape_str(h.shape), shape_str(w.shape)))
+  end
+  local red = opts.reduction or 'mean'
+  if red ~= 'mean' and red ~= 'sum' and red ~= 'none' then
+    raise(op .. ": reduction must be 'mean', 'sum' or 'none', got " .. tostring(red))
+  end
+  if opts.grad and red == 'none' then
+    raise(op .. ": reduction 'none' has no fused gradient (each row's upstream gradient would be needed before the " ..
+      "chunks' products): use 'mean' or 'sum', or the unfused loss on h @ w^T")
+  end
+  local D, V = h:size(-1), w:size(1)
+  local N = D > 0 and h:numel() / D or 0
+  local es = h.dtype == 'f32' and 4 or h.dtype == 'f64' and 8 or 2
+  local C = opts.chunk or head_chunk(N, V, es)
+  if type(C) ~= 'number' or C < 1 or C ~= math.floor(C) then
+    raise(op .. ': chunk must be a positive integer (rows per chunk), got ' .. tostring(C))
+  end
+  return {op = op, h = h, w = w, N = N, D = D, V = V, lead = {unpack(h.shape, 1, h:dim() - 1)},
+    hh = h:contiguous():reshape {N, D}, C = math.min(C, math.max(N, 1))}
+end
+
+-- the chunk loop; kernel(loss_c, logits_c, tg_c, one, r0) writes the chunk's
+-- losses and, when one (a count tensor of 1) is given, dlogits over the
+-- logits. Returns the loss ('none': per row), and with opts.grad dh, dw
+-- (grad = 'raw': unscaled, and the count for 'mean')
+function M.head_loss(hd, tg, ignore, opts, kernel)
+  local op, h, w, N, D, V, C = hd.op, hd.h, hd.w, hd.N, hd.D, hd.V, hd.C
+  local red, grad, dev = opts.reduction or 'mean', opts.grad, h.device
+  local loss = tensor.empty({N}, 'f32', dev, op)
+  local scratch = tensor.empty({C, V}, h.dtype, dev, op)
+  local dh = grad and opts.grad_h ~= false and tensor.empty({N, D}, h.dtype, dev, op) or nil
+  local dw = grad and opts.grad_w ~= false and gp.zeros({V, D}, {dtype = w.dtype, device = dev}) or nil
+  local k, wt = gp.k, w:transpose(1, 2) -- (D, V): a transposed view, no copy
+  local one = grad and gp.ones({1}, {device = dev}) -- the chunks' dlogits unscaled
+  local at -- the first row of the chunk in flight (0-based)
+  local ok, err = pcall(function()
+    for r0 = 0, N - 1, C do
+      at = r0
+      local c = math.min(C, N - r0)
+      local lg, hc = scratch:narrow(1, 1, c), hd.hh:narrow(1, r0 + 1, c)
+      k.matmul(lg, hc, wt)
+      kernel(loss:narrow(1, r0 + 1, c), lg, tg:narrow(1, r0 + 1, c), one, r0)
+      if dh then k.matmul(dh:narrow(1, r0 + 1, c), lg, w) end
+      if dw then k.matmul(dw, lg:transpose(1, 2), hc, 1, 1) end
+    end
+  end)
+  -- (a bad target on the CPU: the chunk kernel's error, named for this op and the whole h)
+  if not ok then
+    raise(string.format('%s (h %s, w %s; the chunk from row %d, 0-based): %s', op, shape_str(h.shape), shape_str(w.shape),
+      at or 0, (tostring(err):gsub('^.-: ', '', 1))))
+  end
+  if red == 'none' then return loss:view(hd.lead) end
+  local r, cnt = tensor.empty({1}, 'f32', dev, op), tensor.empty({1}, 'f32', dev, op)
+  k.loss_reduce(r, cnt, loss, tg, ignore, red == 'mean' and 1 or 0)
+  local out = r:view {}
+  if not grad then return out end
+  if dh then dh = dh:view(h.shape) end
+  if grad == 'raw' then return out, dh, dw, red == 'mean' and cnt or nil end
+  if red == 'mean' then
+    if dh then k.div(dh, dh, cnt:to(dh.dtype)) end
+    if dw then k.div(dw, dw, cnt:to(dw.dtype)) end
+  end
+  return out, dh, dw
+end
+
+-- autograd: f(h, w, third, opts) gives dh, dw unscaled and the mean's count
+-- with the loss; backward scales them by upstream / count
+function M.head_loss_rule(g, _, _, saved)
+  local dh, dw, cnt = saved[1], saved[2], saved[3]
+  local gl = g[1]
+  if cnt then gl = tensor.to_dtype(gl, 'f32') / cnt:view {} end
+  local gh = dh and dh * tensor.to_dtype(gl, dh.dtype) or nil
+  local gw = dw and dw * tensor.to_dtype(gl, dw.dtype) or nil
+  return gh, gw, nil, nil
+end
+M.head_loss_opts = {
+  nout = 1,
+  forward = function(f, h, w, third, opts)
+    if type(opts) ~= 'table' and opts ~= nil then return nil, f(h, w, third, opts) end -- f raises
+    opts = opts or {}
+    local o2 = {}
+    for k, v in pairs(opts) do o2[k] = v end
+    o2.grad = opts.grad and true or 'raw'
+    o2.grad_h, o2.grad_w = autograd.needs(h), autograd.needs(w)
+    local loss, dh, dw, cnt = f(h, w, third, o2)
+    if opts.grad then return {dh, dw}, loss, dh, dw end
+    return {dh, dw, cnt}, loss
   end,
 }
 
