@@ -332,12 +332,11 @@ static bool distill_rows(int *rc, gp_tensor *loss, gp_tensor *ds, const gp_tenso
                          float alpha, int kind, float scale, const gp_bad_ref &bad) {
   const int64_t nvec = v * (int64_t)sizeof(T) / 16, nk = (nvec + NT - 1) / NT;
   const size_t smem = 2 * (size_t)nk * NT * 16;
-  static int lim[8];
+  static OnchipCache cache;
   auto fn = k_distill_rows<T, I, NT>;
-  const int nb = nk > 32 ? 0 : onchip_blocks(fn, NT, smem, lim);
-  if (nb == 0) return false;
-  const int64_t sms = (gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1) * (int64_t)nb;
-  const unsigned grid = (unsigned)(n < sms ? n : sms);
+  const int64_t slots = nk > 32 ? 0 : onchip_slots(fn, NT, smem, 1, cache);
+  if (slots == 0) return false;
+  const unsigned grid = (unsigned)(n < slots ? n : slots);
   GP_NOTE_LAUNCH(fn, NT, smem);
   fn<<<grid, NT, smem, gp_cuda_stream()>>>((float *)gp_ptr(loss), (T *)gp_ptr(ds), (const T *)gp_ptr(s),
                                            (const T *)gp_ptr(t), (const I *)gp_ptr(targets), cnt, n, v, (int)nk, ign,

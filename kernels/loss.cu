@@ -212,25 +212,18 @@ __global__ void __launch_bounds__(NT, 2)
 }
 
 /* the on-chip kernel when the row fits in C blocks (C > 1: Hopper's clusters),
- * from 32 KB up; false: the streaming kernel */
+ * from 32 KB up, and at least two blocks an SM when two (so that one row's
+ * reductions, and a cluster's exchange, overlap another's streaming); false:
+ * the streaming kernel */
 template <typename T, typename I, int NT, int C>
 static bool cross_entropy_rows(int *rc, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits,
                                const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t ign,
-                               float scale, const gp_bad_ref &bad) {
+                               float scale, const gp_bad_ref &bad, bool two) {
   constexpr int W = 16 / sizeof(T);
   if (v % (C * W) != 0) return false;
   const int64_t nvec = v / C / W, nk = (nvec + NT - 1) / NT;
   const size_t smem = (size_t)nk * NT * 16;
-  static int lim[8];
   auto fn = k_cross_entropy_rows<T, I, NT, C>;
-  const int nb = nk > 32 ? 0 : onchip_blocks(fn, NT, smem, lim);
-  if (nb == 0) return false;
-  cudaLaunchConfig_t cfg = {};
-  cudaLaunchAttribute at[1];
-  cfg.blockDim = dim3(NT);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = gp_cuda_stream();
-  int64_t slots = (gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1) * (int64_t)nb; /* blocks resident at once */
   if (C > 1) {
     /* clusters: the kernel's code must be PTX 9.0 or later (the Makefile's
      * GENCODE_EACH; a GPU running PTX of 8.0 gets the streaming kernel) */
@@ -244,20 +237,21 @@ static bool cross_entropy_rows(int *rc, gp_tensor *loss, gp_tensor *dlogits, con
       cudaGetLastError();
     }
     if (ok < 0) return false;
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = C;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
-    cfg.gridDim = dim3((unsigned)(slots / C * C));
-    int ncl = 0;
-    if (cudaOccupancyMaxActiveClusters(&ncl, fn, &cfg) != cudaSuccess || ncl < 1) {
-      cudaGetLastError();
-      return false;
-    }
-    slots = (int64_t)ncl * C;
   }
+  static OnchipCache cache;
+  const int64_t slots = nk > 32 ? 0 : onchip_slots(fn, NT, smem, C, cache);
+  if (slots == 0 || (two && slots < 2 * (int64_t)gp_cuda_sm_count() * 15 / 16)) return false;
+  cudaLaunchConfig_t cfg = {};
+  cudaLaunchAttribute at[1];
+  cfg.blockDim = dim3(NT);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = gp_cuda_stream();
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = C;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = C > 1 ? 1 : 0;
   const int64_t want = n * C;
   cfg.gridDim = dim3((unsigned)(want < slots ? want : slots));
   GP_NOTE_LAUNCH(fn, NT, smem);
@@ -285,12 +279,21 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   if (dlogits && vec && !stream_only && v * es >= 32768) {
     int rc = GP_OK;
     bool done = false;
-#define GP_CR(C)                                                                                                    \
-  (targets->dtype == GP_I32 ? cross_entropy_rows<T, int32_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v,  \
-                                                                     ignore, (float)scale, bad)                     \
-                            : cross_entropy_rows<T, int64_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v,  \
-                                                                     ignore, (float)scale, bad))
-    GP_FLOAT_SWITCH(logits->dtype, T, done = GP_CR(1) || GP_CR(2) || GP_CR(4););
+#define GP_CR(C, TWO)                                                                                               \
+  ((force == 0 || force == C) &&                                                                                    \
+   (targets->dtype == GP_I32 ? cross_entropy_rows<T, int32_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
+                                                                      ignore, (float)scale, bad, TWO)              \
+                             : cross_entropy_rows<T, int64_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
+                                                                      ignore, (float)scale, bad, TWO)))
+    /* the fewest blocks a row that still leave two blocks an SM, else the
+     * fewest that fit (H100, bf16 4096 x 128,256 through autograd: clusters
+     * of 4, three blocks an SM, 919.5 us against 968.8 with clusters of 2,
+     * one block an SM); GPUSH_CE_CLUSTER=C asks for clusters of C */
+    static const int force = getenv("GPUSH_CE_CLUSTER") ? atoi(getenv("GPUSH_CE_CLUSTER")) : 0;
+    GP_FLOAT_SWITCH(logits->dtype, T,
+                    done = GP_CR(1, force == 0) || GP_CR(2, force == 0) || GP_CR(4, force == 0) ||
+                           GP_CR(8, force == 0) || GP_CR(1, false) || GP_CR(2, false) || GP_CR(4, false) ||
+                           GP_CR(8, false););
 #undef GP_CR
     if (done) return rc;
   }

@@ -101,14 +101,26 @@ template <typename T, bool TWO> struct RowSlots {
 };
 
 
-/* the blocks an SM of the on-chip kernel fn at nt threads and smem bytes of
- * dynamic shared memory; 0 when they do not fit (the caller falls back to a
- * streaming kernel). lim: the caller's state by device (0 unknown, -1
- * refused, else the opt-in limit set on fn, less room for static arrays) */
-template <typename F> static int onchip_blocks(F fn, int nt, size_t smem, int (&lim)[8]) {
+/* the blocks of the on-chip kernel fn (nt threads, smem bytes of dynamic
+ * shared memory, clusters of C blocks) resident on the whole GPU at once: a
+ * multiple of C; 0 when they do not fit (the caller falls back to a streaming
+ * kernel). The answers are kept by device and smem in the caller's cache (one
+ * a kernel instance: the occupancy queries cost more than a small launch). */
+struct OnchipCache {
+  int lim[8]; /* by device: 0 unknown, -1 refused, else the opt-in limit set on fn, less room for static arrays */
+  struct {
+    size_t smem;
+    int64_t slots;
+  } e[8][4];      /* by device: the last 4 sizes asked */
+  int ne[8], nx[8]; /* by device: entries filled, the next to replace */
+};
+template <typename F> static int64_t onchip_slots(F fn, int nt, size_t smem, int C, OnchipCache &c) {
   int dev = 0;
   cudaGetDevice(&dev);
-  int &l = lim[dev >= 0 && dev < 8 ? dev : 0];
+  if (dev < 0 || dev >= 8) dev = 0;
+  for (int i = 0; i < c.ne[dev]; i++)
+    if (c.e[dev][i].smem == smem) return c.e[dev][i].slots;
+  int &l = c.lim[dev];
   if (l == 0) {
     int optin = 0;
     if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) optin = 0;
@@ -119,10 +131,28 @@ template <typename F> static int onchip_blocks(F fn, int nt, size_t smem, int (&
     cudaGetLastError();
   }
   int nb = 0;
-  if (l < 0 || smem > (size_t)l || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, nt, smem) != cudaSuccess) {
-    cudaGetLastError();
-    return 0;
+  int64_t slots = 0;
+  if (l >= 0 && smem <= (size_t)l && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&nb, fn, nt, smem) == cudaSuccess)
+    slots = (gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1) * (int64_t)nb;
+  if (slots > 0 && C > 1) { /* how many clusters fit at once (not every SM of a GPC may hold one) */
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = C;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.blockDim = dim3(nt);
+    cfg.dynamicSmemBytes = smem;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    cfg.gridDim = dim3((unsigned)(slots / C * C));
+    int ncl = 0;
+    slots = cudaOccupancyMaxActiveClusters(&ncl, fn, &cfg) == cudaSuccess ? (int64_t)ncl * C : 0;
   }
-  return nb;
+  cudaGetLastError();
+  c.e[dev][c.nx[dev]] = {smem, slots};
+  c.nx[dev] = (c.nx[dev] + 1) % 4;
+  if (c.ne[dev] < 4) c.ne[dev]++;
+  return slots;
 }
 #endif
