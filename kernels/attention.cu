@@ -47,6 +47,9 @@ int fill_params(AttnP &P, const char *op, const gp_tensor *q, const gp_tensor *k
   P.win = (int)(win > INT32_MAX / 2 ? INT32_MAX / 2 : win);
   P.ng = (int)(ng > P.S ? P.S : ng);
   P.causal = causal;
+  /* GP_ATTN_L2_MB: head_tile's budget (the wgmma kernels; 0: tile-major over all heads, as before) */
+  static const int l2mb = getenv("GP_ATTN_L2_MB") ? atoi(getenv("GP_ATTN_L2_MB")) : 16;
+  P.l2 = l2mb > 0 && l2mb < 2048 ? l2mb << 20 : 0;
   return GP_OK;
 }
 

@@ -39,7 +39,22 @@ struct AttnP {
   int H, Hkv, G, T, S;
   float scale;
   int win, ng, causal;
+  int l2; /* the bytes of a group of heads' tiles kept in the L2 at once (head_tile; 0: one group) */
 };
+
+/* block b of a grid of nh heads x nt tiles -> (head, tile): heads in groups
+ * whose working set (bytes_head each) fits in l2 bytes, the tiles of a group
+ * before the next group's, tile 0 first, the heads of a group side by side.
+ * So the blocks resident at once share a few heads' K and V (forward) or Q,
+ * dO and dQ (backward), read once from memory and then from the L2, where
+ * tile-major order over all heads streamed every head's at once (H100, B4
+ * H32 T4096 D64: more than the L2 holds). l2 = 0: one group (tile-major). */
+__device__ __forceinline__ void head_tile(int b, int nh, int nt, int64_t bytes_head, int l2, int &head, int &tile) {
+  const int hg = l2 > 0 ? (int)max((int64_t)1, min((int64_t)nh, (int64_t)l2 / max(bytes_head, (int64_t)1))) : nh;
+  const int per = hg * nt, g = b / per, r = b - g * per, h0 = g * hg, hn = min(hg, nh - h0);
+  tile = r / hn;
+  head = h0 + (r - tile * hn);
+}
 
 struct DecP {
   const void *q, *kc, *vc, *lens;

@@ -98,9 +98,10 @@ __device__ __forceinline__ void load_tile(T *sm, const T *g, int64_t rs, int row
 
 /* one m-tile's online softmax (base 2, raw max: scale > 0): rows g and g + 8
  * of the thread's quad, s (NT n-tiles) becomes p = ex2(s sl2 - m sl2), m and
- * l are updated, o (DT n-tiles) rescaled; l stays per thread until the end */
-template <int NT, int DT>
-__device__ __forceinline__ void softmax_rows(float (*s)[4], float *m, float *l, float (*o)[4], float sl2) {
+ * l are updated, and alpha is what the output accumulated so far is to be
+ * multiplied by; l stays per thread until the end */
+template <int NT>
+__device__ __forceinline__ void softmax_p(float (*s)[4], float *m, float *l, float *alpha, float sl2) {
 #pragma unroll
   for (int h = 0; h < 2; h++) {
     float mx = m[h];
@@ -109,7 +110,7 @@ __device__ __forceinline__ void softmax_rows(float (*s)[4], float *m, float *l, 
     mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
     const float mus = (mx == -INFINITY ? 0.f : mx) * sl2;
-    const float alpha = ex2(m[h] * sl2 - mus); /* m = -inf: 0 */
+    alpha[h] = ex2(m[h] * sl2 - mus); /* m = -inf: 0 */
     float sum = 0.f;
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
@@ -119,13 +120,25 @@ __device__ __forceinline__ void softmax_rows(float (*s)[4], float *m, float *l, 
       sum += p0 + p1;
     }
     m[h] = mx;
-    l[h] = l[h] * alpha + sum;
-#pragma unroll
-    for (int dt = 0; dt < DT; dt++) {
-      o[dt][2 * h] *= alpha;
-      o[dt][2 * h + 1] *= alpha;
-    }
+    l[h] = l[h] * alpha[h] + sum;
   }
+}
+/* o (DT n-tiles) *= alpha by row half */
+template <int DT> __device__ __forceinline__ void rescale_rows(float (*o)[4], const float *alpha) {
+#pragma unroll
+  for (int dt = 0; dt < DT; dt++) {
+    o[dt][0] *= alpha[0];
+    o[dt][1] *= alpha[0];
+    o[dt][2] *= alpha[1];
+    o[dt][3] *= alpha[1];
+  }
+}
+/* softmax_p, then o rescaled at once */
+template <int NT, int DT>
+__device__ __forceinline__ void softmax_rows(float (*s)[4], float *m, float *l, float (*o)[4], float sl2) {
+  float alpha[2];
+  softmax_p<NT>(s, m, l, alpha, sl2);
+  rescale_rows<DT>(o, alpha);
 }
 
 /* the forward's output rows row0 + g and row0 + g + 8 (those below T) of one

@@ -62,12 +62,16 @@ __device__ __forceinline__ void wg_s_dp(float (*s)[4], float (*dp)[4], uint32_t 
 #endif
 
 /* forward at head dim D (64, or 128 with every tile in two column halves:
- * load_tile's HALVES): NWG warpgroups, 64 query rows each (BM = 64 NWG), key tiles of BN
- * keys in NS stages loaded with cp.async one tile ahead; S = Q K^T by
- * descriptors, the online softmax in registers (as k_attn_fwd_mma), O += P V
- * with P from registers. One barrier a tile: with 3 stages the stage that
- * tile t + 1 loads into was last read by tile t - 2, which every warpgroup
- * finished before the barrier of tile t - 1. */
+ * load_tile's HALVES): NWG warpgroups, 64 query rows each (BM = 64 NWG), key
+ * tiles of BN keys in NS stages loaded with cp.async one tile ahead; S = Q K^T
+ * by descriptors, the online softmax in registers (as k_attn_fwd_mma), O += P
+ * V with P from registers. The two products overlap the softmax
+ * (FlashAttention-3's intra-warpgroup pipelining): tile t's S = Q K_t^T and
+ * the previous tile's O += P_{t-1} V_{t-1} are issued together, the softmax
+ * of S_t runs while the second product is on the tensor cores, and O is
+ * rescaled once it is done. One barrier a tile, after which tile t + 1's
+ * stage is loaded: with 3 stages that stage last held tile t - 2, whose V
+ * every warpgroup's product of tile t - 1 has finished reading. */
 template <typename T, int D, int NWG, int BN, int MINB, int NS>
 __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH) {
   static_assert(NS >= 3, "one barrier a tile needs 3 stages");
@@ -79,7 +83,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   T *Vs = Ks + NS * BN * D;
   const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int n_m = gridDim.x / BH;
-  const int bh = blockIdx.x % BH, i0 = (n_m - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
+  int bh, mt; /* this block's head and query tile (the last first: the longest rows when causal) */
+  head_tile(blockIdx.x, BH, n_m, (int64_t)P.S * D * 2 * sizeof(T), P.l2, bh, mt);
+  const int i0 = (n_m - 1 - mt) * BM, off = P.S - P.T;
   const T *q = (const T *)P.q + head_at(P.sq, bh, P.H);
   const T *k = (const T *)P.k + kv_at(P.sk, bh, P);
   const T *v = (const T *)P.v + kv_at(P.sv, bh, P);
@@ -95,7 +101,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   }
   cp_async_commit();
 
-  float o[DT][4], m[2], l[2];
+  float o[DT][4], m[2], l[2], s[NT][4];
+  uint32_t pa[BN / 16][4]; /* P of the previous tile: the A operand of O += P V */
   m[0] = m[1] = -INFINITY;
   l[0] = l[1] = 0.f;
 #pragma unroll
@@ -104,35 +111,20 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   const int wrow = wgi * 64 + warp * 16;            /* the warp's first row in the tile */
   const uint32_t qa = smem_u32(Qs + wgi * 64 * 64); /* the warpgroup's rows in each column half */
 
-  /* one key tile; MK: 0 no mask, 1 mask */
-  auto tile = [&](auto mk_tag, int t) {
-    constexpr int MK = decltype(mk_tag)::value;
-    const int st = t % NS;
-    const int j0 = kt.j0(t);
-    if (t + 1 < kt.n) {
-      const int o2 = ((t + 1) % NS) * BN * D;
-      load_tile<T, D, BN, NTH, true>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
-      load_tile<T, D, BN, NTH, true>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    wg::fence_proxy();
-    __syncthreads(); /* NS = 3: also, every warpgroup is done with tile t - 2's stage, which t + 1 overwrites */
-    const uint32_t ka = smem_u32(Ks + st * BN * D), va = smem_u32(Vs + st * BN * D);
-
-    /* S = Q K^T */
-    float s[NT][4];
+  /* O += P V over the stage of tile t (P in pa) */
+  auto pv_issue = [&](int t) {
+    const uint32_t va = smem_u32(Vs + (t % NS) * BN * D);
+    wg::fence_operand<DT * 4>(&o[0][0]);
 #pragma unroll
-    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-    wg::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-      wg::mma<BN, T>::ss(&s[0][0], wg_kmajor(qa + (kk >> 2) * BM * 128 + (kk & 3) * 32),
-                         wg_kmajor(ka + (kk >> 2) * BN * 128 + (kk & 3) * 32), 1);
+    for (int kk = 0; kk < BN / 16; kk++)
+      wg::mma<D, T>::template rs<1>(&o[0][0], pa[kk], wg::desc(va + kk * 2048, BN * 128, 1024), 1);
     wg::commit();
-    wg::wait<0>();
-
+  };
+  /* S_t masked (MK 1) and turned into P_t; alpha: O's factor */
+  auto soft = [&](auto mk_tag, int t, float *alpha) {
+    constexpr int MK = decltype(mk_tag)::value;
     if constexpr (MK == 1) {
+      const int j0 = kt.j0(t);
 #pragma unroll
       for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -142,23 +134,63 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
           if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) s[nt][e] = -INFINITY;
         }
     }
+    softmax_p<NT>(s, m, l, alpha, sl2);
+  };
 
-    softmax_rows<NT, DT>(s, m, l, o, sl2);
+  /* tile t in place (after the barrier that also frees its successor's
+   * stage), tile t + 1's loads issued, S = Q K_t^T issued */
+  auto s_issue = [&](int t) {
+    cp_async_wait<0>(); /* tile t (the only group in flight) */
+    wg::fence_proxy();
+    __syncthreads();
+    if (t + 1 < n_tiles) {
+      const int o2 = ((t + 1) % NS) * BN * D;
+      load_tile<T, D, BN, NTH, true>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
+      load_tile<T, D, BN, NTH, true>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
+    }
+    cp_async_commit();
+    const uint32_t ka = smem_u32(Ks + (t % NS) * BN * D);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+    wg::fence();
+    wg::fence_operand<NT * 4>(&s[0][0]);
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+      wg::mma<BN, T>::ss(&s[0][0], wg_kmajor(qa + (kk >> 2) * BM * 128 + (kk & 3) * 32),
+                         wg_kmajor(ka + (kk >> 2) * BN * 128 + (kk & 3) * 32), 1);
+    wg::commit();
+  };
+  /* S_t done: P_t and its factor for O */
+  auto s_soft = [&](int t, float *alpha) {
+    wg::fence_operand<NT * 4>(&s[0][0]);
+    if (tile_masked(P, pmin, pmax, kt.j0(t), BN)) soft(std::integral_constant<int, 1>(), t, alpha);
+    else soft(std::integral_constant<int, 0>(), t, alpha);
+  };
 
-    /* O += P V: the S accumulators are P's A fragments */
-    uint32_t pa[BN / 16][4];
+  if (n_tiles > 0) {
+    float alpha[2];
+    s_issue(0);
+    wg::wait<0>();
+    s_soft(0, alpha); /* (O is zero: no rescale) */
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
-    wg::fence();
+    for (int t = 1; t < n_tiles; t++) {
+      s_issue(t);
+      pv_issue(t - 1); /* the previous tile's O += P V */
+      wg::wait<1>();   /* S_t */
+      s_soft(t, alpha);
+      wg::wait<0>(); /* O */
+      wg::fence_operand<DT * 4>(&o[0][0]);
+      wg::fence_operand<BN / 4>(&pa[0][0]);
+      rescale_rows<DT>(o, alpha);
 #pragma unroll
-    for (int kk = 0; kk < BN / 16; kk++)
-      wg::mma<D, T>::template rs<1>(&o[0][0], pa[kk], wg::desc(va + kk * 2048, BN * 128, 1024), 1);
-    wg::commit();
+      for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
+    }
+    /* the last tile's O += P V (its stage is in place since its barrier) */
+    wg::fence();
+    pv_issue(n_tiles - 1);
     wg::wait<0>();
-  };
-  for (int t = 0; t < n_tiles; t++) {
-    if (tile_masked(P, pmin, pmax, kt.j0(t), BN)) tile(std::integral_constant<int, 1>(), t);
-    else tile(std::integral_constant<int, 0>(), t);
+    wg::fence_operand<DT * 4>(&o[0][0]);
   }
   cp_async_wait<0>();
 
@@ -194,7 +226,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
   float *Ls = (float *)(Ds + (DQ ? BNK * BQ : 0)); /* 2 stages of BQ */
   float *Dl = Ls + 2 * BQ;                         /* 2 stages of BQ */
   const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
-  const int bkv = blockIdx.x % NKV, j0 = (blockIdx.x / NKV) * BNK, off = P.S - P.T;
+  int bkv, kt; /* this block's KV head and key tile (the first first: the most query tiles when causal) */
+  head_tile(blockIdx.x, NKV, gridDim.x / NKV, (int64_t)P.G * P.T * D * (2 * sizeof(T) + (DQ ? 4 : 0)), P.l2, bkv, kt);
+  const int j0 = kt * BNK, off = P.S - P.T;
   const int Hkv = GQA ? P.Hkv : P.H;
   const T *k = (const T *)P.k + head_at(P.sk, bkv, Hkv), *v = (const T *)P.v + head_at(P.sv, bkv, Hkv);
 
@@ -373,7 +407,9 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
   T *Vs = Ks + 2 * BN * D; /* 2 stages */
   const int wgi = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
   const int n_mt = gridDim.x / BH;
-  const int bh = blockIdx.x % BH, i0 = (n_mt - 1 - (int)(blockIdx.x / BH)) * BM, off = P.S - P.T;
+  int bh, mt; /* this block's head and query tile (the last first) */
+  head_tile(blockIdx.x, BH, n_mt, (int64_t)P.S * D * 2 * sizeof(T), P.l2, bh, mt);
+  const int i0 = (n_mt - 1 - mt) * BM, off = P.S - P.T;
   const T *q = (const T *)P.q + head_at(P.sq, bh, P.H), *g = (const T *)P.dout + head_at(P.sg, bh, P.H);
   const T *k = (const T *)P.k + kv_at(P.sk, bh, P), *v = (const T *)P.v + kv_at(P.sv, bh, P);
 
@@ -504,14 +540,16 @@ template <bool GQA> int bwd_wg_g(const AttnP &P, int64_t BH, int dtype, bool det
 } // namespace
 
 int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
-  /* D 64: 2 warpgroups of 64 rows, key tiles of 64 in 3 stages, 2 CTAs an SM
-   * (the best of the tilings measured: BENCHMARKS.md); D 128: the same
-   * kernel, tiles as two 64-column halves, 1 CTA an SM (3 warpgroups
-   * measured slower) */
+  /* D 64: 2 warpgroups of 64 rows, key tiles of 64 in 3 stages, 2 CTAs an SM;
+   * D 128: the same kernel with key tiles of 128, tiles as two 64-column
+   * halves, 1 CTA an SM. Measured on the H100 with the pipelined products
+   * (BENCHMARKS.md, 2026-11-25): D 128 with key tiles of 128 against 64,
+   * 420-434 TFLOP/s against 378-410 at T 2048-8192; D 64 with 3 warpgroups
+   * and key tiles of 128 slower (81-356 against 138-360) */
   if (dtype == GP_BF16)
     return D == 64 ? launch_fwd_wg<__nv_bfloat16, 64, 2, 64, 2, 3>(P, BH)
-                   : launch_fwd_wg<__nv_bfloat16, 128, 2, 64, 1, 3>(P, BH);
-  return D == 64 ? launch_fwd_wg<__half, 64, 2, 64, 2, 3>(P, BH) : launch_fwd_wg<__half, 128, 2, 64, 1, 3>(P, BH);
+                   : launch_fwd_wg<__nv_bfloat16, 128, 2, 128, 1, 3>(P, BH);
+  return D == 64 ? launch_fwd_wg<__half, 64, 2, 64, 2, 3>(P, BH) : launch_fwd_wg<__half, 128, 2, 128, 1, 3>(P, BH);
 }
 
 /* G = 1 runs the dk/dv kernel without the loop over a group's query heads */

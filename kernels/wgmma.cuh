@@ -29,6 +29,18 @@ __device__ __forceinline__ void commit() { asm volatile("wgmma.commit_group.sync
 template <int N> __device__ __forceinline__ void wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+/* registers an in-flight product reads or writes: the compiler may not move
+ * their other uses across this point (CUTLASS's warpgroup_fence_operand), so
+ * that work on other registers overlaps the product without ptxas adding a
+ * wait of its own */
+template <int N> __device__ __forceinline__ void fence_operand(float *r) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int N> __device__ __forceinline__ void fence_operand(uint32_t *r) {
+#pragma unroll
+  for (int i = 0; i < N; i++) asm volatile("" : "+r"(r[i])::"memory");
+}
 /* shared memory written by the generic proxy (cp.async, st.shared) before the
  * tensor cores read it */
 __device__ __forceinline__ void fence_proxy() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
