@@ -22,7 +22,20 @@ prints one line per mode: `gpt eager ms_per_step tokens_per_s`.
   python3 scripts/bench/torch_peer.py attention --batch 4 --heads 16 --seq 4096 --head-dim 64
 
 times F.scaled_dot_product_attention (bf16, causal) forward and forward +
-backward; prints `attention fwd ms` and `attention fwd_bwd ms`."""
+backward; prints `attention fwd ms` and `attention fwd_bwd ms`.
+
+  python3 scripts/bench/torch_peer.py attention-grid --cells FILE [--runs 3] [--iters 20]
+
+reads a JSON list of cells {"key", "b", "h", "hkv", "t", "d", "causal"}
+(scripts/bench/attention.lua --grid writes it) and times, in this one
+process, F.scaled_dot_product_attention(q, k, v, is_causal=causal,
+enable_gqa=hkv != h) on bf16 q (b, h, t, d), k, v (b, hkv, t, d): forward
+(no_grad) and forward + backward, each `runs` times (a run: time_steps'
+median over `iters`). Prints a first line {"torch", "cuda", "device"}, then
+one JSON line per cell: {"key", ..., "fwd_ms", "fb_ms" (the medians of the
+runs), "fwd_runs", "fb_runs", "backend_fwd", "backend_fb" (the aten SDPA op
+that ran: flash, efficient, cudnn, math; null when unknown)} and "error"
+when the cell failed (its times then null)."""
 import argparse
 import gc
 import json
@@ -471,6 +484,71 @@ def attention(args):
     print(f"attention fwd_bwd {time_steps(fwd_bwd):.4f}", flush=True)
 
 
+SDPA_OPS = (("_scaled_dot_product_flash_attention", "flash"), ("_scaled_dot_product_cudnn_attention", "cudnn"),
+            ("_scaled_dot_product_efficient_attention", "efficient"), ("_flash_attention_forward", "flash"),
+            ("_efficient_attention_forward", "efficient"), ("_scaled_dot_product_attention_math", "math"))
+
+
+def sdpa_backend(fn):
+    """The SDPA backend that fn() runs, from the names of the aten ops the CPU
+    profiler sees (None when the profiler or the names say nothing)."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        sync("cuda")
+        names = {e.key for e in prof.key_averages()}
+    except Exception:  # noqa: BLE001 - optional information
+        return None
+    for op, name in SDPA_OPS:
+        if any(op in n for n in names):
+            return name
+    return None
+
+
+def attention_cell(c, runs, iters):
+    b, h, hkv, t, d, causal = c["b"], c["h"], c["hkv"], c["t"], c["d"], bool(c["causal"])
+    kw = {"is_causal": causal}
+    if hkv != h:
+        kw["enable_gqa"] = True  # torch >= 2.5; older: a TypeError, reported as the cell's error
+    torch.manual_seed(0)
+    q = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (torch.randn(b, hkv, t, d, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2))
+    dout = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
+
+    def fwd():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v, **kw)
+
+    def fwd_bwd():
+        q.grad = k.grad = v.grad = None
+        F.scaled_dot_product_attention(q, k, v, **kw).backward(dout)
+
+    out = {"backend_fwd": sdpa_backend(fwd), "backend_fb": sdpa_backend(fwd_bwd)}
+    f, fb = [], []
+    for _ in range(runs):
+        f.append(time_steps(fwd, 3, iters))
+        fb.append(time_steps(fwd_bwd, 3, iters))
+    out.update(fwd_ms=statistics.median(f), fb_ms=statistics.median(fb), fwd_runs=f, fb_runs=fb)
+    return out
+
+
+def attention_grid(args):
+    with open(args.cells) as f:
+        cells = json.load(f)
+    print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda,
+                      "device": torch.cuda.get_device_name()}), flush=True)
+    for c in cells:
+        out = {k: c.get(k) for k in ("key", "b", "h", "hkv", "t", "d", "causal")}
+        out.update(fwd_ms=None, fb_ms=None)
+        try:
+            out.update(attention_cell(c, args.runs, args.iters))
+        except Exception as e:  # noqa: BLE001 - every failure is reported, never fatal
+            out["error"] = short(e)
+        free("cuda")
+        print(json.dumps(out), flush=True)
+
+
 def main(argv):
     p = argparse.ArgumentParser(description="PyTorch peers of gpush's benchmarks")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -483,6 +561,10 @@ def main(argv):
     at = sub.add_parser("attention", help="SDPA forward and forward+backward, bf16, causal")
     for k, v in dict(batch=4, heads=16, seq=4096, head_dim=64).items():
         at.add_argument("--" + k.replace("_", "-"), type=int, default=v)
+    ag = sub.add_parser("attention-grid", help="SDPA forward and forward+backward over a list of cells, JSON lines out")
+    ag.add_argument("--cells", required=True, help="a JSON file: a list of {key, b, h, hkv, t, d, causal}")
+    ag.add_argument("--runs", type=int, default=3, help="runs a cell (the median is reported)")
+    ag.add_argument("--iters", type=int, default=20, help="timed iterations a run")
     r = sub.add_parser("run", help="the cases of one workload, JSON lines out")
     r.add_argument("workload", choices=sorted(list(WORKLOADS) + list(HOST_TIMED)))
     r.add_argument("--cases", required=True, help="a JSON file: a list of cases")
@@ -493,6 +575,8 @@ def main(argv):
         gpt(args)
     elif args.cmd == "attention":
         attention(args)
+    elif args.cmd == "attention-grid":
+        attention_grid(args)
     else:
         run(args)
 
