@@ -148,11 +148,11 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
     if (P.T == 0) GP_TRY(zero_rows(dv));
     return gp_cuda_check_launch("attn_bwd");
   }
-  /* wgmma's backward exists at head dim 64 (at 128 its three accumulators do
-   * not fit a warpgroup's registers beside S and dP: BENCHMARKS.md) */
+  /* wgmma's backward: at head dim 128 in two kernels (dQ's accumulator does
+   * not fit a warpgroup's registers beside dK, dV, S and dP) */
   const bool tc = q->dtype != GP_F32 && D != 32 && rows16(q) && rows16(k) && rows16(v) && rows16(dout) && rows16(dq) &&
                   rows16(dk) && rows16(dv);
-  if (tc && D == 64 && use_wg()) rc = bwd_wg(P, BH, q->dtype, deterministic());
+  if (tc && (D == 64 || D == 128) && use_wg()) rc = bwd_wg(P, BH, q->dtype, (int)D, deterministic());
   else if (tc) rc = bwd_mma(P, BH, q->dtype, (int)D);
   else rc = bwd_plain(P, BH, q->dtype, (int)D);
   GP_TRY(rc);

@@ -106,9 +106,9 @@ __device__ __forceinline__ float ex2(float x) {
 /* attention_wg.cu: bf16/f16, D 64 or 128, P.scale > 0 (the row max is taken
  * on the raw scores) */
 int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D);
-/* bf16/f16, D 64; deterministic: dk/dv and dq in two kernels (every element
- * written once), else dQ by f32 atomics inside the dk/dv kernel */
-int bwd_wg(const AttnP &P, int64_t BH, int dtype, bool deterministic);
+/* bf16/f16, D 64 or 128; deterministic or D 128: dk/dv and dq in two kernels
+ * (every element written once), else dQ by f32 atomics inside the dk/dv kernel */
+int bwd_wg(const AttnP &P, int64_t BH, int dtype, int D, bool deterministic);
 
 /* attention_mma.cu: bf16/f16, D 64 or 128, any scale (P.scale > 0: the row
  * max on the raw scores; else on the scaled scores) */

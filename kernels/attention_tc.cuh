@@ -214,12 +214,12 @@ template <bool GQA> struct QTiles {
 
 /* a dk/dv kernel's stage of query tile t (cp.async, NTH threads): its ROWS
  * rows of q and dout into Qs and Gs, of lse and delta into Ls and Dl */
-template <typename T, int D, int ROWS, int NTH, bool GQA>
+template <typename T, int D, int ROWS, int NTH, bool GQA, bool HALVES = false>
 __device__ __forceinline__ void load_q_tile(const AttnP &P, const float *delta, const QTiles<GQA> &qt, int t, T *Qs,
                                             T *Gs, float *Ls, float *Dl) {
   const int bh = qt.head(t), i0 = qt.row0(t);
-  load_tile<T, D, ROWS, NTH>(Qs, (const T *)P.q + head_at(P.sq, bh, P.H), P.sq.r, i0, P.T);
-  load_tile<T, D, ROWS, NTH>(Gs, (const T *)P.dout + head_at(P.sg, bh, P.H), P.sg.r, i0, P.T);
+  load_tile<T, D, ROWS, NTH, HALVES>(Qs, (const T *)P.q + head_at(P.sq, bh, P.H), P.sq.r, i0, P.T);
+  load_tile<T, D, ROWS, NTH, HALVES>(Gs, (const T *)P.dout + head_at(P.sg, bh, P.H), P.sg.r, i0, P.T);
   const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
   for (int e = threadIdx.x; e < ROWS; e += NTH) {
     const int i = i0 + e;

@@ -41,24 +41,32 @@ __device__ __forceinline__ uint4 *align1k(uint4 *p) {
 }
 
 /* the backward's first two products, each over D / 16 K-major k-slices of
- * two [rows][64] tiles: s = A1 B1^T, then dp = A2 B2^T, in two commit groups;
- * returns with s done and dp still on the tensor cores */
+ * two tiles of 64-column halves (an operand's second half ahs / bhs bytes
+ * after its first; D 64 has one): s = A1 B1^T, then dp = A2 B2^T, in two
+ * commit groups; returns with s done and dp still on the tensor cores */
 template <int N, typename T, int D>
 __device__ __forceinline__ void wg_s_dp(float (*s)[4], float (*dp)[4], uint32_t a1, uint32_t b1, uint32_t a2,
-                                        uint32_t b2) {
+                                        uint32_t b2, int ahs, int bhs) {
 #pragma unroll
   for (int nt = 0; nt < N / 8; nt++)
 #pragma unroll
     for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
   wg::fence();
 #pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) wg::mma<N, T>::ss(&s[0][0], wg_kmajor(a1 + kk * 32), wg_kmajor(b1 + kk * 32), 1);
+  for (int kk = 0; kk < D / 16; kk++)
+    wg::mma<N, T>::ss(&s[0][0], wg_kmajor(a1 + (kk >> 2) * ahs + (kk & 3) * 32),
+                      wg_kmajor(b1 + (kk >> 2) * bhs + (kk & 3) * 32), 1);
   wg::commit();
 #pragma unroll
-  for (int kk = 0; kk < D / 16; kk++) wg::mma<N, T>::ss(&dp[0][0], wg_kmajor(a2 + kk * 32), wg_kmajor(b2 + kk * 32), 1);
+  for (int kk = 0; kk < D / 16; kk++)
+    wg::mma<N, T>::ss(&dp[0][0], wg_kmajor(a2 + (kk >> 2) * ahs + (kk & 3) * 32),
+                      wg_kmajor(b2 + (kk >> 2) * bhs + (kk & 3) * 32), 1);
   wg::commit();
   wg::wait<1>();
 }
+/* an MN-major B operand of N = D columns in 64-column halves hs bytes apart,
+ * rows from shared address a */
+__device__ __forceinline__ uint64_t wg_mn_halves(uint32_t a, int hs) { return wg::desc(a, hs, 1024); }
 #endif
 
 /* forward at head dim D (64, or 128 with every tile in two column halves:
@@ -211,12 +219,13 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
  * Block b holds key tile b / NKV of KV head b % NKV (NKV = B * Hkv) and walks
  * the query tiles of its G query heads in turn (one double-buffered sequence
  * of G * n_qt tiles), dk and dv summed in registers. */
-template <typename T, int NWG, int BQ, int MINB, bool DQ, bool GQA>
+template <typename T, int NWG, int BQ, int MINB, bool DQ, bool GQA, int D = 64>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int NKV) {
   static_assert(!DQ || BQ == 64, "the fused dQ needs query tiles of 64");
+  static_assert(!DQ || D == 64, "the fused dQ's accumulator fits beside dK and dV at head dim 64 only");
 #if GP_WG
-  constexpr int D = 64, NTH = NWG * 128, BNK = 64 * NWG, NQ = BQ / 8, DT = D / 8;
+  constexpr int NTH = NWG * 128, BNK = 64 * NWG, NQ = BQ / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
   T *Ks = (T *)align1k(attn_smem);
   T *Vs = Ks + BNK * D;
@@ -248,12 +257,12 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
   auto row0 = [&](int t) { return GQA ? qt.row0(t) : ilo + t * BQ; };
   auto load_q = [&](int stage, int t) {
     if constexpr (GQA) {
-      load_q_tile<T, D, BQ, NTH>(P, delta, qt, t, Qs + stage * BQ * D, Gs + stage * BQ * D, Ls + stage * BQ,
+      load_q_tile<T, D, BQ, NTH, GQA, true>(P, delta, qt, t, Qs + stage * BQ * D, Gs + stage * BQ * D, Ls + stage * BQ,
                                  Dl + stage * BQ);
     } else {
       const int i0 = ilo + t * BQ;
-      load_tile<T, D, BQ, NTH>(Qs + stage * BQ * D, q1, P.sq.r, i0, P.T);
-      load_tile<T, D, BQ, NTH>(Gs + stage * BQ * D, g1, P.sg.r, i0, P.T);
+      load_tile<T, D, BQ, NTH, true>(Qs + stage * BQ * D, q1, P.sq.r, i0, P.T);
+      load_tile<T, D, BQ, NTH, true>(Gs + stage * BQ * D, g1, P.sg.r, i0, P.T);
       for (int e = threadIdx.x; e < BQ; e += NTH) {
         const int i = i0 + e;
         const bool ok = i < P.T;
@@ -262,8 +271,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
       }
     }
   };
-  load_tile<T, D, BNK, NTH>(Ks, k, P.sk.r, j0, P.S);
-  load_tile<T, D, BNK, NTH>(Vs, v, P.sv.r, j0, P.S);
+  load_tile<T, D, BNK, NTH, true>(Ks, k, P.sk.r, j0, P.S);
+  load_tile<T, D, BNK, NTH, true>(Vs, v, P.sv.r, j0, P.S);
   if (qt.n > 0) load_q(0, 0);
   cp_async_commit();
 
@@ -277,7 +286,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     return i0 + BQ > P.T || tile_masked(P, i0 + off, min(i0 + BQ, P.T) - 1 + off, j0, BNK);
   };
   const int wrow = wgi * 64 + warp * 16, g8 = lane >> 2, t2 = (lane & 3) << 1;
-  const uint32_t ka = smem_u32(Ks + wgi * 64 * D), va = smem_u32(Vs + wgi * 64 * D);
+  /* the warpgroup's rows in each column half (tiles in halves of 64 columns) */
+  const uint32_t ka = smem_u32(Ks + wgi * 64 * 64), va = smem_u32(Vs + wgi * 64 * 64);
 
   auto tile = [&](auto mk_tag, int t) {
     constexpr int MK = decltype(mk_tag)::value;
@@ -293,7 +303,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     /* four groups in flight in turn: S^T, dP^T; P^T (while dP^T runs), dV
      * += P^T dout; dS^T (while dV runs), dK += dS^T Q */
     float s[NQ][4], dp[NQ][4];
-    wg_s_dp<BQ, T, D>(s, dp, ka, qa, va, ga);
+    wg_s_dp<BQ, T, D>(s, dp, ka, qa, va, ga, BNK * 128, BQ * 128);
 
 #pragma unroll
     for (int nt = 0; nt < NQ; nt++)
@@ -314,7 +324,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++)
-      wg::mma<D, T>::template rs<1>(&dv[0][0], pa[kk], wg_mnmajor(ga + kk * 2048), 1);
+      wg::mma<D, T>::template rs<1>(&dv[0][0], pa[kk], wg_mn_halves(ga + kk * 2048, BQ * 128), 1);
     wg::commit();
     wg::wait<1>();
 
@@ -330,7 +340,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++)
-      wg::mma<D, T>::template rs<1>(&dk[0][0], da[kk], wg_mnmajor(qa + kk * 2048), 1);
+      wg::mma<D, T>::template rs<1>(&dk[0][0], da[kk], wg_mn_halves(qa + kk * 2048, BQ * 128), 1);
     wg::commit();
     if constexpr (DQ) {
       /* dS^T (rows: keys, columns: queries) to shared memory; dQ = dS K
@@ -396,10 +406,10 @@ template <typename T> __global__ void __launch_bounds__(128) k_attn_bwd_dq_store
  * causal rows first), walking the forward's key tiles of BN keys: S = Q K^T
  * and dP = dout V^T by descriptors, dS in registers, dQ += dS K with K as an
  * MN-major B operand */
-template <typename T, int NWG, int BN, int MINB>
+template <typename T, int NWG, int BN, int MINB, int D = 64>
 __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, const float *__restrict__ delta, int BH) {
 #if GP_WG
-  constexpr int D = 64, NTH = NWG * 128, BM = 64 * NWG, NT = BN / 8, DT = D / 8;
+  constexpr int NTH = NWG * 128, BM = 64 * NWG, NT = BN / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
   T *Qs = (T *)align1k(attn_smem);
   T *Gs = Qs + BM * D;
@@ -417,11 +427,11 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
   const KvTiles kt = kv_tiles(P, pmin, pmax, BN);
   const int n_tiles = kt.n;
 
-  load_tile<T, D, BM, NTH>(Qs, q, P.sq.r, i0, P.T);
-  load_tile<T, D, BM, NTH>(Gs, g, P.sg.r, i0, P.T);
+  load_tile<T, D, BM, NTH, true>(Qs, q, P.sq.r, i0, P.T);
+  load_tile<T, D, BM, NTH, true>(Gs, g, P.sg.r, i0, P.T);
   if (n_tiles > 0) {
-    load_tile<T, D, BN, NTH>(Ks, k, P.sk.r, kt.j0(0), P.S);
-    load_tile<T, D, BN, NTH>(Vs, v, P.sv.r, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH, true>(Ks, k, P.sk.r, kt.j0(0), P.S);
+    load_tile<T, D, BN, NTH, true>(Vs, v, P.sv.r, kt.j0(0), P.S);
   }
   cp_async_commit();
 
@@ -438,7 +448,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
 #pragma unroll
   for (int dt = 0; dt < DT; dt++) acc[dt][0] = acc[dt][1] = acc[dt][2] = acc[dt][3] = 0.f;
   const float sl2 = P.scale * LOG2E;
-  const uint32_t qa = smem_u32(Qs + wgi * 64 * D), ga = smem_u32(Gs + wgi * 64 * D);
+  const uint32_t qa = smem_u32(Qs + wgi * 64 * 64), ga = smem_u32(Gs + wgi * 64 * 64); /* in each column half */
 
   auto tile = [&](auto mk_tag, int t) {
     constexpr int MK = decltype(mk_tag)::value;
@@ -446,8 +456,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
     const int j0 = kt.j0(t);
     if (t + 1 < kt.n) {
       const int o2 = (st ^ 1) * BN * D;
-      load_tile<T, D, BN, NTH>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
-      load_tile<T, D, BN, NTH>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
+      load_tile<T, D, BN, NTH, true>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
+      load_tile<T, D, BN, NTH, true>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
     }
     cp_async_commit();
     cp_async_wait<1>();
@@ -457,7 +467,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
 
     /* S, then dP: P is computed while dP runs */
     float s[NT][4], dp[NT][4];
-    wg_s_dp<BN, T, D>(s, dp, qa, ka, ga, va);
+    wg_s_dp<BN, T, D>(s, dp, qa, ka, ga, va, BM * 128, BN * 128);
 
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -482,7 +492,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
     wg::fence();
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++)
-      wg::mma<D, T>::template rs<1>(&acc[0][0], da[kk], wg_mnmajor(ka + kk * 2048), 1);
+      wg::mma<D, T>::template rs<1>(&acc[0][0], da[kk], wg_mn_halves(ka + kk * 2048, BN * 128), 1);
     wg::commit();
     wg::wait<0>();
     __syncthreads(); /* the next iteration loads into this stage */
@@ -504,17 +514,18 @@ template <typename T, int D, int NWG, int BN, int MINB, int NS> int launch_fwd_w
                           (BM + 2 * NS * BN) * D * (int)sizeof(T) + 1024, attr);
 }
 
-/* the wgmma backward at D 64: dk/dv by NWG1 warpgroups of 64 keys (query
- * tiles of BQ), dq by NWG2 warpgroups of 64 queries (key tiles of BN); GQA:
- * G > 1 */
-template <typename T, int NWG1, int BQ, int MINB1, int NWG2, int BN, int MINB2, bool GQA>
+/* the wgmma backward in two kernels (D 64 or 128): dk/dv by NWG1 warpgroups
+ * of 64 keys (query tiles of BQ), dq by NWG2 warpgroups of 64 queries (key
+ * tiles of BN); GQA: G > 1 */
+template <typename T, int D, int NWG1, int BQ, int MINB1, int NWG2, int BN, int MINB2, bool GQA>
 int launch_bwd_wg(const AttnP &P, int64_t BH) {
   constexpr int BNK = 64 * NWG1, BM = 64 * NWG2;
   static bool a1 = false, a2 = false; /* per instantiation */
-  return launch_bwd_kernels<T, 64, false>(P, BH, k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1, false, GQA>, NWG1 * 128,
-                                          (2 * BNK + 4 * BQ) * 64 * (int)sizeof(T) + 4 * BQ * (int)sizeof(float) + 1024,
-                                          (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_wg<T, NWG2, BN, MINB2>, NWG2 * 128,
-                                          (2 * BM + 4 * BN) * 64 * (int)sizeof(T) + 1024, (P.T + BM - 1) / BM, a2);
+  return launch_bwd_kernels<T, D, false>(
+      P, BH, k_attn_bwd_dkdv_wg<T, NWG1, BQ, MINB1, false, GQA, D>, NWG1 * 128,
+      (2 * BNK + 4 * BQ) * D * (int)sizeof(T) + 4 * BQ * (int)sizeof(float) + 1024, (P.S + BNK - 1) / BNK, a1,
+      k_attn_bwd_dq_wg<T, NWG2, BN, MINB2, D>, NWG2 * 128, (2 * BM + 4 * BN) * D * (int)sizeof(T) + 1024,
+      (P.T + BM - 1) / BM, a2);
 }
 
 /* the fused wgmma backward at D 64: dk/dv and the dQ atomics by NWG
@@ -527,13 +538,18 @@ template <typename T, int NWG, int MINB, bool GQA> int launch_bwd_wg_fused(const
                                          (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_store<T>, 0, 0, 0, unused);
 }
 
-template <bool GQA> int bwd_wg_g(const AttnP &P, int64_t BH, int dtype, bool deterministic) {
+template <bool GQA> int bwd_wg_g(const AttnP &P, int64_t BH, int dtype, int D, bool deterministic) {
+  /* D 128: the two kernels always (a dQ accumulator does not fit beside dK
+   * and dV) */
+  if (D == 128)
+    return dtype == GP_BF16 ? launch_bwd_wg<__nv_bfloat16, 128, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
+                            : launch_bwd_wg<__half, 128, 1, 64, 2, 1, 64, 2, GQA>(P, BH);
   /* deterministic: the two kernels; else dQ by atomics in the dk/dv kernel,
    * 3 CTAs an SM (BENCHMARKS.md) */
   if (dtype == GP_BF16)
-    return deterministic ? launch_bwd_wg<__nv_bfloat16, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
+    return deterministic ? launch_bwd_wg<__nv_bfloat16, 64, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
                          : launch_bwd_wg_fused<__nv_bfloat16, 1, 3, GQA>(P, BH);
-  return deterministic ? launch_bwd_wg<__half, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
+  return deterministic ? launch_bwd_wg<__half, 64, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
                        : launch_bwd_wg_fused<__half, 1, 3, GQA>(P, BH);
 }
 
@@ -553,8 +569,8 @@ int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
 }
 
 /* G = 1 runs the dk/dv kernel without the loop over a group's query heads */
-int bwd_wg(const AttnP &P, int64_t BH, int dtype, bool deterministic) {
-  return P.G > 1 ? bwd_wg_g<true>(P, BH, dtype, deterministic) : bwd_wg_g<false>(P, BH, dtype, deterministic);
+int bwd_wg(const AttnP &P, int64_t BH, int dtype, int D, bool deterministic) {
+  return P.G > 1 ? bwd_wg_g<true>(P, BH, dtype, D, deterministic) : bwd_wg_g<false>(P, BH, dtype, D, deterministic);
 }
 
 } // namespace gp_attn
