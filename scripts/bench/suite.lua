@@ -286,9 +286,30 @@ local GPT2_NAME = S('GPT-2 small', 'tiny GPT')
 local SMALL = S({vocab = 51, block = 64, n_embd = 128, n_layer = 4, n_head = 4, batch = 16},
                 {vocab = 51, block = 16, n_embd = 32, n_layer = 1, n_head = 2, batch = 2})
 
+-- the Llama-shaped model of issue 24: learned positions, RMSNorm, SwiGLU, no
+-- biases, heads of 128, Llama 2's vocabulary (the head tied, as GPT-2's)
+local LLAMA = S({vocab = 32000, block = 2048, n_embd = 1024, n_layer = 8, n_head = 8, batch = 4, mlp = 'swiglu',
+                 mlp_hidden = 2816, norm = 'rms', bias = false},
+                {vocab = 64, block = 32, n_embd = 64, n_layer = 2, n_head = 2, batch = 2, mlp = 'swiglu',
+                 mlp_hidden = 96, norm = 'rms', bias = false})
+
 local function gpt_model(c)
   return gp.nn.GPT {vocab_size = c.vocab, block_size = c.block, n_embd = c.n_embd, n_layer = c.n_layer,
-                    n_head = c.n_head, dropout = 0}
+                    n_head = c.n_head, dropout = 0, mlp = c.mlp, mlp_hidden = c.mlp_hidden, norm = c.norm,
+                    bias = c.bias}
+end
+
+-- the dense bf16 matrix-product peak of this GPU (a 8192^3 product, once a
+-- run): the denominator of the model FLOP utilization
+local gemm_peak
+local function peak_tflops()
+  if not gemm_peak then
+    local n = S(8192, 64)
+    local a, b = gp.randn({n, n}):to('bf16'), gp.randn({n, n}):to('bf16')
+    local ms = gp.time(function() gp.matmul(a, b) end, KERNEL_IT)
+    gemm_peak = 2 * n ^ 3 / ms / 1e9
+  end
+  return gemm_peak
 end
 
 local function adamw_cases()
@@ -323,13 +344,15 @@ end
 local function train_cases()
   local cs = {}
   for _, e in ipairs {{'train_gpt default step', SMALL, false}, {'train_gpt default step, CUDA graph', SMALL, false, true},
-                      {GPT2_NAME .. ' bf16 step', GPT2, true}, {GPT2_NAME .. ' bf16 step, CUDA graph', GPT2, true, true}} do
-    local p = {clip = 1.0, bf16 = e[3], graph = e[4]}
+                      {GPT2_NAME .. ' bf16 step', GPT2, true}, {GPT2_NAME .. ' bf16 step, CUDA graph', GPT2, true, true},
+                      {'Llama-shaped bf16 step', LLAMA, true, false, true},
+                      {'Llama-shaped bf16 step, CUDA graph', LLAMA, true, true, true}} do
+    local p = {clip = 1.0, bf16 = e[3], graph = e[4], mfu = e[5]}
     for k, v in pairs(e[2]) do p[k] = v end
     for k, v in pairs(TRAIN_IT) do p[k] = v end
     cs[#cs + 1] = {row = e[1], unit = 'ms/step', scale = 1, p = p,
-                   shape = string.format('L%d d%d h%d B%d T%d V%d', p.n_layer, p.n_embd, p.n_head, p.batch, p.block,
-                     p.vocab)}
+                   shape = string.format('L%d d%d h%d B%d T%d V%d%s', p.n_layer, p.n_embd, p.n_head, p.batch, p.block,
+                     p.vocab, p.mlp and string.format(' %s %d, %s norm', p.mlp, p.mlp_hidden, p.norm) or '')}
   end
   return cs
 end
@@ -360,7 +383,18 @@ local function run_train(c)
   else
     ms = gp.time(step, p)
   end
-  return ms, string.format('%.1fK tok/s', p.batch * p.block / ms)
+  local extra = string.format('%.1fK tok/s', p.batch * p.block / ms)
+  if p.mfu then
+    -- model FLOPs a token: 6 x the parameters that multiply (all but the
+    -- position table; the tied head counted once) + the causal attention's
+    -- 6 L T d (forward 2 x 2 L T d / 2, backward twice that)
+    local n = 0
+    for _, q in ipairs(model:parameters()) do n = n + q:numel() end
+    n = n - p.block * p.n_embd
+    local tf = (6 * n + 6 * p.n_layer * p.block * p.n_embd) * p.batch * p.block / ms / 1e9
+    extra = string.format('%s, %.0f TFLOP/s, MFU %.0f%% of %.0f', extra, tf, 100 * tf / peak_tflops(), peak_tflops())
+  end
+  return ms, extra
 end
 
 -- attention (B, H, T, hd), causal

@@ -51,11 +51,18 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
 class Block(nn.Module):
-    def __init__(self, d, h):
+    """Pre-norm block: GPT-2's (LayerNorm, GELU, biases) or, with mlp="swiglu",
+    norm="rms" and bias=False, a Llama-shaped one (as gpush's nn.GPT)."""
+
+    def __init__(self, d, h, mlp="gelu", hidden=None, norm="layer", bias=True):
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc, self.out = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+        hidden = hidden or 4 * d
+        mk = (lambda: nn.RMSNorm(d, eps=1e-5)) if norm == "rms" else (lambda: nn.LayerNorm(d, bias=bias))
+        self.ln1, self.ln2 = mk(), mk()
+        self.qkv, self.proj = nn.Linear(d, 3 * d, bias=bias), nn.Linear(d, d, bias=bias)
+        self.swiglu = mlp == "swiglu"
+        self.fc = nn.Linear(d, (2 if self.swiglu else 1) * hidden, bias=bias)
+        self.out = nn.Linear(hidden, d, bias=bias)
         self.h = h
 
     def forward(self, x):
@@ -64,15 +71,18 @@ class Block(nn.Module):
         q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        if self.swiglu:
+            g, u = self.fc(self.ln2(x)).chunk(2, dim=-1)
+            return x + self.out(F.silu(g) * u)
         return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, block, d, layers, heads):
+    def __init__(self, vocab, block, d, layers, heads, mlp="gelu", hidden=None, norm="layer", bias=True):
         super().__init__()
         self.wte, self.wpe = nn.Embedding(vocab, d), nn.Embedding(block, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(d)
+        self.blocks = nn.ModuleList(Block(d, heads, mlp, hidden, norm, bias) for _ in range(layers))
+        self.ln = nn.RMSNorm(d, eps=1e-5) if norm == "rms" else nn.LayerNorm(d, bias=bias)
         self.head = nn.Linear(d, vocab, bias=False)
         self.head.weight = self.wte.weight
 
@@ -262,7 +272,8 @@ def build_adamw(case, dev, compiled):
 def make_gpt_step(c, dev, compiled, clip=0.0):
     """One training step: zero_grad, forward, backward, (clip), AdamW."""
     torch.manual_seed(0)
-    model = GPT(c["vocab"], c["block"], c["n_embd"], c["n_layer"], c["n_head"]).to(dev)
+    model = GPT(c["vocab"], c["block"], c["n_embd"], c["n_layer"], c["n_head"], c.get("mlp", "gelu"),
+                c.get("mlp_hidden"), c.get("norm", "layer"), c.get("bias", True)).to(dev)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": other, "weight_decay": 0.0}],
