@@ -258,6 +258,13 @@ template <typename T, bool RMS, bool RES = false> struct NormDxOp {
   int64_t D;
   const T *dres = nullptr;
   template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
+    float aw[1], ab[1];
+    run_acc<V, NV, false>(row, lane, tpr, sh, aw, ab);
+  }
+  /* ACC: also aw += dout x_hat and ab += dout, the row's share of dw and db
+   * (the thread's NV V elements) */
+  template <int V, int NV, bool ACC>
+  __device__ __forceinline__ void run_acc(int64_t row, int lane, int tpr, float *sh, float *aw, float *ab) const {
     float xv[NV * V], g[NV * V], wv[NV * V];
     row_load<T, V, NV>(x + row * D, D, lane, tpr, xv, 0.f);
     row_load<T, V, NV>(dout + row * D, D, lane, tpr, g, 0.f);
@@ -266,8 +273,12 @@ template <typename T, bool RMS, bool RES = false> struct NormDxOp {
     float2 s = make_float2(0.f, 0.f);
 #pragma unroll
     for (int i = 0; i < NV * V; i++) {
-      g[i] *= wv[i];
       xv[i] = (xv[i] - mu) * rs;
+      if constexpr (ACC) {
+        aw[i] = fmaf(g[i], xv[i], aw[i]);
+        if (!RMS) ab[i] += g[i];
+      }
+      g[i] *= wv[i];
       s.x += g[i];
       s.y += g[i] * xv[i];
     }
@@ -300,6 +311,115 @@ template <typename T, bool RMS, bool RES = false> struct NormDxOp {
     }
   }
 };
+
+/* the norm backward in one pass: dx row by row (NormDxOp), and each block's
+ * share of dw (and db) summed in registers over its rows, then over its row
+ * groups in shared memory (sp: rpb x D floats when rpb > 1): part[b][j] (dw)
+ * and part[gridDim + b][j] (db, LayerNorm), b the block. x and dout are read
+ * once (the two-pass path below reads them twice, the second time with
+ * 2-byte loads) */
+template <typename T, bool RMS, bool RES, int V, int NV>
+__global__ void __launch_bounds__(512) k_norm_bwd(NormDxOp<T, RMS, RES> op, float *__restrict__ part, int64_t rows,
+                                                 int tpr) {
+  extern __shared__ float sp[];
+  __shared__ float sh[64];
+  const int rpb = blockDim.x / tpr, lane = threadIdx.x % tpr, g = threadIdx.x / tpr;
+  const int64_t D = op.D;
+  float aw[NV * V], ab[NV * V];
+#pragma unroll
+  for (int i = 0; i < NV * V; i++) aw[i] = ab[i] = 0.f;
+  for (int64_t r0 = (int64_t)blockIdx.x * rpb; r0 < rows; r0 += (int64_t)gridDim.x * rpb) {
+    const int64_t row = r0 + g;
+    if (row < rows) op.template run_acc<V, NV, true>(row, lane, tpr, sh, aw, ab); /* uniform when rpb == 1 */
+  }
+  for (int plane = 0; plane < (RMS ? 1 : 2); plane++) {
+    const float *a = plane ? ab : aw;
+    float *out = part + ((int64_t)plane * gridDim.x + blockIdx.x) * D;
+    if (rpb == 1) {
+#pragma unroll
+      for (int k = 0; k < NV; k++)
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+          const int64_t j = ((int64_t)k * tpr + lane) * V + e;
+          if (j < D) out[j] = a[k * V + e];
+        }
+      continue;
+    }
+    __syncthreads(); /* (the previous plane's reads are done) */
+#pragma unroll
+    for (int k = 0; k < NV; k++)
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        const int64_t j = ((int64_t)k * tpr + lane) * V + e;
+        if (j < D) sp[g * D + j] = a[k * V + e];
+      }
+    __syncthreads();
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float t = 0.f;
+      for (int q = 0; q < rpb; q++) t += sp[q * D + j];
+      out[j] = t;
+    }
+  }
+}
+
+/* dw[j] (+)= sum over the S partial rows of part (acc: added to dw), db
+ * likewise from the second plane: a block sums 32 columns, 16 threads down
+ * the rows, then in shared memory */
+template <typename T>
+__global__ void __launch_bounds__(512) k_norm_part_sum(const float *__restrict__ part, T *dw, T *db, int64_t D, int S,
+                                                      int acc) {
+  __shared__ float sw[16][33], sb[16][33];
+  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+  const int64_t j = blockIdx.x * 32LL + tx;
+  float aw = 0.f, ab = 0.f;
+  if (j < D)
+    for (int s = ty; s < S; s += 16) {
+      aw += part[(int64_t)s * D + j];
+      if (db) ab += part[((int64_t)S + s) * D + j];
+    }
+  sw[ty][tx] = aw;
+  sb[ty][tx] = ab;
+  __syncthreads();
+  if (ty == 0 && j < D) {
+    for (int k = 1; k < 16; k++) aw += sw[k][tx], ab += sb[k][tx];
+    dw[j] = st<T>(acc ? ld(dw[j]) + aw : aw);
+    if (db) db[j] = st<T>(acc ? ld(db[j]) + ab : ab);
+  }
+}
+
+/* the one-pass backward when the rows fit the row engine (aligned, D a
+ * multiple of the vector width); false: the caller takes the two passes */
+template <typename T, bool RMS, bool RES>
+static bool norm_bwd_fused(int *rc, const char *name, const NormDxOp<T, RMS, RES> &op, gp_tensor *dw, gp_tensor *db,
+                           int64_t R, bool al, int acc) {
+  constexpr int VV = 16 / sizeof(T);
+  const int64_t D = op.D;
+  int tpr, block, nv;
+  if (!al || D % VV != 0 || R == 0 || !rows_config(D / VV, tpr, block, nv)) return false;
+  const int rpb = block / tpr;
+  const size_t smem = rpb > 1 ? (size_t)rpb * D * sizeof(float) : 0;
+  if (smem > 48 * 1024) return false;
+  /* two blocks an SM's worth of partial rows (each block loops over many rows) */
+  int64_t blocks = (R + rpb - 1) / rpb, cap = (int64_t)gp_cuda_sm_count() * 2;
+  if (blocks > cap) blocks = cap;
+  void *scratch;
+  size_t sbytes;
+  *rc = gp_alloc(&scratch, &sbytes, (size_t)((RMS ? 1 : 2) * blocks * D) * sizeof(float), GP_CUDA);
+  if (*rc != GP_OK) return true;
+  float *part = (float *)scratch;
+  auto go = [&](auto kern) { kern<<<(unsigned)blocks, block, smem, gp_cuda_stream()>>>(op, part, R, tpr); };
+  switch (nv) {
+    case 1: go(k_norm_bwd<T, RMS, RES, VV, 1>); break;
+    case 2: go(k_norm_bwd<T, RMS, RES, VV, 2>); break;
+    case 4: go(k_norm_bwd<T, RMS, RES, VV, 4>); break;
+    default: go(k_norm_bwd<T, RMS, RES, VV, 8>); break;
+  }
+  k_norm_part_sum<T><<<(unsigned)((D + 31) / 32), 512, 0, gp_cuda_stream()>>>(
+      part, (T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, D, (int)blocks, acc);
+  *rc = gp_cuda_check_launch(name);
+  gp_free(scratch, sbytes, GP_CUDA);
+  return true;
+}
 
 /* dw[j] = sum_r dout * (x - mean) * rstd, db[j] = sum_r dout: block (32 columns x 8 rows),
  * split s of the rows writes part[s][j] (two planes: dw, db) */
@@ -378,8 +498,10 @@ extern "C" int gp_cuda_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tens
   GP_FLOAT_SWITCH(x->dtype, T, {
     NormDxOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
                           (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
-    rc = rows_launch<T>("layer_norm_backward", op, R, D, al);
-    if (rc == GP_OK) rc = norm_dw<T>("layer_norm_backward", dw, db, x, mean, rstd, dout, accumulate);
+    if (!norm_bwd_fused<T, false, false>(&rc, "layer_norm_backward", op, dw, db, R, al, accumulate)) {
+      rc = rows_launch<T>("layer_norm_backward", op, R, D, al);
+      if (rc == GP_OK) rc = norm_dw<T>("layer_norm_backward", dw, db, x, mean, rstd, dout, accumulate);
+    }
   });
   return rc;
 }
@@ -392,16 +514,19 @@ extern "C" int gp_cuda_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_
   const char *name = dres ? "rms_norm_backward_add" : "rms_norm_backward";
   bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx)) && (!dres || al16(gp_ptr(dres)));
   GP_FLOAT_SWITCH(x->dtype, T, {
+    bool done;
     if (dres) {
       NormDxOp<T, true, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
                                  (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D, (const T *)gp_ptr(dres)};
-      rc = rows_launch<T>(name, op, R, D, al);
+      done = norm_bwd_fused<T, true, true>(&rc, name, op, dw, nullptr, R, al, accumulate);
+      if (!done) rc = rows_launch<T>(name, op, R, D, al);
     } else {
       NormDxOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
                            (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
-      rc = rows_launch<T>(name, op, R, D, al);
+      done = norm_bwd_fused<T, true, false>(&rc, name, op, dw, nullptr, R, al, accumulate);
+      if (!done) rc = rows_launch<T>(name, op, R, D, al);
     }
-    if (rc == GP_OK) rc = norm_dw<T>(name, dw, nullptr, x, nullptr, rstd, dout, accumulate);
+    if (!done && rc == GP_OK) rc = norm_dw<T>(name, dw, nullptr, x, nullptr, rstd, dout, accumulate);
   });
   return rc;
 }

@@ -145,12 +145,10 @@ template <typename Op, int V, int NV> static void rows_go(const Op &op, int64_t 
 
 /* run op over `rows` rows of D elements; `aligned`: every row pointer the op
  * touches is 16-byte aligned when D is a multiple of the vector width */
-template <typename T, typename Op> static int rows_launch(const char *name, const Op &op, int64_t rows, int64_t D, bool aligned) {
-  if (rows == 0 || D == 0) return GP_OK;
-  constexpr int VV = 16 / sizeof(T);
-  const bool vec = aligned && D % VV == 0;
-  const int64_t nvec = vec ? D / VV : D;
-  int tpr, block, nv;
+/* the row engine's shape for rows of nvec vectors: tpr threads a row, block
+ * threads a block (block / tpr rows), nv vectors a thread; false: rows too
+ * long (a block loops over each) */
+static inline bool rows_config(int64_t nvec, int &tpr, int &block, int &nv) {
   if (nvec <= 32 * 4) {
     tpr = 32, block = 256, nv = pow2_at_least((nvec + 31) / 32);
   } else if (nvec <= 512 * 8) {
@@ -158,6 +156,18 @@ template <typename T, typename Op> static int rows_launch(const char *name, cons
     block = tpr;
     nv = pow2_at_least((nvec + tpr - 1) / tpr);
   } else {
+    return false;
+  }
+  return true;
+}
+
+template <typename T, typename Op> static int rows_launch(const char *name, const Op &op, int64_t rows, int64_t D, bool aligned) {
+  if (rows == 0 || D == 0) return GP_OK;
+  constexpr int VV = 16 / sizeof(T);
+  const bool vec = aligned && D % VV == 0;
+  const int64_t nvec = vec ? D / VV : D;
+  int tpr, block, nv;
+  if (!rows_config(nvec, tpr, block, nv)) {
     int64_t blocks = rows < (int64_t)gp_cuda_sm_count() * 4 ? rows : (int64_t)gp_cuda_sm_count() * 4;
     k_row_loop<Op><<<(unsigned)blocks, 1024, 0, gp_cuda_stream()>>>(op, rows);
     return gp_cuda_check_launch(name);
