@@ -41,13 +41,28 @@ function TransformerBlock:init(cfg)
     self.mlp = nn.MoE(C, hidden, mo)
   else raise("TransformerBlock: mlp must be 'gelu', 'swiglu' or 'moe', got " .. tostring(cfg.mlp)) end
 end
+-- an nn.RMSNorm as it comes (no forward swapped on the instance)
+local function plain_rms(m) return m._name == 'RMSNorm' and rawget(m, 'forward') == nil end
+
 function TransformerBlock:forward(x)
-  x = x + self.attn(self.ln1(x))
+  local a = self.attn(self.ln1(x))
+  if plain_rms(self.ln2) then
+    -- the residual add and the second norm in one kernel (and, backward, the
+    -- residual's gradient added in the norm's: rms_norm_backward_add)
+    local n, h = gp.add_rms_norm(a, x, self.ln2.weight, self.ln2.eps)
+    return h + self.mlp(n)
+  end
+  x = x + a
   return x + self.mlp(self.ln2(x))
 end
 
 function TransformerBlock:forward_cached(x, cache, layer, pos)
-  x = x + self.attn:forward_cached(self.ln1(x), cache, layer, pos)
+  local a = self.attn:forward_cached(self.ln1(x), cache, layer, pos)
+  if plain_rms(self.ln2) then -- (as forward: the same arithmetic)
+    local n, h = gp.add_rms_norm(a, x, self.ln2.weight, self.ln2.eps)
+    return h + self.mlp(n)
+  end
+  x = x + a
   return x + self.mlp(self.ln2(x))
 end
 
