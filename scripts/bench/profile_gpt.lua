@@ -1,13 +1,17 @@
 -- profile_gpt.lua: one training step of a GPT-2-small-sized model (bf16, AdamW), per kernel.
--- Run: gpush scripts/bench/profile_gpt.lua [--per-head] [--unfused-mlp] [--vocab N]
+-- Run: gpush scripts/bench/profile_gpt.lua [--llama] [--per-head] [--unfused-mlp] [--vocab N]
 -- --vocab N: the vocabulary (default 50304, the bench suite's GPT-2 row)
+-- --llama: the suite's Llama-shaped model instead (d 1024, 8 layers, 8 heads
+-- of 128, SwiGLU 2816, RMSNorm, no biases, V 32,000, batch 4 x 2048)
 -- --per-head: attention through the per-head views and nn.attention (the path
 -- before gp.attention_qkv; nn.attention swapped for a wrapper turns it off)
 -- --unfused-mlp: the MLPs as fc, gelu_tanh, proj (the path before
 -- gp.linear_gelu_linear; a Linear forward swapped on the instance turns it off)
-local unfused_mlp, V = false, 50304
+local unfused_mlp, V, llama = false, 50304, false
 for i, a in ipairs(arg or {}) do
-  if a == '--vocab' then
+  if a == '--llama' then
+    llama = true
+  elseif a == '--vocab' then
     V = tonumber(arg[i + 1]) or error('--vocab needs a number')
   elseif a == '--per-head' then
     local flash = gp.nn.attention
@@ -19,6 +23,12 @@ for i, a in ipairs(arg or {}) do
   end
 end
 local cfg = {vocab_size = V, block_size = 1024, n_embd = 768, n_layer = 12, n_head = 12, dropout = 0}
+local B = 8
+if llama then
+  cfg = {vocab_size = 32000, block_size = 2048, n_embd = 1024, n_layer = 8, n_head = 8, dropout = 0, mlp = 'swiglu',
+         mlp_hidden = 2816, norm = 'rms', bias = false}
+  B = 4
+end
 local T0 = gp.train.now()
 local model = gp.nn.GPT(cfg)
 print('build', gp.train.now() - T0)
@@ -31,8 +41,8 @@ if unfused_mlp then
 end
 gp.optim.mixed_precision(model)
 local opt = gp.optim.AdamW(model, {lr = 3e-4})
-local x = gp.randint(0, V, {8, 1024})
-local y = gp.randint(0, V, {8, 1024})
+local x = gp.randint(0, cfg.vocab_size, {B, cfg.block_size})
+local y = gp.randint(0, cfg.vocab_size, {B, cfg.block_size})
 local function step()
   opt:zero_grad()
   local _, loss = model(x, y)
