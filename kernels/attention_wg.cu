@@ -80,7 +80,7 @@ __device__ __forceinline__ uint64_t wg_mn_halves(uint32_t a, int hs) { return wg
  * rescaled once it is done. One barrier a tile, after which tile t + 1's
  * stage is loaded: with 3 stages that stage last held tile t - 2, whose V
  * every warpgroup's product of tile t - 1 has finished reading. */
-template <typename T, int D, int NWG, int BN, int MINB, int NS>
+template <typename T, int D, int NWG, int BN, int MINB, int NS, bool PIPE>
 __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH) {
   static_assert(NS >= 3, "one barrier a tile needs 3 stages");
 #if GP_WG
@@ -147,16 +147,30 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
 
   /* tile t in place (after the barrier that also frees its successor's
    * stage), tile t + 1's loads issued, S = Q K_t^T issued */
-  auto s_issue = [&](int t) {
-    cp_async_wait<0>(); /* tile t (the only group in flight) */
-    wg::fence_proxy();
-    __syncthreads();
+  auto load_next = [&](int t) {
     if (t + 1 < n_tiles) {
       const int o2 = ((t + 1) % NS) * BN * D;
       load_tile<T, D, BN, NTH, true>(Ks + o2, k, P.sk.r, kt.j0(t + 1), P.S);
       load_tile<T, D, BN, NTH, true>(Vs + o2, v, P.sv.r, kt.j0(t + 1), P.S);
     }
     cp_async_commit();
+  };
+  auto s_issue = [&](int t) {
+    if constexpr (!PIPE || NS >= 4) {
+      /* tile t + 1's stage last held tile t + 1 - NS, whose O += P V every
+       * warpgroup finished before the barrier of tile t - 1 (PIPE: that
+       * product runs in the next tile's step, so NS >= 4): its loads go out
+       * before tile t's wait */
+      load_next(t);
+      cp_async_wait<1>();
+      wg::fence_proxy();
+      __syncthreads();
+    } else {
+      cp_async_wait<0>(); /* tile t (the only group in flight) */
+      wg::fence_proxy();
+      __syncthreads();
+      load_next(t);
+    }
     const uint32_t ka = smem_u32(Ks + (t % NS) * BN * D);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
@@ -175,7 +189,21 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     else soft(std::integral_constant<int, 0>(), t, alpha);
   };
 
-  if (n_tiles > 0) {
+  if constexpr (!PIPE) { /* one product at a time */
+    for (int t = 0; t < n_tiles; t++) {
+      float alpha[2];
+      s_issue(t);
+      wg::wait<0>();
+      s_soft(t, alpha);
+      rescale_rows<DT>(o, alpha);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
+      wg::fence();
+      pv_issue(t);
+      wg::wait<0>();
+      wg::fence_operand<DT * 4>(&o[0][0]);
+    }
+  } else if (n_tiles > 0) {
     float alpha[2];
     s_issue(0);
     wg::wait<0>();
@@ -507,10 +535,11 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
 #endif
 }
 
-template <typename T, int D, int NWG, int BN, int MINB, int NS> int launch_fwd_wg(const AttnP &P, int64_t BH) {
+template <typename T, int D, int NWG, int BN, int MINB, int NS, bool PIPE>
+int launch_fwd_wg(const AttnP &P, int64_t BH) {
   constexpr int BM = 64 * NWG;
   static bool attr = false; /* per instantiation */
-  return launch_fwd_tiles(k_attn_fwd_wg<T, D, NWG, BN, MINB, NS>, P, BH, BM, NWG * 128,
+  return launch_fwd_tiles(k_attn_fwd_wg<T, D, NWG, BN, MINB, NS, PIPE>, P, BH, BM, NWG * 128,
                           (BM + 2 * NS * BN) * D * (int)sizeof(T) + 1024, attr);
 }
 
@@ -556,16 +585,21 @@ template <bool GQA> int bwd_wg_g(const AttnP &P, int64_t BH, int dtype, int D, b
 } // namespace
 
 int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
-  /* D 64: 2 warpgroups of 64 rows, key tiles of 64 in 3 stages, 2 CTAs an SM;
-   * D 128: the same kernel with key tiles of 128, tiles as two 64-column
-   * halves, 1 CTA an SM. Measured on the H100 with the pipelined products
-   * (BENCHMARKS.md, 2026-11-25): D 128 with key tiles of 128 against 64,
-   * 420-434 TFLOP/s against 378-410 at T 2048-8192; D 64 with 3 warpgroups
-   * and key tiles of 128 slower (81-356 against 138-360) */
+  /* D 64: 2 warpgroups of 64 rows, key tiles of 64 in 3 stages, 2 CTAs an SM,
+   * one product at a time (the two CTAs overlap each other's softmax);
+   * D 128: key tiles of 128, tiles as two 64-column halves, 1 CTA an SM, the
+   * products pipelined with the softmax. Measured on the H100 (BENCHMARKS.md,
+   * 2026-11-25): pipelined, D 64 lost 3-5% of its forward; D 128 pipelined
+   * with tiles of 128 gained 6-17% over one product at a time with tiles of
+   * 64 (tiles of 128 alone: 420-434 TFLOP/s against 378-410 at T 2048-8192);
+   * D 64 with 3 warpgroups and key tiles of 128 was slower (81-356 against
+   * 138-360); 4 stages with the loads issued a tile earlier, pipelined, level
+   * with 3 */
   if (dtype == GP_BF16)
-    return D == 64 ? launch_fwd_wg<__nv_bfloat16, 64, 2, 64, 2, 3>(P, BH)
-                   : launch_fwd_wg<__nv_bfloat16, 128, 2, 128, 1, 3>(P, BH);
-  return D == 64 ? launch_fwd_wg<__half, 64, 2, 64, 2, 3>(P, BH) : launch_fwd_wg<__half, 128, 2, 128, 1, 3>(P, BH);
+    return D == 64 ? launch_fwd_wg<__nv_bfloat16, 64, 2, 64, 2, 3, false>(P, BH)
+                   : launch_fwd_wg<__nv_bfloat16, 128, 2, 128, 1, 3, true>(P, BH);
+  return D == 64 ? launch_fwd_wg<__half, 64, 2, 64, 2, 3, false>(P, BH)
+                 : launch_fwd_wg<__half, 128, 2, 128, 1, 3, true>(P, BH);
 }
 
 /* G = 1 runs the dk/dv kernel without the loop over a group's query heads */
