@@ -971,3 +971,45 @@ T.test('grouped-query attention errors name the op and the shapes', function()
   T.raises(function() gp.k.attn_bwd(gp.empty(q.shape, CPU), gp.empty({1, 6, 4, 64}, CPU), gp.empty(k.shape, CPU), q, k, v,
     out, lse, q) end, 'attn_bwd', 'dk', 'dv')
 end)
+
+-- The Hopper kernels run their blocks head group by head group (a group's
+-- K/V or Q/dO/dQ within GP_ATTN_L2_MB); a 1 MB budget splits these shapes
+-- into groups of one or a few heads, 0 is the tile-major order over all
+-- heads: the outputs must agree (forward bitwise, dq up to its f32 atomics'
+-- order, dk and dv bitwise: each element written once).
+local L2_SNIPPET = [[
+gp.manual_seed(5)
+local CU = {dtype = 'bf16', device = 'cuda'}
+for ci, c in ipairs {{1, 8, 2, 2048, 128, 1}, {2, 8, 8, 1024, 64, 0}, {1, 6, 2, 1536, 64, 1}} do
+  local B, H, Hkv, T, D, causal = unpack(c)
+  local q, k, v = gp.randn({B, H, T, D}, CU), gp.randn({B, Hkv, T, D}, CU), gp.randn({B, Hkv, T, D}, CU)
+  local dout = gp.randn({B, H, T, D}, CU)
+  local out, lse = gp.empty({B, H, T, D}, CU), gp.empty({B, H, T}, {device = 'cuda'})
+  local dq, dk, dv = gp.empty({B, H, T, D}, CU), gp.empty({B, Hkv, T, D}, CU), gp.empty({B, Hkv, T, D}, CU)
+  gp.k.attn_fwd(out, lse, q, k, v, 1 / math.sqrt(D), 0, 0, causal)
+  gp.k.attn_bwd(dq, dk, dv, q, k, v, out, lse, dout, 1 / math.sqrt(D), 0, 0, causal)
+  for name, t in pairs {out = out, lse = lse, dq = dq, dk = dk, dv = dv} do
+    gp.save(string.format('%s/%d_%s.safetensors', os.getenv('L2_DIR'), ci, name), {t = t:float():cpu()})
+  end
+end
+print('DONE')
+]]
+T.test('Hopper attention: the head-grouped block order gives the outputs of the tile-major order', function()
+  T.cuda()
+  local base = os.tmpname()
+  os.remove(base)
+  local dirs = {base .. '_g', base .. '_t'}
+  for i, mb in ipairs {1, 0} do
+    os.execute('mkdir -p ' .. dirs[i])
+    local out = run_snippet(string.format('L2_DIR=%s GP_ATTN_L2_MB=%d', dirs[i], mb), L2_SNIPPET)
+    T.ok(out:find('DONE', 1, true), out)
+  end
+  for c = 1, 3 do
+    for _, name in ipairs {'out', 'lse', 'dq', 'dk', 'dv'} do
+      local function load(d) return gp.load(string.format('%s/%d_%s.safetensors', d, c, name)).t end
+      local r = T.relnorm(load(dirs[1]), load(dirs[2]))
+      T.ok(r <= (name == 'dq' and 1e-5 or 0), string.format('case %d %s: relative difference %g', c, name, r))
+    end
+  end
+  for _, d in ipairs(dirs) do os.execute('rm -rf ' .. d) end
+end)

@@ -449,3 +449,36 @@ T.test('cuda: LayerNorm and RMSNorm gradients accumulated into random .grad valu
     end
   end
 end)
+
+-- A GPT of RMSNorms runs each residual add inside the norm after it
+-- (TransformerBlock:forward_pending, gp.add_rms_norm); swapping ln_f's forward
+-- for the same computation turns the chaining off: logits, loss and every
+-- gradient agree (f64), and the chained step runs no add kernel for the
+-- residual stream
+T.test('GPT with RMSNorm: the residual adds fused into the norms give the unfused logits, loss and gradients', function()
+  local function run(chain)
+    gp.manual_seed(4)
+    local m = tiny_gpt({norm = 'rms', mlp = 'swiglu', n_layer = 3, dtype = 'f64'})
+    if not chain then
+      rawset(m.ln_f, 'forward', function(self, x) return (gp.rms_norm(x, self.weight, self.eps)) end)
+    end
+    local idx = gp.tensor({{1, 2, 3, 4, 0, 1}, {4, 3, 2, 1, 0, 2}}, {dtype = 'i64', device = 'cpu'})
+    local logits, loss
+    local _, k = T.launches(function()
+      logits, loss = m(idx, idx)
+      loss:backward()
+    end)
+    local grads = {}
+    for _, nt in ipairs(m:named_parameters()) do grads[nt[1]] = nt[2].grad end
+    return logits, loss, grads, k
+  end
+  local l1, s1, g1, k1 = run(true)
+  local l2, s2, g2, k2 = run(false)
+  T.ok(T.relnorm(l1, l2) < 1e-13, 'logits')
+  T.ok(math.abs(s1:item() - s2:item()) < 1e-13, 'loss')
+  for name, g in pairs(g2) do T.ok(T.relnorm(g1[name], g) < 1e-12, name) end
+  T.ok((k1.add or 0) < (k2.add or 0), string.format('add launches %d (chained) < %d', k1.add or 0, k2.add or 0))
+  -- every norm after a residual add whose sum is used again (2 a block, less the first block's ln1; ln_f's
+  -- sum has no other use: its plain backward)
+  T.eq(k1.rms_norm_backward_add, 5, 'fused norm backwards')
+end)

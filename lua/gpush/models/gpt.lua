@@ -62,6 +62,27 @@ function GPT:positions(T, device)
   return p
 end
 
+-- the blocks over x (cache: forward_cached's), then ln_f. When every block
+-- chains (plain RMSNorms, TransformerBlock.chains) and ln_f is a plain
+-- RMSNorm, each residual add runs inside the norm after it (gp.add_rms_norm:
+-- no add kernel forward, the residual's gradient added in the norm's
+-- backward)
+local function blocks_norm(self, x, cache, pos)
+  local chain = #self.h > 0 and nn.plain_rms(self.ln_f)
+  for _, b in ipairs(self.h) do chain = chain and TransformerBlock.chains(b) end
+  if chain then
+    local a
+    for i, b in ipairs(self.h) do x, a = b:forward_pending(x, a, cache, i, pos) end
+    return (gp.add_rms_norm(a, x, self.ln_f.weight, self.ln_f.eps))
+  end
+  if cache then
+    for i, b in ipairs(self.h) do x = b:forward_cached(x, cache, i, pos) end
+  else
+    for _, b in ipairs(self.h) do x = b(x) end
+  end
+  return self.ln_f(x)
+end
+
 -- idx (B, T) of 0-based token ids -> logits (B, T, vocab); with targets (B, T) also the mean cross-entropy
 function GPT:forward(idx, targets)
   if not is_tensor(idx) or idx:dim() ~= 2 or (idx.dtype ~= 'i64' and idx.dtype ~= 'i32') then
@@ -74,8 +95,7 @@ function GPT:forward(idx, targets)
   end
   local x = self.wte(idx) + self.wpe(self:positions(T, idx.device))
   x = self.drop(x)
-  for _, b in ipairs(self.h) do x = b(x) end
-  local logits = self.lm_head(self.ln_f(x))
+  local logits = self.lm_head(blocks_norm(self, x))
   if targets ~= nil then return logits, gp.cross_entropy(logits, targets) end
   return logits
 end
@@ -97,8 +117,7 @@ function GPT:forward_cached(idx, cache, pos)
     raise(string.format('GPT:forward_cached: positions %d..%d are beyond block_size %d', pos, pos + T - 1, bs))
   end
   local x = self.wte(idx) + self.wpe(self:positions(bs, idx.device):narrow(1, pos + 1, T))
-  for i, b in ipairs(self.h) do x = b:forward_cached(x, cache, i, pos) end
-  return self.lm_head(self.ln_f(x))
+  return self.lm_head(blocks_norm(self, x, cache, pos))
 end
 -- device positions: one new token per row at the position held by pos (an
 -- i64 [1] tensor on the model's device), so the step reads nothing on the
@@ -119,8 +138,7 @@ function GPT:_forward_at(idx, cache, pos)
   local lens = cache:step_lens('GPT:forward_cached', idx, pos)
   local at = {pos = pos, lens = lens}
   local x = self.wte(idx) + self.wpe(pos:view {1, 1})
-  for i, b in ipairs(self.h) do x = b:forward_cached(x, cache, i, at) end
-  return self.lm_head(self.ln_f(x))
+  return self.lm_head(blocks_norm(self, x, cache, at))
 end
 
 function GPT:extra_repr()

@@ -56,6 +56,27 @@ function TransformerBlock:forward(x)
   return x + self.mlp(self.ln2(x))
 end
 
+-- the block as forward / forward_cached (cache given) computes it, its two
+-- residual adds left to the norms after them: x + a (a, the previous block's
+-- MLP output, not yet added; nil for the first block) goes through the first
+-- norm as one gp.add_rms_norm, and the block returns (h, m) with its output
+-- h + m, m its MLP's, for the next block's first norm (or the model's last)
+-- to add. For blocks whose norms are plain nn.RMSNorms (TransformerBlock.chains)
+function TransformerBlock:forward_pending(x, a, cache, layer, pos)
+  local n1
+  if a then n1, x = gp.add_rms_norm(a, x, self.ln1.weight, self.ln1.eps) else n1 = self.ln1(x) end
+  local att = cache and self.attn:forward_cached(n1, cache, layer, pos) or self.attn(n1)
+  local n2, h = gp.add_rms_norm(att, x, self.ln2.weight, self.ln2.eps)
+  return h, self.mlp(n2)
+end
+-- blk runs TransformerBlock's own forward with plain RMSNorms: forward_pending
+-- computes the same
+function TransformerBlock.chains(blk)
+  return getmetatable(blk) == TransformerBlock._imt and rawget(blk, 'forward') == nil and
+    rawget(blk, 'forward_cached') == nil and plain_rms(blk.ln1) and plain_rms(blk.ln2)
+end
+nn.plain_rms = plain_rms
+
 function TransformerBlock:forward_cached(x, cache, layer, pos)
   local a = self.attn:forward_cached(self.ln1(x), cache, layer, pos)
   if plain_rms(self.ln2) then -- (as forward: the same arithmetic)
