@@ -1008,7 +1008,8 @@ T.test('Hopper attention: the head-grouped block order gives the outputs of the 
     for _, name in ipairs {'out', 'lse', 'dq', 'dk', 'dv'} do
       local function load(d) return gp.load(string.format('%s/%d_%s.safetensors', d, c, name)).t end
       local r = T.relnorm(load(dirs[1]), load(dirs[2]))
-      T.ok(r <= (name == 'dq' and 1e-5 or 0), string.format('case %d %s: relative difference %g', c, name, r))
+      -- (dq: the f32 atomics add in another order, then round to bf16)
+      T.ok(r <= (name == 'dq' and 1e-3 or 0), string.format('case %d %s: relative difference %g', c, name, r))
     end
   end
   for _, d in ipairs(dirs) do os.execute('rm -rf ' .. d) end

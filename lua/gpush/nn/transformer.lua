@@ -76,6 +76,8 @@ function TransformerBlock.chains(blk)
     rawget(blk, 'forward_cached') == nil and plain_rms(blk.ln1) and plain_rms(blk.ln2)
 end
 nn.plain_rms = plain_rms
+doc(nn.plain_rms, 'nn.plain_rms(m)',
+  'true when m is an nn.RMSNorm with its own forward (none set on the instance): a norm that gp.add_rms_norm may stand in for')
 
 function TransformerBlock:forward_cached(x, cache, layer, pos)
   local a = self.attn:forward_cached(self.ln1(x), cache, layer, pos)
