@@ -73,13 +73,13 @@ __device__ __forceinline__ uint64_t wg_mn_halves(uint32_t a, int hs) { return wg
  * load_tile's HALVES): NWG warpgroups, 64 query rows each (BM = 64 NWG), key
  * tiles of BN keys in NS stages loaded with cp.async one tile ahead; S = Q K^T
  * by descriptors, the online softmax in registers (as k_attn_fwd_mma), O += P
- * V with P from registers. The two products overlap the softmax
+ * V with P from registers. PIPE: the two products overlap the softmax
  * (FlashAttention-3's intra-warpgroup pipelining): tile t's S = Q K_t^T and
  * the previous tile's O += P_{t-1} V_{t-1} are issued together, the softmax
  * of S_t runs while the second product is on the tensor cores, and O is
- * rescaled once it is done. One barrier a tile, after which tile t + 1's
- * stage is loaded: with 3 stages that stage last held tile t - 2, whose V
- * every warpgroup's product of tile t - 1 has finished reading. */
+ * rescaled once it is done; else one product at a time. One barrier a tile;
+ * the stage tile t + 1 loads into last held tile t + 1 - NS (s_issue says
+ * when that is free). Blocks take (head, query tile) in head_tile's order. */
 template <typename T, int D, int NWG, int BN, int MINB, int NS, bool PIPE>
 __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH) {
   static_assert(NS >= 3, "one barrier a tile needs 3 stages");
@@ -145,8 +145,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     softmax_p<NT>(s, m, l, alpha, sl2);
   };
 
-  /* tile t in place (after the barrier that also frees its successor's
-   * stage), tile t + 1's loads issued, S = Q K_t^T issued */
+  /* tile t + 1's loads (if any), one commit group either way */
   auto load_next = [&](int t) {
     if (t + 1 < n_tiles) {
       const int o2 = ((t + 1) % NS) * BN * D;
@@ -155,6 +154,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     }
     cp_async_commit();
   };
+  /* tile t in place and visible to every warpgroup, tile t + 1's loads
+   * issued, S = Q K_t^T issued */
   auto s_issue = [&](int t) {
     if constexpr (!PIPE || NS >= 4) {
       /* tile t + 1's stage last held tile t + 1 - NS, whose O += P V every
@@ -244,9 +245,10 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
  * MN-major A operand, and the tile is added to P.dqa with f32 vector atomics
  * (red.global.add.v4.f32, in the accumulator's fragment order so that each
  * warp's adds are 512 contiguous bytes); k_attn_bwd_dq_store converts.
- * Block b holds key tile b / NKV of KV head b % NKV (NKV = B * Hkv) and walks
- * the query tiles of its G query heads in turn (one double-buffered sequence
- * of G * n_qt tiles), dk and dv summed in registers. */
+ * Block b holds a key tile of one of the NKV = B * Hkv KV heads (head_tile's
+ * order) and walks the query tiles of its G query heads in turn (one
+ * double-buffered sequence of G * n_qt tiles), dk and dv summed in registers.
+ * D 64 or 128 (tiles in 64-column halves; DQ at D 64 only). */
 template <typename T, int NWG, int BQ, int MINB, bool DQ, bool GQA, int D = 64>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int NKV) {
