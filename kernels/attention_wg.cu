@@ -595,8 +595,9 @@ int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
    * with tiles of 128 gained 6-17% over one product at a time with tiles of
    * 64 (tiles of 128 alone: 420-434 TFLOP/s against 378-410 at T 2048-8192);
    * D 64 with 3 warpgroups and key tiles of 128 was slower (81-356 against
-   * 138-360); 4 stages with the loads issued a tile earlier, pipelined, level
-   * with 3 */
+   * 138-360), as were 2 warpgroups with tiles of 128 at one CTA an SM (94-305
+   * against 140-338); 4 stages with the loads issued a tile earlier,
+   * pipelined, level with 3 */
   if (dtype == GP_BF16)
     return D == 64 ? launch_fwd_wg<__nv_bfloat16, 64, 2, 64, 2, 3, false>(P, BH)
                    : launch_fwd_wg<__nv_bfloat16, 128, 2, 128, 1, 3, true>(P, BH);
