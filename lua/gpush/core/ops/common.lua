@@ -164,19 +164,22 @@ function M.head_args(op, h, w, opts)
     hh = h:contiguous():reshape {N, D}, C = math.min(C, math.max(N, 1))}
 end
 
--- the chunk loop; kernel(loss_c, logits_c, tg_c, one, r0) writes the chunk's
--- losses and, when one (a count tensor of 1) is given, dlogits over the
--- logits. Returns the loss ('none': per row), and with opts.grad dh, dw
--- (grad = 'raw': unscaled, and the count for 'mean')
+-- the chunk loop; kernel(loss_c, logits_c, tg_c, count, r0) writes the
+-- chunk's losses and, when count (a device tensor of 1) is given, dlogits
+-- over the logits divided by it: the mean's count of kept rows, counted on
+-- the device first (grad_count), so that dh and dw come out final. Returns
+-- the loss ('none': per row), and with opts.grad dh, dw
 function M.head_loss(hd, tg, ignore, opts, kernel)
   local op, h, w, N, D, V, C = hd.op, hd.h, hd.w, hd.N, hd.D, hd.V, hd.C
   local red, grad, dev = opts.reduction or 'mean', opts.grad, h.device
   local loss = tensor.empty({N}, 'f32', dev, op)
   local scratch = tensor.empty({C, V}, h.dtype, dev, op)
   local dh = grad and opts.grad_h ~= false and tensor.empty({N, D}, h.dtype, dev, op) or nil
-  local dw = grad and opts.grad_w ~= false and gp.zeros({V, D}, {dtype = w.dtype, device = dev}) or nil
+  -- (the first chunk's product writes dw, the others add to it; no chunk: zeros)
+  local dw = grad and opts.grad_w ~= false and (N > 0 and tensor.empty({V, D}, w.dtype, dev, op) or
+    gp.zeros({V, D}, {dtype = w.dtype, device = dev})) or nil
   local k, wt = gp.k, w:transpose(1, 2) -- (D, V): a transposed view, no copy
-  local one = grad and gp.ones({1}, {device = dev}) -- the chunks' dlogits unscaled
+  local cnt = grad and M.grad_count(op, loss, tg, ignore, red)
   local at -- the first row of the chunk in flight (0-based)
   local ok, err = pcall(function()
     for r0 = 0, N - 1, C do
@@ -184,9 +187,9 @@ function M.head_loss(hd, tg, ignore, opts, kernel)
       local c = math.min(C, N - r0)
       local lg, hc = scratch:narrow(1, 1, c), hd.hh:narrow(1, r0 + 1, c)
       k.matmul(lg, hc, wt)
-      kernel(loss:narrow(1, r0 + 1, c), lg, tg:narrow(1, r0 + 1, c), one, r0)
+      kernel(loss:narrow(1, r0 + 1, c), lg, tg:narrow(1, r0 + 1, c), cnt, r0)
       if dh then k.matmul(dh:narrow(1, r0 + 1, c), lg, w) end
-      if dw then k.matmul(dw, lg:transpose(1, 2), hc, 1, 1) end
+      if dw then k.matmul(dw, lg:transpose(1, 2), hc, 1, r0 == 0 and 0 or 1) end
     end
   end)
   -- (a bad target on the CPU: the chunk kernel's error, named for this op and the whole h)
@@ -195,25 +198,25 @@ function M.head_loss(hd, tg, ignore, opts, kernel)
       at or 0, (tostring(err):gsub('^.-: ', '', 1))))
   end
   if red == 'none' then return loss:view(hd.lead) end
-  local r, cnt = tensor.empty({1}, 'f32', dev, op), tensor.empty({1}, 'f32', dev, op)
-  k.loss_reduce(r, cnt, loss, tg, ignore, red == 'mean' and 1 or 0)
+  local r, n = tensor.empty({1}, 'f32', dev, op), tensor.empty({1}, 'f32', dev, op)
+  k.loss_reduce(r, n, loss, tg, ignore, red == 'mean' and 1 or 0)
   local out = r:view {}
   if not grad then return out end
   if dh then dh = dh:view(h.shape) end
-  if grad == 'raw' then return out, dh, dw, red == 'mean' and cnt or nil end
-  if red == 'mean' then
-    if dh then k.div(dh, dh, cnt:to(dh.dtype)) end
-    if dw then k.div(dw, dw, cnt:to(dw.dtype)) end
-  end
   return out, dh, dw
 end
 
--- autograd: f(h, w, third, opts) gives dh, dw unscaled and the mean's count
--- with the loss; backward scales them by upstream / count
-function M.head_loss_rule(g, _, _, saved)
-  local dh, dw, cnt = saved[1], saved[2], saved[3]
-  local gl = g[1]
-  if cnt then gl = tensor.to_dtype(gl, 'f32') / cnt:view {} end
+-- autograd: f(h, w, third, opts) gives dh, dw final with the loss; backward
+-- returns them as they are for the seed of loss:backward() (fresh: leaves
+-- take them without a copy; not when the caller asked for them too,
+-- grad=true) and scales them by any other incoming gradient
+function M.head_loss_rule(g, a, _, saved)
+  local dh, dw, gl = saved[1], saved[2], g[1]
+  if rawget(gl, '_seed') then
+    local held = type(a[4]) == 'table' and a[4].grad
+    local function give(t) return t and (held and t or {fresh = t}) or nil end
+    return give(dh), give(dw), nil, nil
+  end
   local gh = dh and dh * tensor.to_dtype(gl, dh.dtype) or nil
   local gw = dw and dw * tensor.to_dtype(gl, dw.dtype) or nil
   return gh, gw, nil, nil
@@ -225,11 +228,11 @@ M.head_loss_opts = {
     opts = opts or {}
     local o2 = {}
     for k, v in pairs(opts) do o2[k] = v end
-    o2.grad = opts.grad and true or 'raw'
+    o2.grad = true
     o2.grad_h, o2.grad_w = autograd.needs(h), autograd.needs(w)
-    local loss, dh, dw, cnt = f(h, w, third, o2)
+    local loss, dh, dw = f(h, w, third, o2)
     if opts.grad then return {dh, dw}, loss, dh, dw end
-    return {dh, dw, cnt}, loss
+    return {dh, dw}, loss
   end,
 }
 

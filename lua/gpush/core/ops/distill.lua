@@ -119,9 +119,9 @@ function gp.linear_distill_loss(h, w, teacher, opts)
   local T, alpha, kind, _, tg, ignore = distill_opts(op, opts, N, lead, h.device, common.with_last(lead, V))
   local t = tensor.to_dtype(teacher, h.dtype):contiguous():reshape {N, V}
   local k = gp.k
-  return common.head_loss(hd, tg, ignore, opts, function(lc, lg, tc, one, r0)
+  return common.head_loss(hd, tg, ignore, opts, function(lc, lg, tc, cnt, r0)
     local tt = t:narrow(1, r0 + 1, lg:size(1))
-    if one then k.distill_fwd_bwd(lc, lg, lg, tt, tc, one, T, alpha, kind, ignore, 1) -- dstudent over the logits
+    if cnt then k.distill_fwd_bwd(lc, lg, lg, tt, tc, cnt, T, alpha, kind, ignore, 1) -- dstudent over the logits
     else k.distill_loss(lc, lg, tt, tc, T, alpha, kind, ignore) end
   end)
 end

@@ -64,8 +64,8 @@ function gp.linear_cross_entropy(h, w, targets, opts)
   end
   local ignore = opts.ignore_index or -100
   local k = gp.k
-  return common.head_loss(hd, targets:contiguous():reshape {hd.N}, ignore, opts, function(lc, lg, tc, one)
-    if one then k.cross_entropy_fwd_bwd(lc, lg, lg, tc, one, ignore, 1) -- dlogits over the logits
+  return common.head_loss(hd, targets:contiguous():reshape {hd.N}, ignore, opts, function(lc, lg, tc, cnt)
+    if cnt then k.cross_entropy_fwd_bwd(lc, lg, lg, tc, cnt, ignore, 1) -- dlogits over the logits
     else k.cross_entropy(lc, lg, tc, ignore) end
   end)
 end
