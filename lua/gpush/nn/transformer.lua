@@ -44,17 +44,21 @@ end
 -- an nn.RMSNorm as it comes (no forward swapped on the instance)
 local function plain_rms(m) return m._name == 'RMSNorm' and rawget(m, 'forward') == nil end
 
-function TransformerBlock:forward(x)
-  local a = self.attn(self.ln1(x))
+-- forward and forward_cached (cache given): x + attn(ln1(x)), then that plus
+-- mlp(ln2(it)); with a plain RMSNorm ln2 the first add runs inside it
+-- (forward_pending: gp.add_rms_norm, and backward the residual's gradient
+-- added in the norm's, rms_norm_backward_add)
+local function block(self, x, cache, layer, pos)
   if plain_rms(self.ln2) then
-    -- the residual add and the second norm in one kernel (and, backward, the
-    -- residual's gradient added in the norm's: rms_norm_backward_add)
-    local n, h = gp.add_rms_norm(a, x, self.ln2.weight, self.ln2.eps)
-    return h + self.mlp(n)
+    local h, m = self:forward_pending(x, nil, cache, layer, pos)
+    return h + m
   end
-  x = x + a
+  local n1 = self.ln1(x)
+  x = x + (cache and self.attn:forward_cached(n1, cache, layer, pos) or self.attn(n1))
   return x + self.mlp(self.ln2(x))
 end
+function TransformerBlock:forward(x) return block(self, x) end
+function TransformerBlock:forward_cached(x, cache, layer, pos) return block(self, x, cache, layer, pos) end
 
 -- the block as forward / forward_cached (cache given) computes it, its two
 -- residual adds left to the norms after them: x + a (a, the previous block's
@@ -79,15 +83,6 @@ nn.plain_rms = plain_rms
 doc(nn.plain_rms, 'nn.plain_rms(m)',
   'true when m is an nn.RMSNorm with its own forward (none set on the instance): a norm that gp.add_rms_norm may stand in for')
 
-function TransformerBlock:forward_cached(x, cache, layer, pos)
-  local a = self.attn:forward_cached(self.ln1(x), cache, layer, pos)
-  if plain_rms(self.ln2) then -- (as forward: the same arithmetic)
-    local n, h = gp.add_rms_norm(a, x, self.ln2.weight, self.ln2.eps)
-    return h + self.mlp(n)
-  end
-  x = x + a
-  return x + self.mlp(self.ln2(x))
-end
 
 doc(nn.TransformerBlock, "nn.TransformerBlock{n_embd=, n_head=, mlp='gelu'|'swiglu'|'moe', moe={experts=8, k=2, ...}, norm='layer'|'rms', dropout=0, mlp_hidden=4 n_embd}",
   'pre-norm block: x + attn(norm(x)), then x + mlp(norm(x))')
