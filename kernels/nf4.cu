@@ -317,52 +317,56 @@ template <typename T, bool VEC> void launch_gemv_mt(const GemvP &p, dim3 grid, i
 /* ---- gemv on tensor cores (bf16 / f16 x, blocks a multiple of 64, K % 64 == 0) ----
  *
  * out (M, N) = x (M, K) @ W^T with mma.sync m16n8k16: 16 rows of W are the A
- * operand, up to 8 rows of x the B operand (n8; NT n-tiles for up to 32
- * rows), f32 accumulators. The CUDA cores only decode: a byte of q (two
+ * operand, 8 rows of x the B operand (an n-tile; NT of them for up to 8 NT
+ * rows of x), f32 accumulators. The CUDA cores only decode: a byte of q (two
  * codes) becomes an A register holding both values through one shared-memory
- * load from a 256-entry table of code pairs in x's dtype, kept once for
- * every lane (entry b of lane l at byte (b << 8) | (l << 2): one PRMT makes
- * the address from the byte and the lane, and the 32 lanes of a load hit 32
+ * load from a 256-entry table of code pairs in x's dtype, kept once for every
+ * lane (entry b of lane l at byte (b << 8) | (l << 2): one PRMT makes the
+ * address from the byte and the lane, and the 32 lanes of a load hit 32
  * different banks whatever their bytes).
  *
- * The weight streams through shared memory: each warp has a ring of STAGES
- * chunks (16 rows x 4 groups of 64 columns = 16 x 128 bytes, 16-byte pieces
- * XOR-swizzled by row, and the chunk's 64 absmax) filled by cp.async, so the
- * loads in flight are not bounded by registers. ldmatrix.x4 gives lane
- * (g, t) (g = lane / 4, t = lane % 4) the bytes 4t .. 4t + 3 and 16 + 4t ..
- * 16 + 4t + 3 of a group's rows g and g + 8. The order of K inside a product
- * is free as long as A and B agree: step s (0..3) of a group's 4 products
- * takes byte pair s of those 8 bytes, i.e. W's columns 8t + 4s' .. + 3
- * (s' = s & 1, plus 32 for s >= 2), and the B registers hold x's same
- * columns (two 16-byte loads a row of x a group). A group's products go to
- * a zeroed accumulator that is scaled by its rows' absmax in f32 and added
- * (the codes are exact in the table's dtype up to its rounding of the 16
- * code values; the scale and the sums are f32).
+ * The weight streams through shared memory: each warp has a ring of 4, 3 or 2
+ * stages (by NT; 16 rows x 4 blocks of 64 columns = 16 x 128 bytes, 16-byte pieces
+ * XOR-swizzled by row, and the stage's absmax) filled by cp.async, whole
+ * 128-byte lines a row, so the loads in flight are not bounded by registers.
+ * ldmatrix.x4 gives lane (g, t) (g = lane / 4, t = lane % 4) the bytes 4t ..
+ * 4t + 3 and 16 + 4t .. 16 + 4t + 3 of a block's rows g and g + 8. The order
+ * of K inside a product is free as long as A and B agree: step s (0..3) of a
+ * block's 4 products takes byte pair s of those 8 bytes, i.e. W's columns 8t
+ * + 4s' .. + 3 (s' = s & 1, plus 32 for s >= 2), and the B registers hold x's
+ * same columns of row g of the n-tile (an aligned register pair of a 16-byte
+ * load from L1). Rows of x past M load the last row: their sums land in
+ * columns of C that are not written. A block lies in one absmax group: its 4
+ * products go to a zeroed accumulator that is scaled by the absmax of rows g
+ * and g + 8 in f32 and added. A whole stage is straight-line code, so that
+ * the 4 blocks' chains of products interleave.
  *
- * A CTA (16 warps, one table) takes 16 rows at a time, persistent over the
- * row tiles; its warps split K and add their sums in shared memory, in warp
- * order, at the end of a tile (deterministic, one launch). */
+ * Work: a warp takes 16 rows of W and one of S slices of the blocks; the CTA
+ * (16 warps, one an SM: the table and the rings fill the shared memory)
+ * takes 16 / S row tiles at a time (an item) and, with S > 1, adds the
+ * slices' sums in shared memory in slice order (deterministic: one barrier an
+ * item, two buffers). CTAs are persistent over the items, and a warp's ring
+ * runs on from item to item; S is chosen on the host so that the items split
+ * evenly over the SMs. */
 
-constexpr int MMA_WARPS = 16, MMA_THREADS = 32 * MMA_WARPS, MMA_CH = 4;
-constexpr int MMA_LUT_BYTES = 256 * 256;
-constexpr int MMA_STAGE_BYTES = 16 * 128 + 64 * 4; /* the chunk's bytes, then its absmax (row, group) */
-template <int NT> constexpr int mma_stages() { return NT == 1 ? 4 : NT == 2 ? 3 : 2; }
-/* the table, the warps' rings, and two reduction buffers (tiles alternate: one barrier a tile) */
-template <int NT> constexpr int mma_red_floats() { return MMA_WARPS * 8 * NT * 16; }
-template <int NT> constexpr int mma_smem() {
-  return MMA_LUT_BYTES + MMA_WARPS * mma_stages<NT>() * MMA_STAGE_BYTES + 2 * mma_red_floats<NT>() * 4;
+constexpr int TC_WARPS = 16, TC_THREADS = 32 * TC_WARPS, TC_U = 4; /* TC_U: blocks a stage */
+constexpr int TC_LUT_BYTES = 256 * 256;
+constexpr int TC_STAGE_BYTES = 16 * 128 + 16 * TC_U * 4; /* the stage's bytes, then its absmax (row, block) */
+template <int NT> constexpr int tc_stages() { return NT == 1 ? 4 : NT == 2 ? 3 : 2; }
+template <int NT> constexpr int tc_red_floats() { return TC_WARPS * NT * 4 * 32; }
+template <int NT> constexpr int tc_smem(int S) {
+  return TC_LUT_BYTES + TC_WARPS * tc_stages<NT>() * TC_STAGE_BYTES + (S > 1 ? 2 * tc_red_floats<NT>() * 4 : 0);
 }
 
-struct MmaP {
+struct TcP {
   void *out;
   const void *x;
   const uint8_t *q;
   const float *am;
   int64_t K, hk, G; /* hk = K / 2: the bytes of a row of q */
-  int N, M, gshift; /* gshift: log2 of the 64-column groups a block */
-  int ngrp, gpw;    /* 64-column groups of a row; groups a warp (ceil(ngrp / warps), rounded up to 4s) */
-  int am16;         /* absmax loaded 16 bytes a row (gshift 0 and 4 | G) */
-  int ntiles;       /* ceil(N / 16) */
+  int N, M, gshift; /* gshift: log2 of the 64-column blocks an absmax group */
+  int nblk, S, bps; /* 64-column blocks of a row; slices; blocks a slice */
+  int items, am16;  /* items (16 / S row tiles each); absmax by 16-byte copies (gshift 0, 4 | G, 4 | bps) */
   float codes[16];  /* the NF4 codes (kernel parameters: no constant-cache miss at the start) */
 };
 
@@ -399,83 +403,78 @@ template <typename T> __device__ __forceinline__ void mma_16816(float *c, const 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* start loading a warp's chunk: groups [grp0, grp0 + ng) (ng <= MMA_CH) of row tile `tile` into stage st
- * (lane: 16-byte piece lane & 7 of rows lane / 8 + 4i; absmax (row e / 4, group e % 4) for e = lane, lane + 32) */
-__device__ __forceinline__ void mma_issue(const MmaP &p, uint32_t st, int tile, int grp0, int ng, int lane) {
-  const int c = lane & 7;
-  if (c < 2 * ng) { /* the 16-byte pieces of groups that exist */
-    const uint8_t *src = p.q + (int64_t)grp0 * 32 + c * 16;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-      const int r = 4 * i + (lane >> 3);
-      mma_cp16(st + r * 128 + ((c ^ (r & 7)) << 4), src + (int64_t)min(tile * 16 + r, p.N - 1) * p.hk);
-    }
-  }
-  if (p.am16) { /* a block a group, 4 | grp0, 4 | G: a row's 4 absmax are 16 aligned bytes (kept out of L1, where x is) */
-    if (ng > 0 && lane < 16)
-      mma_cp16(st + 16 * 128 + lane * 16, p.am + (int64_t)min(tile * 16 + lane, p.N - 1) * p.G + grp0);
-    return;
-  }
-#pragma unroll
-  for (int j = 0; j < 2; j++) {
-    const int e = lane + 32 * j, u = e & 3;
-    if (u < ng)
-      mma_cp4(st + 16 * 128 + e * 4,
-              p.am + (int64_t)min(tile * 16 + (e >> 2), p.N - 1) * p.G + ((grp0 + u) >> p.gshift));
-  }
-}
-
 /* the code pair of byte i (0..3) of w, from lane l's copy of the table */
 __device__ __forceinline__ uint32_t mma_code2(const char *lut, uint32_t w, uint32_t lane4, int i) {
   const uint32_t off = __byte_perm(w, lane4, 0x5504 | (i << 4));
   return *reinterpret_cast<const uint32_t *>(lut + off);
 }
 
-/* B registers of groups grp, grp + 1 (the second only if < gend) for row m of x (lane's columns 8t .. + 7 and
- * 32 + 8t .. + 7 of each group); zeros for rows past M */
-template <typename T>
-__device__ __forceinline__ void mma_load_x(uint4 (&xv)[2][2], const T *x, const MmaP &p, int grp, int gend, int m,
-                                           int t) {
-#pragma unroll
-  for (int v = 0; v < 2; v++) {
-    xv[v][0] = xv[v][1] = make_uint4(0, 0, 0, 0);
-    if (m < p.M && grp + v < gend) {
-      const T *xp = x + (int64_t)m * p.K + (int64_t)(grp + v) * 64 + 8 * t;
-      xv[v][0] = __ldg(reinterpret_cast<const uint4 *>(xp));
-      xv[v][1] = __ldg(reinterpret_cast<const uint4 *>(xp + 32));
-    }
-  }
-}
 
-template <typename T, int NT> __global__ void __launch_bounds__(MMA_THREADS, 1) k_nf4_gemv_mma(const MmaP p) {
-  constexpr int ST = mma_stages<NT>();
-  extern __shared__ __align__(16) char mma_smem_[];
-  const char *lut = mma_smem_;
+template <typename T, int NT> __global__ void __launch_bounds__(TC_THREADS, 1) k_nf4_gemv_tc(const TcP p) {
+  constexpr int ST = tc_stages<NT>();
+  extern __shared__ __align__(16) char tc_smem_[];
+  const char *lut = tc_smem_;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  char *ring = mma_smem_ + MMA_LUT_BYTES + warp * ST * MMA_STAGE_BYTES;
+  char *ring = tc_smem_ + TC_LUT_BYTES + warp * ST * TC_STAGE_BYTES;
   const uint32_t ring_u = mma_smem_u32(ring);
-  float *red0 = reinterpret_cast<float *>(mma_smem_ + MMA_LUT_BYTES + MMA_WARPS * ST * MMA_STAGE_BYTES);
+  float *red0 = reinterpret_cast<float *>(tc_smem_ + TC_LUT_BYTES + TC_WARPS * ST * TC_STAGE_BYTES);
   const uint32_t lane4 = (uint32_t)lane << 2;
-  const int wg0 = warp * p.gpw, wg1 = min(p.ngrp, wg0 + p.gpw); /* the warp's groups in every tile */
-  const int nch = (p.gpw + MMA_CH - 1) / MMA_CH;                /* chunks a tile */
-  const T *x = (const T *)p.x;
+  const int S = p.S, rpi = TC_WARPS / S, sl = warp % S;
 
-  /* the warp's items: (tile, chunk) in order; start the first ST - 1 */
-  int it_tile = blockIdx.x;
-  int it_ch = 0; /* the next item to issue */
-  auto issue_next = [&](int stage) {
-    if (it_tile < p.ntiles) {
-      const int a = wg0 + it_ch * MMA_CH;
-      mma_issue(p, ring_u + stage * MMA_STAGE_BYTES, it_tile, a, max(0, min(wg1 - a, MMA_CH)), lane);
-      if (++it_ch == nch) {
-        it_ch = 0;
-        it_tile += gridDim.x;
+  /* an item's rows and blocks for this warp: W rows r0 .. r0 + 15, blocks [bb0, bb1) (none past the last row: the
+   * item's barrier still counts the warp) */
+  auto span = [&](int item, int &r0, int &bb0, int &bb1) {
+    r0 = (item * rpi + warp / S) * 16;
+    bb0 = sl * p.bps;
+    bb1 = r0 < p.N ? min(p.nblk, bb0 + p.bps) : bb0;
+  };
+  /* the load cursor (ST - 1 stages ahead of the products, across items): item li, its next block lb, its end lb1;
+   * the lane's rows of q (lane / 8 + 4i: piece lane % 8 of each) and of absmax */
+  const uint8_t *qr[4];
+  const float *ar[2], *a16;
+  int li = blockIdx.x, lb = 0, lb1 = 0;
+  auto lsetup = [&]() {
+    int r0;
+    span(li, r0, lb, lb1);
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+      qr[i] = p.q + (int64_t)min(r0 + 4 * i + (lane >> 3), p.N - 1) * p.hk + (lane & 7) * 16;
+#pragma unroll
+    for (int j = 0; j < 2; j++) ar[j] = p.am + (int64_t)min(r0 + ((lane + 32 * j) >> 2), p.N - 1) * p.G;
+    a16 = p.am + (int64_t)min(r0 + (lane & 15), p.N - 1) * p.G;
+  };
+  /* one commit group a stage, empty past the last item (the counts stay in step) */
+  auto issue = [&](int slot) {
+    while (li < p.items && lb >= lb1) { /* on to the next item with blocks */
+      li += gridDim.x;
+      if (li < p.items) lsetup();
+    }
+    if (li < p.items) {
+      const uint32_t st = ring_u + slot * TC_STAGE_BYTES;
+      const int nb = min(TC_U, lb1 - lb), c = lane & 7;
+      if ((c >> 1) < nb) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          const int r = 4 * i + (lane >> 3);
+          mma_cp16(st + r * 128 + ((c ^ (r & 7)) << 4), qr[i] + (int64_t)lb * 32);
+        }
       }
+      if (p.am16) { /* 4 | lb: a row's 4 absmax are 16 aligned bytes (kept out of L1, where x is) */
+        if (lane < 16) mma_cp16(st + 16 * 128 + lane * 16, a16 + lb);
+      } else { /* entry e = 4 row + u */
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          const int u = lane & 3;
+          if (u < nb) mma_cp4(st + 16 * 128 + (lane + 32 * j) * 4, ar[j] + ((lb + u) >> p.gshift));
+        }
+      }
+      lb += TC_U;
     }
     mma_commit();
   };
+  if (li < p.items) lsetup();
 #pragma unroll
-  for (int s = 0; s < ST - 1; s++) issue_next(s);
+  for (int s = 0; s < ST - 1; s++) issue(s);
 
   /* the table: entry b of lane l is (code[b >> 4], code[b & 15]) in T (low half: element 2j, the high
    * nibble); warp w writes the whole entries 16k + w */
@@ -483,114 +482,104 @@ template <typename T, int NT> __global__ void __launch_bounds__(MMA_THREADS, 1) 
     const float lo = p.codes[warp];
 #pragma unroll
     for (int k = 0; k < 16; k++)
-      reinterpret_cast<uint32_t *>(mma_smem_ + ((16 * k + warp) << 8))[lane] = pack2<T>(p.codes[k], lo);
+      reinterpret_cast<uint32_t *>(tc_smem_ + ((16 * k + warp) << 8))[lane] = pack2<T>(p.codes[k], lo);
   }
   __syncthreads();
 
-  float acc[NT][4];
-#pragma unroll
-  for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  uint4 xc[2][2]; /* NT == 1: x of the next pair of groups */
-  if constexpr (NT == 1) mma_load_x(xc, x, p, wg0, wg1, g, t);
-
   /* ldmatrix addresses within a stage: lane i reads row (i & 7) + 8 ((i >> 3) & 1) of piece 2u + (i >> 4) */
   const int lr = (lane & 7) + 8 * ((lane >> 3) & 1), lh = lane >> 4;
-  int stage = 0, par = 0;
-  for (int tile = blockIdx.x; tile < p.ntiles; tile += gridDim.x, par ^= 1) {
-    for (int ch = 0; ch < nch; ch++) {
-      issue_next((stage + ST - 1) % ST);
+  int slot = 0, par = 0;
+  for (int item = blockIdx.x; item < p.items; item += gridDim.x, par ^= 1) {
+    int r0, cb, cb1;
+    span(item, r0, cb, cb1);
+    const T *xp[NT]; /* x rows 8n + g (the last row past M) at block cb, the lane's columns 8t .. */
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+      xp[n] = (const T *)p.x + (int64_t)min(8 * n + g, p.M - 1) * p.K + (int64_t)cb * 64 + 8 * t;
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+    for (; cb < cb1; cb += TC_U) {
+      issue(slot == 0 ? ST - 1 : slot - 1);
       mma_wait<ST - 1>();
       __syncwarp();
-      const uint32_t st = ring_u + stage * MMA_STAGE_BYTES;
-      const float *am = reinterpret_cast<const float *>(ring + stage * MMA_STAGE_BYTES + 16 * 128);
-      const int grp0 = wg0 + ch * MMA_CH;
-      /* two groups at a time: their decodes and product chains interleave */
+      const uint32_t st = ring_u + slot * TC_STAGE_BYTES;
+      const float *am = reinterpret_cast<const float *>(ring + slot * TC_STAGE_BYTES + 16 * 128);
+      const int nb = min(TC_U, cb1 - cb);
+      /* the stage's absmax of rows g and g + 8 (two 16-byte loads) */
+      float amg[TC_U], amg8[TC_U];
+      *reinterpret_cast<float4 *>(amg) = reinterpret_cast<const float4 *>(am)[g];
+      *reinterpret_cast<float4 *>(amg8) = reinterpret_cast<const float4 *>(am)[g + 8];
+      /* a block's 4 products for every n-tile */
+      auto block = [&](int u) {
+        uint32_t r[4];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                     : "r"(st + lr * 128 + (((2 * u + lh) ^ (lr & 7)) << 4)));
+        uint32_t a[4][4];
 #pragma unroll
-      for (int u0 = 0; u0 < MMA_CH; u0 += 2) {
-        const int grp = grp0 + u0;
-        if (grp < wg1) { /* warp-uniform */
-          const bool two = grp + 1 < wg1;
-          uint32_t a[2][4][4];
-          float sa[2], sb[2];
-          uint4 x1[2][2]; /* NT == 1: x of this pair, loaded a pair ahead; start the next pair's (the warp's
-                           * groups repeat every tile) */
-          if constexpr (NT == 1) {
-#pragma unroll
-            for (int v = 0; v < 2; v++) x1[v][0] = xc[v][0], x1[v][1] = xc[v][1];
-            mma_load_x(xc, x, p, grp + 2 < wg1 ? grp + 2 : wg0, wg1, g, t);
-          }
-#pragma unroll
-          for (int v = 0; v < 2; v++) {
-            uint32_t r[4];
-            const int pc = 2 * (u0 + v) + lh;
-            asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                         : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                         : "r"(st + lr * 128 + ((pc ^ (lr & 7)) << 4)));
-#pragma unroll
-            for (int s = 0; s < 4; s++) {
-              const uint32_t wa = r[s < 2 ? 0 : 2], wb = r[s < 2 ? 1 : 3];
-              const int i0 = 2 * (s & 1);
-              a[v][s][0] = mma_code2(lut, wa, lane4, i0);
-              a[v][s][1] = mma_code2(lut, wb, lane4, i0);
-              a[v][s][2] = mma_code2(lut, wa, lane4, i0 + 1);
-              a[v][s][3] = mma_code2(lut, wb, lane4, i0 + 1);
-            }
-            /* a second group that does not exist: its scales 0 (its stale bytes decode to finite codes) */
-            sa[v] = v == 0 || two ? am[g * 4 + u0 + v] : 0.0f;
-            sb[v] = v == 0 || two ? am[(g + 8) * 4 + u0 + v] : 0.0f;
-          }
-#pragma unroll
-          for (int n = 0; n < NT; n++) {
-            uint4 xv[2][2];
-            if constexpr (NT == 1) {
-#pragma unroll
-              for (int v = 0; v < 2; v++) xv[v][0] = x1[v][0], xv[v][1] = x1[v][1];
-            } else {
-              mma_load_x(xv, x, p, grp, wg1, g + 8 * n, t);
-            }
-            float c[2][4];
-#pragma unroll
-            for (int v = 0; v < 2; v++) c[v][0] = c[v][1] = c[v][2] = c[v][3] = 0.0f;
-#pragma unroll
-            for (int s = 0; s < 4; s++)
-#pragma unroll
-              for (int v = 0; v < 2; v++) {
-                const uint4 &xx = xv[v][s >> 1];
-                mma_16816<T>(c[v], a[v][s], (s & 1) ? xx.z : xx.x, (s & 1) ? xx.w : xx.y);
-              }
-#pragma unroll
-            for (int v = 0; v < 2; v++) {
-              acc[n][0] = fmaf(sa[v], c[v][0], acc[n][0]);
-              acc[n][1] = fmaf(sa[v], c[v][1], acc[n][1]);
-              acc[n][2] = fmaf(sb[v], c[v][2], acc[n][2]);
-              acc[n][3] = fmaf(sb[v], c[v][3], acc[n][3]);
-            }
-          }
+        for (int s = 0; s < 4; s++) {
+          const uint32_t wa = r[s < 2 ? 0 : 2], wb = r[s < 2 ? 1 : 3];
+          const int i0 = 2 * (s & 1);
+          a[s][0] = mma_code2(lut, wa, lane4, i0);
+          a[s][1] = mma_code2(lut, wb, lane4, i0);
+          a[s][2] = mma_code2(lut, wa, lane4, i0 + 1);
+          a[s][3] = mma_code2(lut, wb, lane4, i0 + 1);
         }
+        const float sa = amg[u], sb = amg8[u];
+#pragma unroll
+        for (int n = 0; n < NT; n++) {
+          const uint4 x0 = __ldg(reinterpret_cast<const uint4 *>(xp[n] + 64 * u));
+          const uint4 x1 = __ldg(reinterpret_cast<const uint4 *>(xp[n] + 64 * u + 32));
+          float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          mma_16816<T>(c, a[0], x0.x, x0.y);
+          mma_16816<T>(c, a[1], x0.z, x0.w);
+          mma_16816<T>(c, a[2], x1.x, x1.y);
+          mma_16816<T>(c, a[3], x1.z, x1.w);
+          acc[n][0] = fmaf(sa, c[0], acc[n][0]);
+          acc[n][1] = fmaf(sa, c[1], acc[n][1]);
+          acc[n][2] = fmaf(sb, c[2], acc[n][2]);
+          acc[n][3] = fmaf(sb, c[3], acc[n][3]);
+        }
+      };
+      if (nb == TC_U) { /* straight-line: the blocks' chains interleave */
+#pragma unroll
+        for (int u = 0; u < TC_U; u++) block(u);
+      } else {
+        for (int u = 0; u < nb; u++) block(u);
       }
-      __syncwarp(); /* the stage is read: the next issue may refill it */
-      stage = stage + 1 == ST ? 0 : stage + 1;
-    }
-    /* the tile is done: the warps' sums, added in warp order (buffers alternate by tile: the next
-     * tile's writes go to the other one, and the barrier of the tile after orders its reuse) */
-    float *red = red0 + par * mma_red_floats<NT>();
 #pragma unroll
-    for (int n = 0; n < NT; n++) {
-      float *rr = red + (warp * 8 * NT + 8 * n + 2 * t) * 16;
-      rr[g] = acc[n][0];
-      rr[16 + g] = acc[n][1];
-      rr[g + 8] = acc[n][2];
-      rr[16 + g + 8] = acc[n][3];
-      acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+      for (int n = 0; n < NT; n++) xp[n] += 64 * TC_U;
+      __syncwarp(); /* the stage is read: a later issue may refill it */
+      slot = slot + 1 == ST ? 0 : slot + 1;
     }
-    __syncthreads();
-    T *out = (T *)p.out;
-    for (int i = threadIdx.x; i < p.M * 16; i += MMA_THREADS) {
-      const int m = i >> 4, ro = i & 15, row = tile * 16 + ro;
-      float sum = 0.0f;
+    if (S > 1) { /* the slices' sums, added in slice order */
+      float *red = red0 + par * tc_red_floats<NT>();
 #pragma unroll
-      for (int w = 0; w < MMA_WARPS; w++) sum += red[(w * 8 * NT + m) * 16 + ro];
-      if (row < p.N) out[(int64_t)m * p.N + row] = st<T>(sum);
+      for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) red[((warp * NT + n) * 4 + e) * 32 + lane] = acc[n][e];
+      __syncthreads();
+      if (sl == 0) {
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) {
+            float sum = 0.0f;
+            for (int k = 0; k < S; k++) sum += red[(((warp + k) * NT + n) * 4 + e) * 32 + lane];
+            acc[n][e] = sum;
+          }
+      }
+    }
+    if (sl == 0) { /* C[m = W row g (+ 8)][n = x row 2t (+ 1)] */
+      T *out = (T *)p.out;
+#pragma unroll
+      for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int m = 8 * n + 2 * t + (e & 1), row = r0 + g + 8 * (e >> 1);
+          if (m < p.M && row < p.N) out[(int64_t)m * p.N + row] = st<T>(acc[n][e]);
+        }
     }
   }
   mma_wait<0>();
@@ -598,68 +587,79 @@ template <typename T, int NT> __global__ void __launch_bounds__(MMA_THREADS, 1) 
 
 /* the tensor-core GEMV for x (M, K) of bf16 / f16 when the layout allows; false: use the other */
 template <typename T>
-bool mma_gemv(gp_tensor *out, const gp_tensor *x, const gp_tensor *q, const gp_tensor *absmax, int *rc) {
+bool tc_gemv(gp_tensor *out, const gp_tensor *x, const gp_tensor *q, const gp_tensor *absmax, int *rc) {
   if constexpr (!std::is_same<T, __nv_bfloat16>::value && !std::is_same<T, __half>::value) return false;
   else {
     const int64_t M = x->shape[0], K = x->shape[1], N = q->shape[0], G = absmax->shape[1];
     static const int off = getenv("GPUSH_NF4_GEMV_CUDA_CORES") != 0; /* for comparisons: the other kernel always */
-    if (off || K % 64 != 0 || (K / G) % 64 != 0 || N == 0 || M == 0 || N >= (1LL << 30)) return false;
+    if (off || K % 64 != 0 || (K / G) % 64 != 0 || N == 0 || M == 0 || N >= (1LL << 30) || K >= (1LL << 30))
+      return false;
     const uint8_t *pq = (const uint8_t *)gp_ptr(q);
     const T *px = (const T *)gp_ptr(x);
     if (((uintptr_t)pq | (uintptr_t)px) & 15) return false;
-    static int ready[8][2][3]; /* by device: 1 once the shared memory attribute is set, -1 refused */
+    static int ready[8][2][3]; /* by device, dtype and n-tiles: 1 once the shared memory attribute is set, -1 refused */
     int dev = 0;
     cudaGetDevice(&dev);
     if (dev < 0 || dev >= 8) dev = 0;
     int gshift = 0;
     while ((64LL << gshift) < K / G) gshift++;
-    const int64_t ngrp = K / 64, sms = gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1;
-    const int64_t ntiles = (N + 15) / 16;
+    const int nblk = (int)(K / 64), sms = gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1;
+    const int64_t rt = (N + 15) / 16; /* row tiles */
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
       const int Mt = (int)(M - m0 < 32 ? M - m0 : 32);
       const int ti = Mt <= 8 ? 0 : Mt <= 16 ? 1 : 2;
-      const int smem = ti == 0 ? mma_smem<1>() : ti == 1 ? mma_smem<2>() : mma_smem<4>();
-      const void *fn = ti == 0   ? (const void *)k_nf4_gemv_mma<T, 1>
-                       : ti == 1 ? (const void *)k_nf4_gemv_mma<T, 2>
-                                 : (const void *)k_nf4_gemv_mma<T, 4>;
+      const void *fn = ti == 0   ? (const void *)k_nf4_gemv_tc<T, 1>
+                       : ti == 1 ? (const void *)k_nf4_gemv_tc<T, 2>
+                                 : (const void *)k_nf4_gemv_tc<T, 4>;
+      const int smax = ti == 0 ? tc_smem<1>(2) : ti == 1 ? tc_smem<2>(2) : tc_smem<4>(2);
       int &rd = ready[dev][std::is_same<T, __half>::value][ti];
       if (rd == 0)
-        rd = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) == cudaSuccess ? 1 : -1;
+        rd = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smax) == cudaSuccess ? 1 : -1;
       if (rd < 0) {
         cudaGetLastError();
         if (m0 == 0) return false;
-        *rc = gp_error("nf4_gemv: %d bytes of shared memory refused", smem);
+        *rc = gp_error("nf4_gemv: %d bytes of shared memory refused", smax);
         return true;
       }
-      MmaP p;
+      /* slices: the fewest that reach the least (rounds of items over the SMs) x (stages a slice + the item's end) */
+      int S = 1;
+      int64_t best = 0;
+      for (int s = 1; s <= TC_WARPS && s <= nblk; s *= 2) {
+        const int64_t items = (rt + TC_WARPS / s - 1) / (TC_WARPS / s);
+        const int64_t cost = (items + sms - 1) / sms * (((nblk + s - 1) / s + TC_U - 1) / TC_U + 1);
+        if (s == 1 || cost < best) best = cost, S = s;
+      }
+      TcP p;
       p.out = (T *)gp_ptr(out) + m0 * N;
       p.x = px + m0 * K;
       p.q = pq;
       p.am = (const float *)gp_ptr(absmax);
-      p.N = (int)N;
       p.K = K;
       p.hk = K / 2;
       p.G = G;
+      p.N = (int)N;
       p.M = Mt;
       p.gshift = gshift;
-      p.ngrp = (int)ngrp;
-      p.gpw = (int)((ngrp + MMA_WARPS - 1) / MMA_WARPS + 3) / 4 * 4;
-      p.am16 = gshift == 0 && G % 4 == 0 && ((uintptr_t)gp_ptr(absmax) & 15) == 0;
-      p.ntiles = (int)ntiles;
+      p.nblk = nblk;
+      p.S = S;
+      p.bps = (nblk + S - 1) / S;
+      p.items = (int)((rt + TC_WARPS / S - 1) / (TC_WARPS / S));
+      p.am16 = gshift == 0 && G % 4 == 0 && p.bps % 4 == 0 && ((uintptr_t)gp_ptr(absmax) & 15) == 0;
       {
         const float codes[16] = GP_NF4_CODES;
         for (int i = 0; i < 16; i++) p.codes[i] = codes[i];
       }
-      const unsigned grid = (unsigned)(ntiles < sms ? ntiles : sms);
+      const unsigned grid = (unsigned)(p.items < sms ? p.items : sms);
+      const int smem = ti == 0 ? tc_smem<1>(S) : ti == 1 ? tc_smem<2>(S) : tc_smem<4>(S);
       if (ti == 0) {
-        GP_NOTE_LAUNCH((k_nf4_gemv_mma<T, 1>), MMA_THREADS, smem);
-        k_nf4_gemv_mma<T, 1><<<grid, MMA_THREADS, smem, gp_cuda_stream()>>>(p);
+        GP_NOTE_LAUNCH((k_nf4_gemv_tc<T, 1>), TC_THREADS, smem);
+        k_nf4_gemv_tc<T, 1><<<grid, TC_THREADS, smem, gp_cuda_stream()>>>(p);
       } else if (ti == 1) {
-        GP_NOTE_LAUNCH((k_nf4_gemv_mma<T, 2>), MMA_THREADS, smem);
-        k_nf4_gemv_mma<T, 2><<<grid, MMA_THREADS, smem, gp_cuda_stream()>>>(p);
+        GP_NOTE_LAUNCH((k_nf4_gemv_tc<T, 2>), TC_THREADS, smem);
+        k_nf4_gemv_tc<T, 2><<<grid, TC_THREADS, smem, gp_cuda_stream()>>>(p);
       } else {
-        GP_NOTE_LAUNCH((k_nf4_gemv_mma<T, 4>), MMA_THREADS, smem);
-        k_nf4_gemv_mma<T, 4><<<grid, MMA_THREADS, smem, gp_cuda_stream()>>>(p);
+        GP_NOTE_LAUNCH((k_nf4_gemv_tc<T, 4>), TC_THREADS, smem);
+        k_nf4_gemv_tc<T, 4><<<grid, TC_THREADS, smem, gp_cuda_stream()>>>(p);
       }
     }
     *rc = GP_OK;
@@ -675,7 +675,7 @@ template <typename T> int launch_gemv(gp_tensor *out, const gp_tensor *x, const 
   const bool vec = K % 32 == 0 && ((uintptr_t)pq & 15) == 0;
   {
     int rc = GP_OK;
-    if (mma_gemv<T>(out, x, q, absmax, &rc)) return rc;
+    if (tc_gemv<T>(out, x, q, absmax, &rc)) return rc;
   }
   const int64_t nseg = (K + 255) / 256;
   const int64_t sms = gp_cuda_sm_count() > 0 ? gp_cuda_sm_count() : 1;
