@@ -191,11 +191,12 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   const int nq = vec ? decode_heads_per_block(P.G) : 1; /* query heads a block (a KV head's read serves them) */
   /* slices of the cache: as many as fill the GPU's block slots once (equal
    * slices: a second, partial wave would cost a whole slice's time), of at
-   * least 128 keys */
+   * least 128 keys; one for caches of at most 512 positions */
   int per_sm = 1;
   decode(P, BH, q->dtype, (int)D, vec, fmt, nq, &per_sm);
   const int64_t rows = BH / nq, slots = (int64_t)gp_cuda_sm_count() * per_sm;
   int64_t want = rows >= slots ? 1 : slots / rows, most = (C + 127) / 128;
+  if (C <= 512) want = 1; /* short: one block a row reads it sooner than a second kernel could combine slices */
   int64_t nsplit = want < most ? want : most;
   if (nsplit < 1) nsplit = 1;
   int64_t chunk = (C + nsplit - 1) / nsplit;
@@ -204,10 +205,10 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   if (nsplit < 1) nsplit = 1;
   P.chunk = (int)chunk;
   P.nsplit = (int)nsplit;
-  gp_tensor *part = 0;
+  gp_tensor *part = 0; /* the slices' partials (none with one slice) */
   int64_t pn = BH * nsplit * (D + 2);
-  GP_TRY(gp_tensor_scratch(&part, GP_F32, GP_CUDA, 1, &pn));
-  P.part = (float *)gp_ptr(part);
+  if (nsplit > 1) GP_TRY(gp_tensor_scratch(&part, GP_F32, GP_CUDA, 1, &pn));
+  P.part = part ? (float *)gp_ptr(part) : nullptr;
   int rc = decode(P, BH, q->dtype, (int)D, vec, fmt, nq, nullptr);
   gp_tensor_free(part); /* stream-ordered: the allocator reuses it after the kernels */
   GP_TRY(rc);

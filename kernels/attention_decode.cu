@@ -1,6 +1,7 @@
 /* attention_decode.cu: decode attention (one query per sequence over its
  * cache) on the GPU: split-K (flash-decoding): blocks over slices of the
- * cache per (b, h), each a partial (max, sum, acc), then a combine kernel.
+ * cache per (b, h), each a partial (max, sum, acc), then a combine kernel;
+ * with one slice (short caches) the block writes the output itself.
  * Query head h reads KV head h / G of the cache (grouped-query attention). */
 #include <type_traits>
 
@@ -193,20 +194,20 @@ __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
   __syncthreads();
 #pragma unroll
   for (int g = 0; g < NQ; g++) {
-    float M = -INFINITY;
+    float M = -INFINITY, L = 0.f;
 #pragma unroll
     for (int i = 0; i < NPART; i++) M = fmaxf(M, sm_m[i][g]);
+#pragma unroll
+    for (int i = 0; i < NPART; i++) L += sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - M) * sm_l[i][g];
     float *part = P.part + ((int64_t)(bh0 + g) * P.nsplit + split) * (D + 2);
     for (int d = threadIdx.x; d < D; d += 128) {
       float a = 0.f;
 #pragma unroll
       for (int i = 0; i < NPART; i++) a += (sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - M)) * sm_acc[i][g][d];
-      part[d] = a;
+      if (P.nsplit == 1) ((T *)P.out)[(int64_t)(bh0 + g) * D + d] = st<T>(L > 0.f ? a / L : 0.f); /* no combine */
+      else part[d] = a;
     }
-    if (threadIdx.x == 0) {
-      float L = 0.f;
-#pragma unroll
-      for (int i = 0; i < NPART; i++) L += sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - M) * sm_l[i][g];
+    if (threadIdx.x == 0 && P.nsplit > 1) {
       part[D] = M;
       part[D + 1] = L;
     }
@@ -254,7 +255,7 @@ template <typename T, int D, int FMT> void launch_decode(const DecP &P, int64_t 
   else if (nq == 3) launch_split<T, D, true, FMT, 3>(P, BH, per_sm);
   else if (nq == 2) launch_split<T, D, true, FMT, 2>(P, BH, per_sm);
   else launch_split<T, D, true, FMT, 1>(P, BH, per_sm);
-  if (!per_sm) k_attn_decode_combine<T, D><<<(unsigned)BH, D, 0, gp_cuda_stream()>>>(P);
+  if (!per_sm && P.nsplit > 1) k_attn_decode_combine<T, D><<<(unsigned)BH, D, 0, gp_cuda_stream()>>>(P);
 }
 
 template <int FMT> void decode_fmt(const DecP &P, int64_t BH, int dtype, int D, bool vec, int nq, int *per_sm) {
