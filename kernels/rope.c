@@ -40,3 +40,44 @@ int gp_k_rope(gp_tensor *out, const gp_tensor *x, const gp_tensor *pos, const gp
   }
   return GP_OK;
 }
+
+/* rope_kv_at: the decode token's q, k and v from its fused projection: q and
+ * k turned as above at the position pos[0] (read where it lives), k and v
+ * written into the caches at that position. */
+int gp_k_rope_kv_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, const gp_tensor *qkv, const gp_tensor *pos,
+                    const gp_tensor *inv_freq) {
+  GP_CHECK(rope_kv_at, q, kc, vc, qkv, pos, inv_freq);
+  const int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], J = kc->shape[1], C = kc->shape[2];
+  const int64_t E = gp_numel(inv_freq), W = qkv->shape[1];
+  if (D != 2 * E)
+    return gp_error("rope_kv_at: q is %s and inv_freq %s; the head dim must be twice the number of frequencies",
+                    GP_SHAPE(q), GP_SHAPE(inv_freq));
+  if (W != (H + 2 * J) * D)
+    return gp_error("rope_kv_at: qkv is %s; with q %s and kc %s its rows must hold (H + 2 J) D = %lld values",
+                    GP_SHAPE(qkv), GP_SHAPE(q), GP_SHAPE(kc), (long long)((H + 2 * J) * D));
+  GP_CUDA_DISPATCH(q, gp_cuda_rope_kv_at(q, kc, vc, qkv, pos, inv_freq));
+  const int64_t p = gp_load_i64(gp_ptr(pos), pos->dtype, 0);
+  if (p < 0 || p >= C)
+    return gp_error("rope_kv_at: position %lld is outside the caches' dim 3 of size %lld (kc %s)", (long long)p,
+                    (long long)C, GP_SHAPE(kc));
+  const char *px = gp_ptr(qkv);
+  const float *pf = gp_ptr(inv_freq);
+  const int dt = q->dtype;
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H + 2 * J; h++) {
+      const int64_t src = b * qkv->stride[0] + h * D; /* the head's first value in qkv */
+      char *po = h < H ? gp_ptr(q) : h < H + J ? gp_ptr(kc) : gp_ptr(vc);
+      const int64_t dst = h < H ? (b * H + h) * D : ((b * J + (h - H) % J) * C + p) * D;
+      if (h >= H + J) { /* v: as it is */
+        for (int64_t d = 0; d < D; d++) gp_store(po, dt, dst + d, gp_load(px, dt, src + d * qkv->stride[1]));
+        continue;
+      }
+      for (int64_t i = 0; i < E; i++) {
+        const double th = (double)p * (double)pf[i], c = cos(th), s = sin(th);
+        const double a = gp_load(px, dt, src + i * qkv->stride[1]), bb = gp_load(px, dt, src + (i + E) * qkv->stride[1]);
+        gp_store(po, dt, dst + i, a * c - bb * s);
+        gp_store(po, dt, dst + i + E, bb * c + a * s);
+      }
+    }
+  return GP_OK;
+}

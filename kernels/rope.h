@@ -6,6 +6,8 @@
 extern "C" {
 #endif
 int gp_cuda_rope(gp_tensor *out, const gp_tensor *x, const gp_tensor *pos, const gp_tensor *inv_freq, double sign);
+int gp_cuda_rope_kv_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, const gp_tensor *qkv, const gp_tensor *pos,
+                       const gp_tensor *inv_freq);
 #ifdef __cplusplus
 }
 #endif

@@ -192,6 +192,12 @@ KCASES.kvcache = {
   {name = '1x8 C 1000 D 128 K 100 (fp8)', shape = {1}, syms = {B = 1, H = 8, C = 1000, D = 128, K = 100, P = 901,
     N = 1000}, scalars = {fmt = 2}, big = true},
 }
+-- rope_kv_at: B decode rows of a fused projection W = (H + 2J) D wide, caches of C positions (E = D / 2)
+KCASES.rope_kv_at = {
+  {name = '1x2(1) d64 C 9', shape = {1}, syms = {B = 1, H = 2, J = 1, C = 9, D = 64, E = 32, W = 256}},
+  {name = '3x9(3) d64 C 20 (SmolLM2)', shape = {1}, syms = {B = 3, H = 9, J = 3, C = 20, D = 64, E = 32, W = 960}},
+  {name = '2x4(4) d128 C 5', shape = {1}, syms = {B = 2, H = 4, J = 4, C = 5, D = 128, E = 64, W = 1536}},
+}
 -- moe: N tokens, E experts, K per token (<= min(8, E)), S = E * cap slots, C columns
 KCASES.moe = {
   {name = '1x1 k1', shape = {1}, syms = {N = 1, E = 1, K = 1, S = 1, C = 1}},

@@ -183,6 +183,61 @@ T.test('greedy generation with an int8 / fp8 cache equals the f32 cache on most 
   end
 end)
 
+-- KVCache:rope_append_at (kernel rope_kv_at): a decode token's fused projection
+-- [q | k | v] turned and written in one kernel, against gp.rope + append_at on
+-- the CPU in f32 (the same inputs on dev in dt)
+local function rope_append_check(dev, dt, tol)
+  local B, H, J, D, C = 3, 9, 3, 64, 12
+  gp.manual_seed(4)
+  local qkv = rn {B, (H + 2 * J) * D}
+  local inv = gp.rope_inv_freq(D, CPU)
+  local a = gp.KVCache {batch = B, heads = J, capacity = C, head_dim = D, layers = 1, dtype = dt, device = dev}
+  local q = a:rope_append_at(1, qkv:to {dtype = dt, device = dev}, gp.full({1}, 5, {dtype = 'i64', device = dev}),
+    inv:to(dev), H)
+  local b = gp.KVCache {batch = B, heads = J, capacity = C, head_dim = D, layers = 1, device = 'cpu'}
+  local x = qkv:view {B, 1, H + 2 * J, D}
+  local r = gp.rope(x:narrow(3, 1, H + J), 5, inv)
+  b:append_at(1, r:narrow(3, H + 1, J):transpose(2, 3), x:narrow(3, H + J + 1, J):transpose(2, 3),
+    gp.full({1}, 5, {dtype = 'i64', device = 'cpu'}))
+  T.ok(T.relnorm(q:float():cpu(), r:narrow(3, 1, H):reshape {B, H, D}) <= tol, dev .. ' q')
+  T.ok(T.relnorm(a.k[1]:float():cpu(), b.k[1]) <= tol, dev .. ' k')
+  T.ok(T.relnorm(a.v[1]:float():cpu(), b.v[1]) <= tol, dev .. ' v')
+end
+
+T.test('KVCache:rope_append_at: q and k turned, k and v written at the device position, as gp.rope then append_at', function()
+  rope_append_check('cpu', 'f32', 1e-6)
+  local c = gp.KVCache {batch = 1, heads = 1, capacity = 4, head_dim = 64, layers = 1, device = 'cpu'}
+  local bad = gp.full({1}, 4, {dtype = 'i64', device = 'cpu'})
+  T.raises(function() c:rope_append_at(1, rn {1, 192}, bad, gp.rope_inv_freq(64, CPU), 1) end, 'rope_kv_at', 'position 4')
+  T.raises(function() c:rope_append_at(1, rn {1, 190}, bad, gp.rope_inv_freq(64, CPU), 1) end, 'rope_kv_at', '(1,190)')
+  local cq = gp.KVCache {batch = 1, heads = 1, capacity = 4, head_dim = 64, layers = 1, kv_dtype = 'int8', device = 'cpu'}
+  T.raises(function() cq:rope_append_at(1, rn {1, 192}, bad, gp.rope_inv_freq(64, CPU), 1) end, 'compressed')
+  if not gp.cuda_available() then return end
+  rope_append_check('cuda', 'f32', 1e-5)
+  rope_append_check('cuda', 'bf16', 1e-2)
+end)
+
+T.test('Llama decode at device positions: q, k, v through one rope_kv_at a layer, the tokens of the host-position loop', function()
+  local K = require('gpush.core.tensor').K
+  local devs = {'cpu'}
+  if gp.cuda_available() then devs[2] = 'cuda' end
+  for _, dev in ipairs(devs) do
+    for _, name in ipairs {'llama3_rope'} do -- head dim 64 (device positions take the decode kernel's head dims)
+      local m = gp.models.load(root .. '/' .. name, {dtype = 'f32', device = dev})
+      local prompts = {{3, 5, 7, 9}, {11, 2}}
+      local f, calls = K.rope_kv_at, 0
+      K.rope_kv_at = function(...) calls = calls + 1; return f(...) end
+      local ok, a = pcall(gp.generate, m, prompts, {greedy = true, max_new = 6})
+      K.rope_kv_at = f
+      assert(ok, a)
+      local b = gp.generate(m, prompts, {greedy = true, max_new = 6, device_pos = false})
+      T.ok(a.device_positions, name)
+      T.ok(calls > 0, name .. ': rope_kv_at ran')
+      T.same(a.tokens:totable(), b.tokens:totable())
+    end
+  end
+end)
+
 T.test('Llama prefill in two chunks over a compressed cache: the second chunk reads the dequantized first', function()
   local m = gp.models.load(root .. '/llama3_rope', {dtype = 'f32', device = 'cpu'})
   local ids = gp.tensor({{10, 16, 31, 11, 4, 7, 9, 3}, {5, 6, 7, 8, 9, 10, 11, 12}}, {dtype = 'i64', device = 'cpu'})

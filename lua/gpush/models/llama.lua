@@ -174,6 +174,12 @@ function Attention:forward(x, pos, inv_freq, cache, layer, at)
   if W then -- one product, then row blocks of its output (rope and the cache take strided views)
     local y = gp.linear(x, W, Wb)
     local nq, nkv = H * hd, Hkv * hd
+    if at and T == 1 and not cache.fmt and cache.rope_append_at then
+      -- a device-position decode step: q and k turned and k, v written into the cache by one kernel
+      local q1 = cache:rope_append_at(layer, y:view {B, nq + 2 * nkv}, at.pos, inv_freq, H)
+      local o = cache:attend_at(layer, q1, at.lens, self:decode_opts())
+      return self.o_proj(o:view {B, T, H * hd})
+    end
     if B * T == 1 then -- one token: q and k roped by one kernel (their views of its output are contiguous)
       local r = gp.rope(y:narrow(3, 1, nq + nkv):view {B, T, H + Hkv, hd}, p, inv_freq)
       q, k = r:narrow(3, 1, H):transpose(2, 3), r:narrow(3, H + 1, Hkv):transpose(2, 3)

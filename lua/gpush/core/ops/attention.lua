@@ -416,6 +416,20 @@ function KVCache:append_at(layer, k, v, pos)
   K.write_at(self.v[layer], v, pos)
   return self
 end
+-- one decode token a row from its fused projection qkv (B, (H + 2 Hkv) D) =
+-- [q heads | k heads | v heads]: k turned by pos * inv_freq and written with v
+-- at the device position pos, in one kernel (a bf16/f16/f32 cache, not a
+-- compressed one); returns q (B, H, D) turned the same (gp.rope's layout)
+function KVCache:rope_append_at(layer, qkv, pos, inv_freq, H)
+  layer = self:_layer('rope_append_at', layer)
+  need(qkv, 'KVCache:rope_append_at', 'qkv')
+  need(pos, 'KVCache:rope_append_at', 'pos')
+  if self.fmt then raise('KVCache:rope_append_at: a compressed cache (kv_dtype) takes append_at') end
+  local kc = self.k[layer]
+  local q = empty({qkv:size(1), H, kc:size(4)}, kc.dtype, kc.device, 'KVCache:rope_append_at')
+  K.rope_kv_at(q, kc, self.v[layer], qkv, pos, inv_freq)
+  return q
+end
 -- compressed: k, v quantized into layer's codes and scales at the device position pos
 function KVCache:_quant(layer, k, v, pos)
   K.kv_quant_append(self.k[layer], self.ks[layer], usable(k), pos, self.fmt)
@@ -504,6 +518,7 @@ local D = gp.doc
 D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at the next positions of layer, in place; an error past capacity')
 D(KVCache.len, 'cache:len(layer=1)', 'positions filled in layer')
 D(KVCache.append_at, 'cache:append_at(layer, k, v, pos)', 'write k, v (B, H, Tnew, D) at the position held by the device tensor pos (i64 [1]); for CUDA graphs: nothing read on the host, len not advanced')
+D(KVCache.rope_append_at, 'cache:rope_append_at(layer, qkv, pos, inv_freq, H)', 'one decode token a row from its fused projection qkv (B, (H + 2 Hkv) D) = [q heads | k heads | v heads]: k turned by pos * inv_freq (gp.rope\'s layout) and written with v at the position held by the device tensor pos, in one kernel (gp.k.rope_kv_at; not for a compressed cache); returns q (B, H, D) turned the same')
 D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, Hq, D) over the first lens[b] positions of layer (lens a device tensor; Hq a multiple of the cache\'s heads)')
 D(KVCache.step_lens, 'cache:step_lens(op, idx, pos)', 'i64 [B] device lengths pos + 1 for a device-position decode step of idx (B, 1) at pos (i64 [1]); an error naming op otherwise')
 D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (after append_at)')
