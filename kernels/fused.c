@@ -1,5 +1,6 @@
 /* fused.c: dispatch and CPU reference of the fused ops, in double. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "gp_hd.h"
 #include "fused.h"
@@ -93,5 +94,44 @@ int gp_k_bias_gelu(gp_tensor *out, const gp_tensor *x, const gp_tensor *b) {
       double v = gp_load(px, dt, r * D + j) + gp_load(pb, dt, j);
       gp_store(po, dt, r * D + j, 0.5 * v * (1.0 + erf(v * 0.70710678118654752440)));
     }
+  return GP_OK;
+}
+
+/* v rounded to dtype dt (through a store and a load) */
+static double round_to(int dt, double v) {
+  double buf;
+  gp_store(&buf, dt, 0, v);
+  return gp_load(&buf, dt, 0);
+}
+
+/* swiglu_linear: the rows' SwiGLU (rounded to the dtype, as gp.swiglu
+ * writes it) times w^T, summed in double */
+int gp_k_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) {
+  GP_CHECK(swiglu_linear, out, gu, w);
+  const int64_t M = out->shape[0], N = out->shape[1], I = w->shape[1];
+  if (gu->shape[1] != 2 * I)
+    return gp_error("swiglu_linear: gu is %s and w %s; gu's rows must be [gate | up], twice w's %lld columns", GP_SHAPE(gu),
+                    GP_SHAPE(w), (long long)I);
+  if (M > 4 || M * I * (int64_t)gp_elsize(out->dtype) > 48 * 1024)
+    return gp_error("swiglu_linear: %lld rows of %lld (gu %s) are more than the kernel holds (4 rows, 48 KB); use "
+                    "gp.swiglu and a product", (long long)M, (long long)I, GP_SHAPE(gu));
+  GP_CUDA_DISPATCH(out, gp_cuda_swiglu_linear(out, gu, w));
+  const int dt = out->dtype;
+  const char *pg = gp_ptr(gu), *pw = gp_ptr(w);
+  char *po = gp_ptr(out);
+  double *x = malloc((size_t)(I > 0 ? I : 1) * sizeof *x);
+  if (!x) return gp_error("swiglu_linear: out of host memory");
+  for (int64_t m = 0; m < M; m++) {
+    for (int64_t i = 0; i < I; i++) {
+      const double g = gp_load(pg, dt, m * 2 * I + i);
+      x[i] = round_to(dt, g * sigm(g) * gp_load(pg, dt, m * 2 * I + I + i));
+    }
+    for (int64_t n = 0; n < N; n++) {
+      double s = 0;
+      for (int64_t i = 0; i < I; i++) s += x[i] * gp_load(pw, dt, n * I + i);
+      gp_store(po, dt, m * N + n, s);
+    }
+  }
+  free(x);
   return GP_OK;
 }

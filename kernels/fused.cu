@@ -256,3 +256,102 @@ extern "C" int gp_cuda_bias_gelu(gp_tensor *out, const gp_tensor *x, const gp_te
   });
   return gp_cuda_check_launch("bias_gelu");
 }
+
+/* swiglu_linear: a warp a row of w: the row's first 8 16-byte vectors a lane
+ * are loaded into registers first, then the block stages the rows' SwiGLU in
+ * shared memory (x's dtype, as gp.swiglu would write it) while they arrive,
+ * then every lane sums its products with each staged row in f32, a warp sum,
+ * one write a row and output. VEC: I a multiple of the vector and w 16-byte
+ * aligned. */
+namespace {
+constexpr int SWL_PRE = 8; /* 16-byte vectors of a row a lane holds in registers */
+template <typename T, int MT, bool VEC>
+__global__ void __launch_bounds__(256) k_swiglu_linear(T *__restrict__ out, const T *__restrict__ gu,
+                                                      const T *__restrict__ w, int M, int N, int I) {
+  extern __shared__ __align__(16) unsigned char swl_smem[];
+  T *xs = reinterpret_cast<T *>(swl_smem);
+  constexpr int V = 16 / (int)sizeof(T);
+  const int lane = threadIdx.x & 31, n = blockIdx.x * 8 + (threadIdx.x >> 5);
+  const T *wr = w + (int64_t)min(n, N - 1) * I;
+  uint4 pre[SWL_PRE];
+  if constexpr (VEC) {
+#pragma unroll
+    for (int j = 0; j < SWL_PRE; j++) {
+      const int k = (j * 32 + lane) * V;
+      pre[j] = k < I ? __ldg(reinterpret_cast<const uint4 *>(wr + k)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  for (int e = threadIdx.x; e < M * I; e += blockDim.x) {
+    const int m = e / I, i = e - m * I;
+    const T *row = gu + (int64_t)m * 2 * I;
+    xs[e] = st<T>(silu_f(ld(row[i])) * ld(row[I + i]));
+  }
+  __syncthreads();
+  if (n >= N) return;
+  float acc[MT];
+#pragma unroll
+  for (int m = 0; m < MT; m++) acc[m] = 0.f;
+  auto dot = [&](const uint4 &wv, int k) {
+    const T *we = reinterpret_cast<const T *>(&wv);
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+      if (m < M) {
+        const uint4 xv = *reinterpret_cast<const uint4 *>(xs + m * I + k);
+        const T *xe = reinterpret_cast<const T *>(&xv);
+#pragma unroll
+        for (int v = 0; v < V; v++) acc[m] = fmaf(ld(we[v]), ld(xe[v]), acc[m]);
+      }
+    }
+  };
+  int i0 = 0;
+  if constexpr (VEC) {
+#pragma unroll
+    for (int j = 0; j < SWL_PRE; j++) {
+      const int k = (j * 32 + lane) * V;
+      if (k < I) dot(pre[j], k);
+    }
+    for (int k = (SWL_PRE * 32 + lane) * V; k < I; k += 32 * V) dot(__ldg(reinterpret_cast<const uint4 *>(wr + k)), k);
+    i0 = I;
+  }
+  for (int k = i0 + lane; k < I; k += 32) { /* not vectorized: element by element */
+    const float wk = ld(wr[k]);
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+      if (m < M) acc[m] = fmaf(wk, ld(xs[m * I + k]), acc[m]);
+  }
+#pragma unroll
+  for (int m = 0; m < MT; m++) {
+    float s = acc[m];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0 && m < M) out[(int64_t)m * N + n] = st<T>(s);
+  }
+}
+
+template <typename T, int MT> void launch_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) {
+  const int M = (int)out->shape[0], N = (int)out->shape[1], I = (int)w->shape[1];
+  const bool vec = I % (16 / (int)sizeof(T)) == 0 && ((uintptr_t)gp_ptr(w) & 15) == 0;
+  const int smem = M * I * (int)sizeof(T);
+  const unsigned grid = (unsigned)((N + 7) / 8);
+  T *po = (T *)gp_ptr(out);
+  const T *pg = (const T *)gp_ptr(gu), *pw = (const T *)gp_ptr(w);
+  if (vec) {
+    GP_NOTE_LAUNCH((k_swiglu_linear<T, MT, true>), 256, smem);
+    k_swiglu_linear<T, MT, true><<<grid, 256, smem, gp_cuda_stream()>>>(po, pg, pw, M, N, I);
+  } else {
+    GP_NOTE_LAUNCH((k_swiglu_linear<T, MT, false>), 256, smem);
+    k_swiglu_linear<T, MT, false><<<grid, 256, smem, gp_cuda_stream()>>>(po, pg, pw, M, N, I);
+  }
+}
+} // namespace
+
+extern "C" int gp_cuda_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) {
+  const int64_t M = out->shape[0], N = out->shape[1];
+  if (M == 0 || N == 0) return GP_OK;
+  GP_FLOAT_SWITCH(out->dtype, T, {
+    if (M <= 1) launch_swiglu_linear<T, 1>(out, gu, w);
+    else if (M <= 2) launch_swiglu_linear<T, 2>(out, gu, w);
+    else launch_swiglu_linear<T, 4>(out, gu, w);
+  });
+  return gp_cuda_check_launch("swiglu_linear");
+}

@@ -198,6 +198,13 @@ KCASES.rope_kv_at = {
   {name = '3x9(3) d64 C 20 (SmolLM2)', shape = {1}, syms = {B = 3, H = 9, J = 3, C = 20, D = 64, E = 32, W = 960}},
   {name = '2x4(4) d128 C 5', shape = {1}, syms = {B = 2, H = 4, J = 4, C = 5, D = 128, E = 64, W = 1536}},
 }
+-- swiglu_linear: M rows of [gate | up] (K = 2I) times w (N, I); M <= 4 and M I elements in 48 KB
+KCASES.swiglu_linear = {
+  {name = '1x5 -> 7', shape = {1}, syms = {M = 1, N = 7, I = 5, K = 10}},
+  {name = '3x64 -> 33', shape = {1}, syms = {M = 3, N = 33, I = 64, K = 128}},
+  {name = '4x96 -> 40', shape = {1}, syms = {M = 4, N = 40, I = 96, K = 192}},
+  {name = '2x3000 -> 100 (past the registers)', shape = {1}, syms = {M = 2, N = 100, I = 3000, K = 6000}},
+}
 -- moe: N tokens, E experts, K per token (<= min(8, E)), S = E * cap slots, C columns
 KCASES.moe = {
   {name = '1x1 k1', shape = {1}, syms = {N = 1, E = 1, K = 1, S = 1, C = 1}},

@@ -232,6 +232,28 @@ T.test('models: the residual adds run fused with the norms after them: the same 
   T.ok(T.relnorm(lg1, e.logits) < 1e-4)
 end)
 
+T.test('models: a Llama decode step runs SwiGLU and the down projection as one kernel: the logits of the two kernels', function()
+  local devs = {'cpu'}
+  if gp.cuda_available() then devs[2] = 'cuda' end
+  for _, dev in ipairs(devs) do
+    local m = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = dev})
+    local e = expected('llama_gqa')
+    local core = require 'gpush.core'
+    local f, calls = core.swiglu_linear, 0
+    core.swiglu_linear = function(...) calls = calls + 1; return f(...) end
+    local ids = e.ids:to(dev):narrow(2, 1, 1)
+    local ok, a = pcall(gp.no_grad, function() return m(ids) end)
+    core.swiglu_linear = f
+    assert(ok, a)
+    T.eq(calls, m.config.num_hidden_layers, dev)
+    -- a down projection that is not a plain nn.Linear (here a subclass) takes gp.swiglu and the product
+    local Lin = nn.Linear:extend('TestLinear')
+    for _, l in ipairs(m.model.layers) do setmetatable(l.mlp.down_proj, Lin._imt) end
+    local b = gp.no_grad(function() return m(ids) end)
+    T.ok(T.relnorm(a:cpu(), b:cpu()) < 1e-5, dev .. ' ' .. T.relnorm(a:cpu(), b:cpu()))
+  end
+end)
+
 T.test('models: state_dict() gives back the checkpoint\'s names, shapes and values', function()
   for _, name in ipairs(ARCHS) do
     local file = gp.load(root .. '/' .. name .. '/model.safetensors')

@@ -233,7 +233,13 @@ function MLP:forward(x)
   if W then
     local y, h = gp.linear(x, W), self.gate_proj.out_features
     local n = y:dim()
-    return self.down_proj(gp.swiglu(y:narrow(n, 1, h), y:narrow(n, h + 1, h)))
+    local down = self.down_proj
+    -- few rows (decode): SwiGLU and the down projection in one kernel
+    if getmetatable(down) == Linear._imt and rawget(down, 'bias') == nil and is_tensor(rawget(down, 'weight')) and
+      y:numel() <= 8 * h and (y:numel() / 2) * y:element_size() <= 48 * 1024 then
+      return gp.swiglu_linear(y, down.weight)
+    end
+    return down(gp.swiglu(y:narrow(n, 1, h), y:narrow(n, h + 1, h)))
   end
   local gate, up = lora_group(x, self.gate_proj, self.up_proj)
   if not gate then gate, up = self.gate_proj(x), self.up_proj(x) end

@@ -34,6 +34,29 @@ function gp.swiglu(gate, up)
 end
 gp.doc(gp.swiglu, 'gp.swiglu(gate, up)', 'silu(gate) * up in one pass (16-byte vectors)')
 
+-- silu(gate) * up times w^T in one kernel, for few rows (decode): gu (..., 2I)
+-- = [gate | up] (a fused gate/up product's output), w (N, I); not differentiable
+function gp.swiglu_linear(gu, w)
+  need(gu, 'swiglu_linear', 'gu')
+  need(w, 'swiglu_linear', 'w')
+  gu = floatc(gu)
+  if gu:dim() < 1 or w:dim() ~= 2 or gu:size(-1) ~= 2 * w:size(2) then
+    raise(string.format('swiglu_linear: gu is %s and w %s; gu (..., 2I) = [gate | up] and w (N, I)', shape_str(gu.shape),
+      shape_str(w.shape)))
+  end
+  local s = gu.shape
+  local M = gu:numel() / gu:size(-1)
+  s[#s] = w:size(1)
+  local out = empty(s, gu.dtype, gu.device, 'swiglu_linear')
+  if w.device ~= gu.device then
+    raise(string.format('swiglu_linear: w is on %s but gu is on %s (move one with :to())', w.device, gu.device))
+  end
+  K.swiglu_linear(out:view {M, w:size(1)}, gu:contiguous():view {M, gu:size(-1)}, tensor.to_dtype(w, gu.dtype):contiguous())
+  return out
+end
+gp.doc(gp.swiglu_linear, 'gp.swiglu_linear(gu, w)',
+  '(silu(gate) * up) @ w^T in one kernel for few rows (decode: at most 4 rows, rows x I elements in 48 KB): gu (..., 2I) = [gate | up], w (N, I); silu(gate) * up rounded to the dtype as gp.swiglu writes it; not differentiable')
+
 function gp.add_rms_norm(x, res, w, eps)
   need(x, 'add_rms_norm', 'x')
   if x:dim() == 0 then raise('add_rms_norm: x is 0-dim; at least one dim is needed') end
