@@ -20,6 +20,21 @@ T.test('swiglu, add_rms_norm, bias_gelu match their compositions', function()
   T.ok(T.relnorm(gp.swiglu(gt, ut), gt:silu() * ut) < 1e-6)
 end)
 
+T.test('swiglu_linear: (silu(gate) * up) @ w^T for few rows, as gp.swiglu then gp.linear; errors', function()
+  local CPU = {device = 'cpu'}
+  local gu, w = gp.randn({1, 3, 26}, CPU), gp.randn({9, 13}, CPU)
+  local want = gp.linear(gp.swiglu(gu:narrow(3, 1, 13), gu:narrow(3, 14, 13)), w)
+  local got = gp.swiglu_linear(gu, w)
+  T.eq(table.concat(got.shape, 'x'), '1x3x9')
+  T.ok(T.relnorm(got, want) < 1e-6)
+  T.raises(function() gp.swiglu_linear(gu, gp.randn({9, 12}, CPU)) end, 'swiglu_linear', '(1,3,26)', '(9,12)')
+  T.raises(function() gp.swiglu_linear(gp.randn({5, 26}, CPU), w) end, 'swiglu_linear', '5 rows', 'gp.swiglu')
+  T.raises(function() gp.swiglu_linear(gu, 3) end, 'swiglu_linear', 'w')
+  if gp.cuda_available() then
+    T.raises(function() gp.swiglu_linear(gu, w:cuda()) end, 'swiglu_linear', 'w is on cuda')
+  end
+end)
+
 T.test('swiglu backward: finite differences', function()
   local g, u, dout = fd.randn {4, 5}, fd.randn {4, 5}, fd.randn {4, 5}
   local dg, du = gp.empty({4, 5}, {dtype = 'f64', device = 'cpu'}), gp.empty({4, 5}, {dtype = 'f64', device = 'cpu'})
