@@ -44,18 +44,18 @@ function gp.swiglu_linear(gu, w)
     raise(string.format('swiglu_linear: gu is %s and w %s; gu (..., 2I) = [gate | up] and w (N, I)', shape_str(gu.shape),
       shape_str(w.shape)))
   end
+  if w.device ~= gu.device then
+    raise(string.format('swiglu_linear: w is on %s but gu is on %s (move one with :to())', w.device, gu.device))
+  end
   local s = gu.shape
   local M = gu:numel() / gu:size(-1)
   s[#s] = w:size(1)
   local out = empty(s, gu.dtype, gu.device, 'swiglu_linear')
-  if w.device ~= gu.device then
-    raise(string.format('swiglu_linear: w is on %s but gu is on %s (move one with :to())', w.device, gu.device))
-  end
   K.swiglu_linear(out:view {M, w:size(1)}, gu:contiguous():view {M, gu:size(-1)}, tensor.to_dtype(w, gu.dtype):contiguous())
   return out
 end
 gp.doc(gp.swiglu_linear, 'gp.swiglu_linear(gu, w)',
-  '(silu(gate) * up) @ w^T in one kernel for few rows (decode: at most 4 rows, rows x I elements in 48 KB): gu (..., 2I) = [gate | up], w (N, I); silu(gate) * up rounded to the dtype as gp.swiglu writes it; not differentiable')
+  '(silu(gate) * up) @ w^T in one kernel for few rows (decode: at most 4 rows, and rows x I x the element size at most 48 KB): gu (..., 2I) = [gate | up], w (N, I); silu(gate) * up rounded to the dtype as gp.swiglu writes it; not differentiable')
 
 function gp.add_rms_norm(x, res, w, eps)
   need(x, 'add_rms_norm', 'x')
