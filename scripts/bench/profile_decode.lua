@@ -4,6 +4,10 @@
 -- eagerly under gp.profile (events around every gp.k call: the matmuls are
 -- cuBLAS's), then timed eagerly and as a replayed graph.
 --   gpush scripts/bench/profile_decode.lua [--model smollm2] [--batch 1] [--context 128]
+-- --random smollm2 builds a Llama of SmolLM2-135M's shapes (or of a
+-- config.json's) with random weights instead of loading a checkpoint: the
+-- kernels and their times are the same, and nothing needs `make models`
+-- (--layers N keeps the first N layers).
 -- The floor printed is the weights' bytes over the copy bandwidth measured
 -- in the same run (gp.k.copy of 512 MB): a step cannot read them faster.
 local gp = rawget(_G, 'gp') or require 'gpush'
@@ -12,11 +16,29 @@ local a = gp.args.parse(arg, {
   {'dtype', '', 'the model\'s dtype (default bf16 on the GPU, f32 on the CPU)'},
   {'batch', 1, 'rows decoded together'}, {'context', 128, 'cached positions before the step'},
   {'top', 20, 'kernels listed'},
+  {'random', '', 'smollm2 or a config.json: that model\'s shapes with random weights (no checkpoint)'},
+  {'layers', 0, 'with --random: keep this many layers (0: the config\'s)'},
 }, {usage = 'gpush scripts/bench/profile_decode.lua [flags]', description = 'A decode step, kernel by kernel.'})
 
 local dev = gp.device()
 local dtype = a.dtype ~= '' and a.dtype or (dev == 'cuda' and 'bf16' or 'f32')
-local model = gp.models.load(a.model, {dtype = dtype})
+-- SmolLM2-135M-Instruct's config.json (the fields the Llama module reads)
+local SMOLLM2 = {hidden_size = 576, intermediate_size = 1536, num_hidden_layers = 30, num_attention_heads = 9,
+  num_key_value_heads = 3, vocab_size = 49152, rms_norm_eps = 1e-5, rope_theta = 100000, tie_word_embeddings = true,
+  max_position_embeddings = 8192, hidden_act = 'silu', model_type = 'llama'}
+local model
+if a.random ~= '' then
+  local cfg = a.random == 'smollm2' and SMOLLM2 or require('gpush.models.hf').read_json(a.random)
+  if a.layers > 0 then
+    local c2 = {}
+    for k, v in pairs(cfg) do c2[k] = v end
+    c2.num_hidden_layers = a.layers
+    cfg = c2
+  end
+  model = gp.models.Llama(cfg, {dtype = dtype}):eval()
+else
+  model = gp.models.load(a.model, {dtype = dtype})
+end
 local c, B = model.config, a.batch
 local cache = model:new_cache(B, a.context + 1, dtype, dev)
 local pos = gp.full({1}, a.context, {dtype = 'i64', device = dev})
@@ -35,7 +57,7 @@ do
   copy_bw = 2 * 4 * n / (gp.time(function() gp.k.copy(d, s) end, {warmup = 2, iters = 10}) * 1e6)
 end
 print(string.format('decode step profile: %s %s on %s, batch %d after %d cached positions; %.1f MB of weights, copy %.0f GB/s: floor %.1f us',
-  a.model, dtype, dev, B, a.context, bytes / 1e6, copy_bw, bytes / copy_bw / 1e3))
+  a.random ~= '' and ('random ' .. a.random .. (a.layers > 0 and (', ' .. a.layers .. ' layers') or '')) or a.model, dtype, dev, B, a.context, bytes / 1e6, copy_bw, bytes / copy_bw / 1e3))
 local p = gp.profile(step, {warmup = 2, iters = 5})
 print(string.format('%d kernels a step, %.1f us of kernel time a step (events around each)', p.calls / p.iters,
   p.kernel_ms * 1e3 / p.iters))

@@ -179,6 +179,16 @@ T.test('kv agreement bench (scripts/bench/kv_agree.lua) compares the caches and 
   T.ok(tonumber(i8) > 3 * tonumber(f32), 'int8 codes and scales hold more than 3x the f32 positions:\n' .. out)
 end)
 
+T.test('decode step profile with --random: SmolLM2\'s shapes, random weights, no checkpoint; the fused decode kernels', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root ..
+    '/scripts/bench/profile_decode.lua --random smollm2 --layers 1 --context 4 --top 12')
+  T.eq(rc, 0, out)
+  T.ok(out:find('random smollm2, 1 layers', 1, true), out)
+  T.ok(tonumber(out:match('(%d+) kernels a step')) < 20, out)
+  T.ok(out:find('\n  rope_kv_at%s+1 '), out)
+  T.ok(out:find('\n  swiglu_linear%s+1 '), out)
+end)
+
 T.test('decode step profile (scripts/bench/profile_decode.lua) lists the step\'s kernels', function()
   local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/profile_decode.lua --model ' .. root ..
     '/tests/fixtures/models/llama3_rope --context 16 --top 5')
