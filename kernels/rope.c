@@ -7,6 +7,18 @@
 #include "gp_hd.h"
 #include "rope.h"
 
+/* one head: elements i and i + E of the E-pair head at src (stride 1) turned by
+ * p * inv_freq[i] (sign -1: back), written at dst */
+static void rotate_head(char *po, int64_t dst, const char *px, int64_t src, int dt, int64_t E, double p,
+                        const float *pf, double sign) {
+  for (int64_t i = 0; i < E; i++) {
+    const double th = p * (double)pf[i], c = cos(th), s = sign * sin(th);
+    const double a = gp_load(px, dt, src + i), b = gp_load(px, dt, src + i + E);
+    gp_store(po, dt, dst + i, a * c - b * s);
+    gp_store(po, dt, dst + i + E, b * c + a * s);
+  }
+}
+
 int gp_k_rope(gp_tensor *out, const gp_tensor *x, const gp_tensor *pos, const gp_tensor *inv_freq, double sign) {
   GP_CHECK(rope, out, x, pos, inv_freq);
   const int nd = x->ndim;
@@ -30,13 +42,7 @@ int gp_k_rope(gp_tensor *out, const gp_tensor *x, const gp_tensor *pos, const gp
       rem /= x->shape[d];
     }
     const int64_t t = (r / H) % T;
-    const double p = (double)gp_load_i64(pp, pos->dtype, t * pos->stride[0]);
-    for (int64_t i = 0; i < E; i++) {
-      const double th = p * (double)pf[i], c = cos(th), s = sign * sin(th);
-      const double a = gp_load(px, dt, off + i), b = gp_load(px, dt, off + i + E);
-      gp_store(po, dt, r * D + i, a * c - b * s);
-      gp_store(po, dt, r * D + i + E, b * c + a * s);
-    }
+    rotate_head(po, r * D, px, off, dt, E, (double)gp_load_i64(pp, pos->dtype, t * pos->stride[0]), pf, sign);
   }
   return GP_OK;
 }
@@ -68,16 +74,9 @@ int gp_k_rope_kv_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, const gp_tensor 
       const int64_t src = b * qkv->stride[0] + h * D; /* the head's first value in qkv */
       char *po = h < H ? gp_ptr(q) : h < H + J ? gp_ptr(kc) : gp_ptr(vc);
       const int64_t dst = h < H ? (b * H + h) * D : ((b * J + (h - H) % J) * C + p) * D;
-      if (h >= H + J) { /* v: as it is */
-        for (int64_t d = 0; d < D; d++) gp_store(po, dt, dst + d, gp_load(px, dt, src + d * qkv->stride[1]));
-        continue;
-      }
-      for (int64_t i = 0; i < E; i++) {
-        const double th = (double)p * (double)pf[i], c = cos(th), s = sin(th);
-        const double a = gp_load(px, dt, src + i * qkv->stride[1]), bb = gp_load(px, dt, src + (i + E) * qkv->stride[1]);
-        gp_store(po, dt, dst + i, a * c - bb * s);
-        gp_store(po, dt, dst + i + E, bb * c + a * s);
-      }
+      if (h < H + J) rotate_head(po, dst, px, src, dt, E, (double)p, pf, 1);
+      else /* v: as it is */
+        for (int64_t d = 0; d < D; d++) gp_store(po, dt, dst + d, gp_load(px, dt, src + d));
     }
   return GP_OK;
 }

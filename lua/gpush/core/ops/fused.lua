@@ -51,7 +51,7 @@ function gp.swiglu_linear(gu, w)
   local M = gu:numel() / gu:size(-1)
   s[#s] = w:size(1)
   local out = empty(s, gu.dtype, gu.device, 'swiglu_linear')
-  K.swiglu_linear(out:view {M, w:size(1)}, gu:contiguous():view {M, gu:size(-1)}, tensor.to_dtype(w, gu.dtype):contiguous())
+  K.swiglu_linear(out:view {M, w:size(1)}, gu:view {M, gu:size(-1)}, tensor.to_dtype(w, gu.dtype):contiguous())
   return out
 end
 gp.doc(gp.swiglu_linear, 'gp.swiglu_linear(gu, w)',
