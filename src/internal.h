@@ -116,6 +116,7 @@ int gp_check_shape(const char *op, int ndim, const int64_t *shape);
 int gp_overlaps_itself(const gp_tensor *t);
 
 /* ---- argument specs (kernels/README.md) ---- */
+#define GP_CHECK_MAX 24 /* tensors a kernel spec may name */
 int gp_check(const char *op, const char *spec, int n, const gp_tensor *const *ts);
 /* kernel ids, in registry order, and the registry itself */
 enum {

@@ -502,7 +502,7 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
   B.star_by = -1;
   B.star_n = 0;
   int dt_F = -1, dt_T = -1, by_F = -1, by_T = -1, k = 0;
-  char names[16][24];
+  char names[GP_CHECK_MAX][24];
   const char *p = spec;
   char b1[96], b2[96];
   while (*p) {
@@ -522,7 +522,7 @@ int gp_check(const char *op, const char *spec, int nt, const gp_tensor *const *t
       while (*p && *p != ' ') p++;
       continue;
     }
-    if (k >= nt || k >= 16) return gp_error("%s: spec '%s' has more tensors than given", op, spec);
+    if (k >= nt || k >= GP_CHECK_MAX) return gp_error("%s: spec '%s' has more tensors than given", op, spec);
     snprintf(names[k], sizeof names[k], "%.*s", nlen < 23 ? nlen : 23, name);
     const gp_tensor *t = ts[k];
     if (!t) return gp_error("%s: argument %s is nil (a tensor is needed)", op, names[k]);
