@@ -49,6 +49,14 @@ int gp_cuda_titans_coef(gp_tensor *w, gp_tensor *c, gp_tensor *p, const gp_tenso
 int gp_cuda_titans_coef_backward(gp_tensor *deta, gp_tensor *dalpha, const gp_tensor *eta, const gp_tensor *alpha,
                                  const gp_tensor *w, const gp_tensor *c, const gp_tensor *dw, const gp_tensor *dc,
                                  const gp_tensor *dp);
+int gp_cuda_titans_scan(gp_tensor *y, gp_tensor *st, gp_tensor *M, gp_tensor *S, const gp_tensor *k,
+                        const gp_tensor *v, const gp_tensor *q, const gp_tensor *theta, const gp_tensor *w,
+                        const gp_tensor *c, const gp_tensor *p, const gp_tensor *M0, const gp_tensor *S0);
+int gp_cuda_titans_scan_backward(gp_tensor *dk, gp_tensor *dv, gp_tensor *dq, gp_tensor *dtheta, gp_tensor *dw,
+                                 gp_tensor *dc, gp_tensor *dp, gp_tensor *dM0, gp_tensor *dS0, const gp_tensor *k,
+                                 const gp_tensor *v, const gp_tensor *q, const gp_tensor *theta, const gp_tensor *w,
+                                 const gp_tensor *c, const gp_tensor *p, const gp_tensor *st, const gp_tensor *dy,
+                                 const gp_tensor *dM, const gp_tensor *dS);
 #ifdef __cplusplus
 }
 #endif

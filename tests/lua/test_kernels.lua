@@ -223,6 +223,28 @@ KCASES.titans = {
   {name = '33x9', shape = {1}, syms = {N = 33, L = 9}},
 }
 KTOL.titans = {f32 = 1e-4, f16 = 3e-3, bf16 = 2e-2}
+-- titans_scan: N memories of a D x D state over C chunks of T / C tokens; a chunk of
+-- 35 tokens is a full tile of 32 and a part; D 40 and 64 take 3 and 4 blocks a memory
+local SCAN_CASES = {
+  {name = '1x1 d1', shape = {1}, syms = {N = 1, T = 1, D = 1, C = 1}},
+  {name = '3x12 d5 3 chunks', shape = {1}, syms = {N = 3, T = 12, D = 5, C = 3}},
+  {name = '2x70 d40 2 chunks', shape = {1}, syms = {N = 2, T = 70, D = 40, C = 2}},
+  {name = '2x64 d64 1 chunk', shape = {1}, syms = {N = 2, T = 64, D = 64, C = 1}},
+  {name = '1x96 d17 3 chunks', shape = {1}, syms = {N = 1, T = 96, D = 17, C = 3}},
+}
+KCASES.titans_scan, KCASES.titans_scan_backward = SCAN_CASES, SCAN_CASES
+KTOL.titans_scan = {f32 = 1e-4, f16 = 5e-3, bf16 = 3e-2}
+KTOL.titans_scan_backward = KTOL.titans_scan
+-- conv: B x T x C tokens, K taps (wider than T in one case: every output reads the zeros before the start)
+KCASES.conv = {
+  {name = '1x1x1 k1', shape = {1}, syms = {B = 1, T = 1, C = 1, K = 1}},
+  {name = '2x7x5 k4', shape = {1}, syms = {B = 2, T = 7, C = 5, K = 4}},
+  {name = '3x5x40 k7', shape = {1}, syms = {B = 3, T = 5, C = 40, K = 7}},
+  {name = '2x300x129 k4', shape = {1}, syms = {B = 2, T = 300, C = 129, K = 4}},
+  {name = '3x40x33 k12 (dw per tap)', shape = {1}, syms = {B = 3, T = 40, C = 33, K = 12}},
+  {name = '4x4096x320 k4 (past one grid)', shape = {1}, syms = {B = 4, T = 4096, C = 320, K = 4}, big = true},
+}
+KTOL.conv = {f32 = 1e-5}
 SCALARS_FOR.attn_bwd = {scale = 0.05}
 -- set diversity: S sets of N vectors of D (a set of one, warp-sized, the
 -- n = 64, d = 384 of the benchmark, long rows, several row batches per warp in

@@ -122,7 +122,7 @@ local function run_scan(kind, x, b)
 end
 
 for _, kind in ipairs {'linear', 'mlp'} do
-  for _, b in ipairs {1, 3, 4, 11} do
+  for _, b in ipairs {1, 3, 4, 5, 11} do -- 1 and 5: whole chunks (the linear memory's fused kernel)
     T.test(string.format('titans %s memory, chunk %d: equals the plain-Lua definition%s', kind, b,
       b == 1 and ' (the token-by-token recurrence)' or ''), function()
       gp.manual_seed(7 + b)
@@ -163,6 +163,83 @@ for _, kind in ipairs {'linear', 'mlp'} do
     end, list))
   end)
 end
+
+T.test('titans linear memory: the fused kernel (gp.titans_scan) equals the chunk loop in y, the state and every gradient (f64)', function()
+  gp.manual_seed(5)
+  local N, Tn, d, b = 3, 12, 5, 4
+  local x = inputs('linear', N, Tn, d)
+  local S0 = gp.randn({N, d, d}, F64) * 0.1
+  local leaves = {x.k, x.v, x.q, x.theta, x.eta, x.alpha, x.init.M, S0}
+  for _, t in ipairs(leaves) do t:requires_grad_() end
+  local gy, gm, gs = gp.randn({N, Tn, d}, F64), gp.randn({N, d, d}, F64), gp.randn({N, d, d}, F64)
+  local function run(fused)
+    for _, t in ipairs(leaves) do t.grad = nil end
+    local y, st
+    local _, n = T.launches(function()
+      y, st = titans.memory_scan {kind = 'linear', init = x.init, momentum = {M = S0}, k = x.k, v = x.v, q = x.q,
+                                  theta = x.theta, eta = x.eta, alpha = x.alpha, chunk = b, fused = fused}
+      ;((y * gy):sum() + (st.M * gm):sum() + (st.S_M * gs):sum()):backward()
+    end)
+    T.eq(n.titans_scan, fused == false and 0 or 1, 'titans_scan launches')
+    T.eq(n.titans_scan_backward, fused == false and 0 or 1, 'titans_scan_backward launches')
+    local g = {}
+    for i, t in ipairs(leaves) do g[i] = t.grad end
+    return y, st, g
+  end
+  local y1, s1, g1 = run(nil)
+  local y2, s2, g2 = run(false)
+  T.ok(T.relnorm(y1, y2) < 1e-13, 'y')
+  T.ok(T.relnorm(s1.M, s2.M) < 1e-13 and T.relnorm(s1.S_M, s2.S_M) < 1e-13, 'final state')
+  for i = 1, #leaves do T.ok(T.relnorm(g1[i], g2[i]) < 1e-12, 'gradient ' .. i) end
+end)
+
+T.test('titans_scan: gradcheck of all nine inputs (f64), and bad input', function()
+  gp.manual_seed(9)
+  local N, Tn, d, C = 2, 6, 2, 3
+  local o = F64
+  local args = {titans.l2norm(gp.randn({N, Tn, d}, o)), gp.randn({N, Tn, d}, o), titans.l2norm(gp.randn({N, Tn, d}, o)),
+                gp.rand({N, Tn}, o) * 0.5, gp.rand({N, Tn}, o), gp.rand({N, Tn}, o), gp.rand({N, C, 3}, o),
+                gp.randn({N, d, d}, o) * 0.5, gp.randn({N, d, d}, o) * 0.1}
+  T.ok(gp.gradcheck(function(...)
+    local y, M, S = gp.titans_scan(...)
+    return gp.cat({y:reshape {-1}, M:reshape {-1}, S:reshape {-1}}, 1)
+  end, args))
+  local bad = {unpack(args)}
+  bad[7] = gp.rand({N, 4, 3}, o)
+  T.raises(function() gp.titans_scan(unpack(bad)) end, 'titans_scan', '6 tokens', '4 chunks')
+  bad[7] = args[7]
+  bad[2] = gp.randn({N, Tn, d + 1}, o)
+  T.raises(function() gp.titans_scan(unpack(bad)) end, 'titans_scan')
+  bad[2] = args[2]
+  bad[9] = 'S'
+  T.raises(function() gp.titans_scan(unpack(bad)) end, 'titans_scan', 'S0 must be a tensor')
+end)
+
+T.test('causal_conv1d: equals the shifted sum, gradcheck (f64), bad input', function()
+  gp.manual_seed(4)
+  local x, w = gp.randn({2, 7, 3}, F64), gp.randn({4, 3}, F64)
+  local y = gp.causal_conv1d(x, w)
+  local X, W, Y = x:totable(), w:totable(), y:totable()
+  for b = 1, 2 do
+    for t = 1, 7 do
+      for c = 1, 3 do
+        local s = 0
+        for j = 1, 4 do
+          local u = t - 4 + j
+          if u >= 1 then s = s + W[j][c] * X[b][u][c] end
+        end
+        T.near(Y[b][t][c], s, 1e-12, 'y')
+      end
+    end
+  end
+  T.ok(gp.gradcheck(function(a, b) return gp.causal_conv1d(a, b) end, {x, w}))
+  -- x in f32 and w in f64: w is used in x's dtype, its gradient comes back in f64
+  local wf = gp.randn({4, 3}, F64):requires_grad_()
+  gp.causal_conv1d(gp.randn({2, 7, 3}, {device = 'cpu'}), wf):sum():backward()
+  T.eq(wf.grad.dtype, 'f64')
+  T.raises(function() gp.causal_conv1d(x, gp.randn({4, 2}, F64)) end, 'causal_conv1d', '(2,7,3)', '(4,2)')
+  T.raises(function() gp.causal_conv1d(x:reshape {14, 3}, w) end, 'causal_conv1d', '(B, T, C)')
+end)
 
 T.test('titans_coef: gradcheck and chunk weights of a hand example', function()
   gp.manual_seed(5)
@@ -221,9 +298,13 @@ T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', on_
     T.ok(T.relnorm(deg:cpu(), de) < tol, 'coef backward deta L ' .. L)
     T.ok(T.relnorm(dag:cpu(), da) < tol, 'coef backward dalpha L ' .. L)
   end
-  for _, kind in ipairs {'linear', 'mlp'} do
+  -- the fused linear memory: head dims 16, 40 and 64, chunks of 35 (a tile and a part); 40 memories of 64
+  -- take the backward's 16-row blocks (fewer memories, 8-row ones)
+  for _, case in ipairs {{'linear', 16, 32, 6}, {'mlp', 16, 32, 6}, {'linear', 64, 35, 6}, {'linear', 40, 35, 6},
+                         {'linear', 64, 35, 40}} do
+    local kind, d, b, N = case[1], case[2], case[3], case[4]
     gp.manual_seed(11)
-    local x = inputs(kind, 6, 96, 16, 32, 'f32')
+    local x = inputs(kind, N, b == 35 and 70 or 96, d, 32, 'f32')
     local function leaves(dev)
       local r = {}
       for key, t in pairs(x) do
@@ -235,17 +316,18 @@ T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', on_
       return r
     end
     local xc, xg = leaves('cpu'), leaves('cuda')
-    local yc, sc = run_scan(kind, xc, 32)
-    local yg, sg = run_scan(kind, xg, 32)
+    local yc, sc = run_scan(kind, xc, b)
+    local yg, sg = run_scan(kind, xg, b)
     T.ok(T.relnorm(yg:cpu(), yc) < 1e-4, kind .. ' y')
     local nm = titans.NAMES[kind][1]
     T.ok(T.relnorm(sg[nm]:cpu(), sc[nm]) < 1e-4, kind .. ' state')
     local pc = gp.randn(yc.shape)
     ;(yc * pc):sum():backward()
     ;(yg * pc:cuda()):sum():backward()
-    for _, key in ipairs {'k', 'v', 'theta', 'eta', 'alpha'} do
-      T.ok(T.relnorm(xg[key].grad:cpu(), xc[key].grad) < 1e-3, kind .. ' grad ' .. key)
+    for _, key in ipairs {'k', 'v', 'q', 'theta', 'eta', 'alpha'} do
+      T.ok(T.relnorm(xg[key].grad:cpu(), xc[key].grad) < 1e-3, kind .. ' d ' .. d .. ' grad ' .. key)
     end
+    T.ok(T.relnorm(xg.init[nm].grad:cpu(), xc.init[nm].grad) < 1e-3, kind .. ' d ' .. d .. ' grad of the initial state')
   end
 end))
 

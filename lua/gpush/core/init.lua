@@ -28,7 +28,8 @@ require 'gpush.core.ops.matmul'     -- matmul, linear, linear_gelu_linear
 require 'gpush.core.ops.sample'     -- sample, repetition_penalty
 require 'gpush.core.ops.attention'  -- attention, attention_qkv, attention_decode, KVCache
 require 'gpush.core.ops.moe'        -- moe_router, moe_ffn, ...
-require 'gpush.core.ops.titans'     -- titans_coef
+require 'gpush.core.ops.titans'     -- titans_coef, titans_scan
+require 'gpush.core.ops.conv'       -- causal_conv1d
 require 'gpush.core.ops.diversity'  -- set_diversity, distinct_n
 require 'gpush.core.ops.rope'       -- rope, rope_inv_freq
 require 'gpush.core.ops.nf4'        -- quantize (NF4), nf4_linear

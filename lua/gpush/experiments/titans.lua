@@ -39,9 +39,22 @@ local function dsilu(z)
   return s * (z * (1 - s) + 1)
 end
 
--- x / ||x|| over the last dim
+-- x / ||x|| over the last dim. In f32, bf16 and f16 it is RMSNorm's kernel
+-- (one launch forward, one backward): x / sqrt(sum x^2 + eps) =
+-- rms_norm(x, eps / D) / sqrt(D), the 1 / sqrt(D) as its weight; f64 keeps
+-- the composition (rms_norm saves its scale in f32)
+local unit_w = {} -- the constant weights by size, dtype and device (kept: a captured step reuses its eager step's)
 function T.l2norm(x, eps)
-  return x * ((x * x):sum(-1, {keepdim = true}) + (eps or 1e-6)):rsqrt()
+  eps = eps or 1e-6
+  if x.dtype == 'f64' then return x * ((x * x):sum(-1, {keepdim = true}) + eps):rsqrt() end
+  local D = x:size(-1)
+  local key = D .. x.dtype .. x.device
+  local w = unit_w[key]
+  if not w then
+    w = gp.full({D}, 1 / math.sqrt(D), {dtype = x.dtype, device = x.device})
+    unit_w[key] = w
+  end
+  return (gp.rms_norm(x, w, eps / D))
 end
 
 -- read the memory state at queries q (N, L, d)
@@ -75,6 +88,9 @@ T.NAMES = {linear = {'M'}, mlp = {'W1', 'W2'}}
 --           S of each (default zeros)
 --   o.k, o.v, o.q: (N, T, d); o.theta, o.eta, o.alpha: (N, T) per-token gates
 --   o.chunk: the chunk size b (T need not be a multiple)
+--   o.fused: false keeps the linear memory on the chunk loop of products below
+--            (by default a sequence of whole chunks runs as gp.titans_scan:
+--            one kernel forward, two backward, state head dims up to 64 on the GPU)
 -- Returns y (N, T, d) (token t read from the state at the start of its chunk)
 -- and the final state {M=, S_M=} / {W1=, W2=, S_W1=, S_W2=}.
 function T.memory_scan(o)
@@ -123,6 +139,11 @@ function T.memory_scan(o)
   end
   local tw, tc, tp
   if tail > 0 then tw, tc, tp = gp.titans_coef(o.eta:narrow(2, nf * b + 1, tail), o.alpha:narrow(2, nf * b + 1, tail)) end
+  -- the linear memory without a tail: every chunk in one kernel (gp.titans_scan) unless o.fused == false
+  if kind == 'linear' and tail == 0 and o.fused ~= false and (k.device == 'cpu' or k:size(3) <= 64) then
+    local y, M, S = gp.titans_scan(k, v, q, o.theta, cw:view {N, Tn}, cc:view {N, Tn}, cp, st.M, st.S_M)
+    return y, {M = M, S_M = S}
+  end
   local ys = {}
   local nch = nf + (tail > 0 and 1 or 0)
   for j = 1, nch do
@@ -150,19 +171,6 @@ end
 -- modules
 
 local Linear, Module = nn.Linear, nn.Module
-
--- causal depthwise convolution over time (B, T, C), kernel kw, weight (kw, C)
-local function causal_conv(x, w)
-  local B, Tn, C = x:size(1), x:size(2), x:size(3)
-  local kw = w:size(1)
-  local pad = gp.cat({gp.zeros({B, kw - 1, C}, {dtype = x.dtype, device = x.device}), x}, 2)
-  local y
-  for j = 1, kw do
-    local term = pad:narrow(2, j, Tn) * w:narrow(1, j, 1):to(x.dtype)
-    y = y and y + term or term
-  end
-  return y
-end
 
 -- nn.NeuralMemory{dim=, heads=, chunk=, kind='linear'|'mlp', hidden=4*head_dim, conv=false}
 -- x (B, T, dim) -> the retrieval (B, T, dim): token t reads the memory after
@@ -254,7 +262,7 @@ function NeuralMemory:forward(x)
   local mdt = dt == 'f64' and 'f64' or 'f32' -- the memory's dtype
   local function proj(lin, conv)
     local y = lin(x)
-    if conv then y = causal_conv(y, conv) end
+    if conv then y = gp.causal_conv1d(y, conv) end -- causal depthwise, width 4
     return self:split(y:to(mdt):silu())
   end
   local k = T.l2norm(proj(self.wk, self.conv_k))
@@ -444,7 +452,7 @@ local doc = gp.doc
 doc(T.memory_scan, 'gp.titans.memory_scan{kind=, init=, k=, v=, q=, theta=, eta=, alpha=, chunk=, momentum=}',
   'the chunked Titans memory over (N, T, d) keys, values and queries with per-token gates (N, T): returns the ' ..
   'retrievals y (N, T, d) (each token reads the state at the start of its chunk) and the final state; differentiable')
-doc(T.l2norm, 'gp.titans.l2norm(x, eps=1e-6)', 'x / sqrt(sum(x^2) + eps) over the last dim (differentiable)')
+doc(T.l2norm, 'gp.titans.l2norm(x, eps=1e-6)', 'x / sqrt(sum(x^2) + eps) over the last dim (differentiable; RMSNorm\'s kernel but in f64)')
 doc(T.attend, 'gp.titans.attend(q, k, v, {window=0, n_global=0})',
   'causal flash attention on (B, H, L, d), the head dim zero-padded up to one the kernels take (at least 64)')
 doc(T.NeuralMemory, "nn.NeuralMemory{dim=, heads=1, chunk=64, kind='linear'|'mlp', hidden=4*head_dim, conv=false}",

@@ -48,4 +48,53 @@ autograd.def_function('titans_coef', function(g, a, o)
   return de, da
 end)
 
+-- the linear memory over whole sequences (kernels titans_scan and its backward)
+local SCAN_ARGS = {'k', 'v', 'q', 'theta', 'w', 'c', 'p', 'M0', 'S0'}
+local function scan_prepare(...)
+  local a = {...}
+  for i, name in ipairs(SCAN_ARGS) do
+    if not is_tensor(a[i]) then raise(string.format('titans_scan: %s must be a tensor, got %s', name, type(a[i]))) end
+    if a[i].device ~= a[1].device then
+      raise(string.format('titans_scan: %s is on %s but k is on %s (move one with :to())', name, a[i].device, a[1].device))
+    end
+  end
+  local dt = FLOAT[a[1].dtype] and a[1].dtype or 'f32'
+  for i = 1, #SCAN_ARGS do a[i] = tensor.to_dtype(a[i], dt):contiguous() end
+  return a
+end
+
+function gp.titans_scan(k, v, q, theta, w, c, p, M0, S0)
+  local a = scan_prepare(k, v, q, theta, w, c, p, M0, S0)
+  local k_, M0_ = a[1], a[8]
+  if k_:dim() ~= 3 or p:dim() ~= 3 then
+    raise(string.format('titans_scan: k must be (N, T, D) and p (N, C, 3); got k %s, p %s', shape_str(k.shape), shape_str(p.shape)))
+  end
+  local N, D, C = k_:size(1), k_:size(3), a[7]:size(2)
+  local y = empty(k_.shape, k_.dtype, k_.device, 'titans_scan')
+  local st = empty({N, C, 2, D, D}, k_.dtype, k_.device, 'titans_scan')
+  local M = empty(M0_.shape, k_.dtype, k_.device, 'titans_scan')
+  local S = empty(M0_.shape, k_.dtype, k_.device, 'titans_scan')
+  K.titans_scan(y, st, M, S, unpack(a, 1, 9))
+  return y, M, S, st
+end
+gp.doc(gp.titans_scan, 'gp.titans_scan(k, v, q, theta, w, c, p, M0, S0)',
+  'the Titans linear memory over C chunks of T / C tokens in one kernel: k, v, q (N, T, D), theta, w, c (N, T) ' ..
+  '(w, c: titans_coef of each chunk laid out per token), p (N, C, 3), the starting state M0, S0 (N, D, D). ' ..
+  'Returns y (N, T, D) (y_t = M q_t, M the state at the start of t\'s chunk), the final M, S and the chunk ' ..
+  'starts (N, C, 2, D, D); differentiable in all nine. gp.titans.memory_scan uses it for the linear memory')
+
+autograd.def_function('titans_scan', function(g, a, o)
+  local x = scan_prepare(unpack(a, 1, 9))
+  local function grad(t, like) return t and tensor.to_dtype(t, x[1].dtype):contiguous() or gp.zeros_like(like) end
+  local dy, dM, dS = grad(g[1], o[1]), grad(g[2], o[2]), grad(g[3], o[3])
+  local out = {}
+  for i = 1, 9 do out[i] = empty(x[i].shape, x[i].dtype, x[i].device, 'titans_scan') end
+  K.titans_scan_backward(out[1], out[2], out[3], out[4], out[5], out[6], out[7], out[8], out[9],
+    x[1], x[2], x[3], x[4], x[5], x[6], x[7], o[4], dy, dM, dS)
+  for i = 1, 9 do
+    if a[i].dtype ~= out[i].dtype then out[i] = tensor.to_dtype(out[i], a[i].dtype) end
+  end
+  return unpack(out, 1, 9)
+end, {nout = 3})
+
 return gp
