@@ -231,6 +231,10 @@ local SCAN_CASES = {
   {name = '2x70 d40 2 chunks', shape = {1}, syms = {N = 2, T = 70, D = 40, C = 2}},
   {name = '2x64 d64 1 chunk', shape = {1}, syms = {N = 2, T = 64, D = 64, C = 1}},
   {name = '1x96 d17 3 chunks', shape = {1}, syms = {N = 1, T = 96, D = 17, C = 3}},
+  -- chunks of 128 tokens or more: token slices over blocks (150: four slices of 32 and one of 22)
+  {name = '2x300 d40 2 chunks of 150', shape = {1}, syms = {N = 2, T = 300, D = 40, C = 2}},
+  {name = '1x256 d64 1 chunk of 256', shape = {1}, syms = {N = 1, T = 256, D = 64, C = 1}},
+  {name = '3x520 d17 4 chunks of 130', shape = {1}, syms = {N = 3, T = 520, D = 17, C = 4}},
 }
 KCASES.titans_scan, KCASES.titans_scan_backward = SCAN_CASES, SCAN_CASES
 KTOL.titans_scan = {f32 = 1e-4, f16 = 5e-3, bf16 = 3e-2}
@@ -319,6 +323,17 @@ end
 -- those of unit-scale keys (a softmax that is not one-hot: every key's value counts)
 KFILL.attn_decode_q = function(_, args)
   for i = 5, 6 do args[i]:copy_(args[i]:abs() * 0.02) end
+end
+
+-- titans_scan: small surprise rates (theta) and contracting chunk factors (p), as titans_coef gives them:
+-- random ones grow the state chunk after chunk past f16's range
+KFILL.titans_scan = function(_, args)
+  args[8]:copy_(args[8]:abs() * 0.01)
+  args[11]:copy_(args[11]:abs() * 0.5)
+end
+KFILL.titans_scan_backward = function(_, args)
+  args[13]:copy_(args[13]:abs() * 0.01)
+  args[16]:copy_(args[16]:abs() * 0.5)
 end
 
 -- nf4: packed codes are any bytes; the weights to quantize get an all-zero

@@ -299,12 +299,12 @@ T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', on_
     T.ok(T.relnorm(dag:cpu(), da) < tol, 'coef backward dalpha L ' .. L)
   end
   -- the fused linear memory: head dims 16, 40 and 64, chunks of 35 (a tile and a part); 40 memories of 64
-  -- take the backward's 16-row blocks (fewer memories, 8-row ones)
-  for _, case in ipairs {{'linear', 16, 32, 6}, {'mlp', 16, 32, 6}, {'linear', 64, 35, 6}, {'linear', 40, 35, 6},
-                         {'linear', 64, 35, 40}} do
-    local kind, d, b, N = case[1], case[2], case[3], case[4]
+  -- take the backward's 16-row blocks (fewer memories, 8-row ones); chunks of 160 split over token slices
+  for _, case in ipairs {{'linear', 16, 32, 6, 96}, {'mlp', 16, 32, 6, 96}, {'linear', 64, 35, 6, 70},
+                         {'linear', 40, 35, 6, 70}, {'linear', 64, 35, 40, 70}, {'linear', 40, 160, 6, 320}} do
+    local kind, d, b, N, Tn = case[1], case[2], case[3], case[4], case[5]
     gp.manual_seed(11)
-    local x = inputs(kind, N, b == 35 and 70 or 96, d, 32, 'f32')
+    local x = inputs(kind, N, Tn, d, 32, 'f32')
     local function leaves(dev)
       local r = {}
       for key, t in pairs(x) do
