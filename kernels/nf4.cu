@@ -585,6 +585,24 @@ template <typename T, int NT> __global__ void __launch_bounds__(TC_THREADS, 1) k
   mma_wait<0>();
 }
 
+/* the tensor-core kernel for tiles of 8, 16 or 32 rows of x (ti 0, 1, 2): its
+ * function, its shared memory with S slices and its launch, in one table */
+template <typename T, int NT> void tc_launch(unsigned grid, int smem, const TcP &p) {
+  GP_NOTE_LAUNCH((k_nf4_gemv_tc<T, NT>), TC_THREADS, smem);
+  k_nf4_gemv_tc<T, NT><<<grid, TC_THREADS, smem, gp_cuda_stream()>>>(p);
+}
+template <typename T> struct TcKernel {
+  const void *fn;
+  int (*smem)(int S);
+  void (*launch)(unsigned grid, int smem, const TcP &p);
+};
+template <typename T> const TcKernel<T> &tc_kernel(int ti) {
+  static const TcKernel<T> ks[3] = {{(const void *)k_nf4_gemv_tc<T, 1>, tc_smem<1>, tc_launch<T, 1>},
+                                    {(const void *)k_nf4_gemv_tc<T, 2>, tc_smem<2>, tc_launch<T, 2>},
+                                    {(const void *)k_nf4_gemv_tc<T, 4>, tc_smem<4>, tc_launch<T, 4>}};
+  return ks[ti];
+}
+
 /* the tensor-core GEMV for x (M, K) of bf16 / f16 when the layout allows; false: use the other */
 template <typename T>
 bool tc_gemv(gp_tensor *out, const gp_tensor *x, const gp_tensor *q, const gp_tensor *absmax, int *rc) {
@@ -608,13 +626,11 @@ bool tc_gemv(gp_tensor *out, const gp_tensor *x, const gp_tensor *q, const gp_te
     for (int64_t m0 = 0; m0 < M; m0 += 32) {
       const int Mt = (int)(M - m0 < 32 ? M - m0 : 32);
       const int ti = Mt <= 8 ? 0 : Mt <= 16 ? 1 : 2;
-      const void *fn = ti == 0   ? (const void *)k_nf4_gemv_tc<T, 1>
-                       : ti == 1 ? (const void *)k_nf4_gemv_tc<T, 2>
-                                 : (const void *)k_nf4_gemv_tc<T, 4>;
-      const int smax = ti == 0 ? tc_smem<1>(2) : ti == 1 ? tc_smem<2>(2) : tc_smem<4>(2);
+      const TcKernel<T> &kern = tc_kernel<T>(ti);
+      const int smax = kern.smem(2);
       int &rd = ready[dev][std::is_same<T, __half>::value][ti];
       if (rd == 0)
-        rd = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smax) == cudaSuccess ? 1 : -1;
+        rd = cudaFuncSetAttribute(kern.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smax) == cudaSuccess ? 1 : -1;
       if (rd < 0) {
         cudaGetLastError();
         if (m0 == 0) return false;
@@ -650,17 +666,7 @@ bool tc_gemv(gp_tensor *out, const gp_tensor *x, const gp_tensor *q, const gp_te
         for (int i = 0; i < 16; i++) p.codes[i] = codes[i];
       }
       const unsigned grid = (unsigned)(p.items < sms ? p.items : sms);
-      const int smem = ti == 0 ? tc_smem<1>(S) : ti == 1 ? tc_smem<2>(S) : tc_smem<4>(S);
-      if (ti == 0) {
-        GP_NOTE_LAUNCH((k_nf4_gemv_tc<T, 1>), TC_THREADS, smem);
-        k_nf4_gemv_tc<T, 1><<<grid, TC_THREADS, smem, gp_cuda_stream()>>>(p);
-      } else if (ti == 1) {
-        GP_NOTE_LAUNCH((k_nf4_gemv_tc<T, 2>), TC_THREADS, smem);
-        k_nf4_gemv_tc<T, 2><<<grid, TC_THREADS, smem, gp_cuda_stream()>>>(p);
-      } else {
-        GP_NOTE_LAUNCH((k_nf4_gemv_tc<T, 4>), TC_THREADS, smem);
-        k_nf4_gemv_tc<T, 4><<<grid, TC_THREADS, smem, gp_cuda_stream()>>>(p);
-      }
+      kern.launch(grid, kern.smem(S), p);
     }
     *rc = GP_OK;
     return true;
