@@ -450,17 +450,6 @@ __global__ void k_norm_dw_part(const T *__restrict__ x, const T *__restrict__ do
   }
 }
 
-/* dw[j] = sum of the S partial sums (acc: + the existing dw[j]); db likewise */
-template <typename T>
-__global__ void k_norm_dw_final(const float *__restrict__ part, T *dw, T *db, int64_t D, int S, int acc) {
-  for (int64_t j = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; j < D; j += (int64_t)gridDim.x * blockDim.x) {
-    float aw = 0.f, ab = 0.f;
-    for (int s = 0; s < S; s++) aw += part[(int64_t)s * D + j], ab += part[((int64_t)S + s) * D + j];
-    dw[j] = st<T>(acc ? ld(dw[j]) + aw : aw);
-    if (db) db[j] = st<T>(acc ? ld(db[j]) + ab : ab);
-  }
-}
-
 template <typename T>
 static int norm_dw(const char *name, gp_tensor *dw, gp_tensor *db, const gp_tensor *x, const gp_tensor *mean,
                    const gp_tensor *rstd, const gp_tensor *dout, int acc) {
@@ -482,8 +471,8 @@ static int norm_dw(const char *name, gp_tensor *dw, gp_tensor *db, const gp_tens
   k_norm_dw_part<T><<<dim3((unsigned)ct, (unsigned)S), 256, 0, stream>>>(
       (const T *)gp_ptr(x), (const T *)gp_ptr(dout), mean ? (const float *)gp_ptr(mean) : nullptr,
       (const float *)gp_ptr(rstd), part, R, D, chunk, (int)S);
-  k_norm_dw_final<T><<<gp_grid(D, 256), 256, 0, stream>>>(part, (T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, D, (int)S,
-                                                         acc);
+  k_norm_part_sum<T><<<(unsigned)ct, 512, 0, stream>>>(part, (T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, D, (int)S,
+                                                      acc);
   int rc = gp_cuda_check_launch(name);
   gp_free(scratch, sbytes, GP_CUDA);
   return rc;
