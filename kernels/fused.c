@@ -104,6 +104,26 @@ static double round_to(int dt, double v) {
   return gp_load(&buf, dt, 0);
 }
 
+/* rows_linear: out = x w^T for at most 4 rows, in double */
+int gp_k_rows_linear(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
+  GP_CHECK(rows_linear, out, x, w);
+  const int64_t M = out->shape[0], N = out->shape[1], K = w->shape[1];
+  if (M > 4 || M * K * (int64_t)gp_elsize(out->dtype) > 48 * 1024)
+    return gp_error("rows_linear: %lld rows of %lld (x %s) are more than the kernel holds (4 rows, 48 KB); use "
+                    "gp.linear", (long long)M, (long long)K, GP_SHAPE(x));
+  GP_CUDA_DISPATCH(out, gp_cuda_rows_linear(out, x, w));
+  const int dt = out->dtype;
+  const char *px = gp_ptr(x), *pw = gp_ptr(w);
+  char *po = gp_ptr(out);
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t n = 0; n < N; n++) {
+      double s = 0;
+      for (int64_t k = 0; k < K; k++) s += gp_load(px, dt, m * K + k) * gp_load(pw, dt, n * K + k);
+      gp_store(po, dt, m * N + n, s);
+    }
+  return GP_OK;
+}
+
 /* swiglu_linear: the rows' SwiGLU (rounded to the dtype, as gp.swiglu
  * writes it) times w^T, summed in double */
 int gp_k_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) {

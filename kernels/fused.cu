@@ -257,15 +257,16 @@ extern "C" int gp_cuda_bias_gelu(gp_tensor *out, const gp_tensor *x, const gp_te
   return gp_cuda_check_launch("bias_gelu");
 }
 
-/* swiglu_linear: a warp a row of w: the row's first 8 16-byte vectors a lane
- * are loaded into registers first, then the block stages the rows' SwiGLU in
- * shared memory (x's dtype, as gp.swiglu would write it) while they arrive,
- * then every lane sums its products with each staged row in f32, a warp sum,
- * one write a row and output. VEC: I a multiple of the vector and w 16-byte
+/* swiglu_linear and rows_linear: a warp a row of w: the row's first 8
+ * 16-byte vectors a lane are loaded into registers first, then the block
+ * stages the rows of x in shared memory while they arrive (SW: the rows'
+ * SwiGLU of [gate | up], in x's dtype as gp.swiglu would write it), then
+ * every lane sums its products with each staged row in f32, a warp sum, one
+ * write a row and output. VEC: I a multiple of the vector and w 16-byte
  * aligned. */
 namespace {
 constexpr int SWL_PRE = 8; /* 16-byte vectors of a row a lane holds in registers */
-template <typename T, int MT, bool VEC>
+template <typename T, int MT, bool VEC, bool SW>
 __global__ void __launch_bounds__(256) k_swiglu_linear(T *__restrict__ out, const T *__restrict__ gu,
                                                       const T *__restrict__ w, int M, int N, int I) {
   extern __shared__ __align__(16) unsigned char swl_smem[];
@@ -282,9 +283,13 @@ __global__ void __launch_bounds__(256) k_swiglu_linear(T *__restrict__ out, cons
     }
   }
   for (int e = threadIdx.x; e < M * I; e += blockDim.x) {
-    const int m = e / I, i = e - m * I;
-    const T *row = gu + (int64_t)m * 2 * I;
-    xs[e] = st<T>(silu_f(ld(row[i])) * ld(row[I + i]));
+    if constexpr (SW) {
+      const int m = e / I, i = e - m * I;
+      const T *row = gu + (int64_t)m * 2 * I;
+      xs[e] = st<T>(silu_f(ld(row[i])) * ld(row[I + i]));
+    } else {
+      xs[e] = gu[e];
+    }
   }
   __syncthreads();
   if (n >= N) return;
@@ -328,7 +333,7 @@ __global__ void __launch_bounds__(256) k_swiglu_linear(T *__restrict__ out, cons
   }
 }
 
-template <typename T, int MT> void launch_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) {
+template <typename T, int MT, bool SW> void launch_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) {
   const int M = (int)out->shape[0], N = (int)out->shape[1], I = (int)w->shape[1];
   const bool vec = I % (16 / (int)sizeof(T)) == 0 && ((uintptr_t)gp_ptr(w) & 15) == 0;
   const int smem = M * I * (int)sizeof(T);
@@ -336,22 +341,29 @@ template <typename T, int MT> void launch_swiglu_linear(gp_tensor *out, const gp
   T *po = (T *)gp_ptr(out);
   const T *pg = (const T *)gp_ptr(gu), *pw = (const T *)gp_ptr(w);
   if (vec) {
-    GP_NOTE_LAUNCH((k_swiglu_linear<T, MT, true>), 256, smem);
-    k_swiglu_linear<T, MT, true><<<grid, 256, smem, gp_cuda_stream()>>>(po, pg, pw, M, N, I);
+    GP_NOTE_LAUNCH((k_swiglu_linear<T, MT, true, SW>), 256, smem);
+    k_swiglu_linear<T, MT, true, SW><<<grid, 256, smem, gp_cuda_stream()>>>(po, pg, pw, M, N, I);
   } else {
-    GP_NOTE_LAUNCH((k_swiglu_linear<T, MT, false>), 256, smem);
-    k_swiglu_linear<T, MT, false><<<grid, 256, smem, gp_cuda_stream()>>>(po, pg, pw, M, N, I);
+    GP_NOTE_LAUNCH((k_swiglu_linear<T, MT, false, SW>), 256, smem);
+    k_swiglu_linear<T, MT, false, SW><<<grid, 256, smem, gp_cuda_stream()>>>(po, pg, pw, M, N, I);
   }
+}
+template <bool SW> int swiglu_or_rows(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
+  const int64_t M = out->shape[0], N = out->shape[1];
+  if (M == 0 || N == 0) return GP_OK;
+  GP_FLOAT_SWITCH(out->dtype, T, {
+    if (M <= 1) launch_swiglu_linear<T, 1, SW>(out, x, w);
+    else if (M <= 2) launch_swiglu_linear<T, 2, SW>(out, x, w);
+    else launch_swiglu_linear<T, 4, SW>(out, x, w);
+  });
+  return gp_cuda_check_launch(SW ? "swiglu_linear" : "rows_linear");
 }
 } // namespace
 
 extern "C" int gp_cuda_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) {
-  const int64_t M = out->shape[0], N = out->shape[1];
-  if (M == 0 || N == 0) return GP_OK;
-  GP_FLOAT_SWITCH(out->dtype, T, {
-    if (M <= 1) launch_swiglu_linear<T, 1>(out, gu, w);
-    else if (M <= 2) launch_swiglu_linear<T, 2>(out, gu, w);
-    else launch_swiglu_linear<T, 4>(out, gu, w);
-  });
-  return gp_cuda_check_launch("swiglu_linear");
+  return swiglu_or_rows<true>(out, gu, w);
+}
+
+extern "C" int gp_cuda_rows_linear(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
+  return swiglu_or_rows<false>(out, x, w);
 }

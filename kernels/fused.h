@@ -12,6 +12,7 @@ int gp_cuda_add_rms_norm(gp_tensor *out, gp_tensor *res_out, gp_tensor *rstd, co
                          const gp_tensor *w, double eps);
 int gp_cuda_bias_gelu(gp_tensor *out, const gp_tensor *x, const gp_tensor *b);
 int gp_cuda_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w);
+int gp_cuda_rows_linear(gp_tensor *out, const gp_tensor *x, const gp_tensor *w);
 #ifdef __cplusplus
 }
 #endif

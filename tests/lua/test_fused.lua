@@ -35,6 +35,37 @@ T.test('swiglu_linear: (silu(gate) * up) @ w^T for few rows, as gp.swiglu then g
   end
 end)
 
+T.test('rows_linear: gp.linear of one row of at most 1024 takes it on the GPU, equal to the product; gradients', function()
+  local CPU = {device = 'cpu'}
+  -- the kernel's CPU reference against the product, and its limits
+  local x, w = gp.randn({3, 40}, CPU), gp.randn({17, 40}, CPU)
+  local out = gp.empty({3, 17}, CPU)
+  gp.k.rows_linear(out, x, w)
+  T.ok(T.relnorm(out, gp.linear(x, w)) < 1e-6)
+  T.raises(function() gp.k.rows_linear(gp.empty({5, 17}, CPU), gp.randn({5, 40}, CPU), w) end, 'rows_linear', '5 rows',
+    'gp.linear')
+  T.cuda()
+  for _, dt in ipairs {'bf16', 'f16'} do
+    local o = {dtype = dt, device = 'cuda'}
+    for _, shape in ipairs {{1, 1, 576, 960}, {1, 1, 1024, 3072}, {1, 1, 33, 7}, {2, 1, 576, 50}, {1, 1, 2048, 50}} do
+      local B, T_, K, N = shape[1], shape[2], shape[3], shape[4]
+      local xg, wg = gp.randn({B, T_, K}, o), gp.randn({N, K}, o) * (1 / math.sqrt(K))
+      local want = gp.matmul(xg:reshape {B * T_, K}:to('f32'), wg:to('f32'), {trans_b = true}):view {B, T_, N}
+      local got, n = T.launches(function() return gp.linear(xg, wg) end)
+      T.eq(n.rows_linear, (B * T_ == 1 and K <= 1024) and 1 or 0, 'rows_linear launches at ' .. table.concat(shape, 'x'))
+      T.ok(T.relnorm(got:to('f32'), want) < (dt == 'bf16' and 1e-2 or 2e-3), dt .. ' ' .. table.concat(shape, 'x'))
+    end
+    -- under autograd the forward may take it; the gradients are linear's rule
+    local xg, wg = gp.randn({1, 64}, o):requires_grad_(), gp.randn({8, 64}, o):requires_grad_()
+    local gy = gp.randn({1, 8}, o)
+    local y = gp.linear(xg, wg)
+    ;(y * gy):sum():backward()
+    local xf, wf = xg:detach():to('f32'), wg:detach():to('f32')
+    T.ok(T.relnorm(xg.grad:to('f32'), gy:to('f32'):matmul(wf)) < 2e-2, dt .. ' dx')
+    T.ok(T.relnorm(wg.grad:to('f32'), gy:to('f32'):t():matmul(xf)) < 2e-2, dt .. ' dw')
+  end
+end)
+
 T.test('swiglu backward: finite differences', function()
   local g, u, dout = fd.randn {4, 5}, fd.randn {4, 5}, fd.randn {4, 5}
   local dg, du = gp.empty({4, 5}, {dtype = 'f64', device = 'cpu'}), gp.empty({4, 5}, {dtype = 'f64', device = 'cpu'})

@@ -199,6 +199,13 @@ KCASES.rope_kv_at = {
   {name = '2x4(4) d128 C 5', shape = {1}, syms = {B = 2, H = 4, J = 4, C = 5, D = 128, E = 64, W = 1536}},
 }
 -- swiglu_linear: M rows of [gate | up] (K = 2I) times w (N, I); M <= 4 and M I elements in 48 KB
+-- rows_linear: M rows (at most 4, M K elements in 48 KB) times w (N, K)
+KCASES.rows_linear = {
+  {name = '1x5 -> 7', shape = {1}, syms = {M = 1, N = 7, K = 5}},
+  {name = '3x64 -> 33', shape = {1}, syms = {M = 3, N = 33, K = 64}},
+  {name = '4x96 -> 40', shape = {1}, syms = {M = 4, N = 40, K = 96}},
+  {name = '2x3000 -> 100 (past the registers)', shape = {1}, syms = {M = 2, N = 100, K = 3000}},
+}
 KCASES.swiglu_linear = {
   {name = '1x5 -> 7', shape = {1}, syms = {M = 1, N = 7, I = 5, K = 10}},
   {name = '3x64 -> 33', shape = {1}, syms = {M = 3, N = 33, I = 64, K = 128}},
