@@ -104,23 +104,39 @@ static double round_to(int dt, double v) {
   return gp_load(&buf, dt, 0);
 }
 
+/* the few-rows kernels (rows_linear, swiglu_linear) stage M rows of K in 48 KB of shared memory */
+static int rows_fit(const char *op, int64_t M, int64_t K, int dt, const char *name, const gp_tensor *x,
+                    const char *instead) {
+  if (M > 4 || M * K * (int64_t)gp_elsize(dt) > 48 * 1024)
+    return gp_error("%s: %lld rows of %lld (%s %s) are more than the kernel holds (4 rows, 48 KB); use %s", op,
+                    (long long)M, (long long)K, name, GP_SHAPE(x), instead);
+  return GP_OK;
+}
+
+/* row m of out (N columns) = x (K doubles) times w^T, summed in double */
+static void row_times_wt(char *po, int dt, int64_t m, int64_t N, const double *x, const char *pw, int64_t K) {
+  for (int64_t n = 0; n < N; n++) {
+    double s = 0;
+    for (int64_t k = 0; k < K; k++) s += x[k] * gp_load(pw, dt, n * K + k);
+    gp_store(po, dt, m * N + n, s);
+  }
+}
+
 /* rows_linear: out = x w^T for at most 4 rows, in double */
 int gp_k_rows_linear(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
   GP_CHECK(rows_linear, out, x, w);
   const int64_t M = out->shape[0], N = out->shape[1], K = w->shape[1];
-  if (M > 4 || M * K * (int64_t)gp_elsize(out->dtype) > 48 * 1024)
-    return gp_error("rows_linear: %lld rows of %lld (x %s) are more than the kernel holds (4 rows, 48 KB); use "
-                    "gp.linear", (long long)M, (long long)K, GP_SHAPE(x));
+  GP_TRY(rows_fit("rows_linear", M, K, out->dtype, "x", x, "gp.linear"));
   GP_CUDA_DISPATCH(out, gp_cuda_rows_linear(out, x, w));
   const int dt = out->dtype;
   const char *px = gp_ptr(x), *pw = gp_ptr(w);
-  char *po = gp_ptr(out);
-  for (int64_t m = 0; m < M; m++)
-    for (int64_t n = 0; n < N; n++) {
-      double s = 0;
-      for (int64_t k = 0; k < K; k++) s += gp_load(px, dt, m * K + k) * gp_load(pw, dt, n * K + k);
-      gp_store(po, dt, m * N + n, s);
-    }
+  double *xr = malloc((size_t)(K > 0 ? K : 1) * sizeof *xr);
+  if (!xr) return gp_error("rows_linear: out of host memory");
+  for (int64_t m = 0; m < M; m++) {
+    for (int64_t k = 0; k < K; k++) xr[k] = gp_load(px, dt, m * K + k);
+    row_times_wt(gp_ptr(out), dt, m, N, xr, pw, K);
+  }
+  free(xr);
   return GP_OK;
 }
 
@@ -132,13 +148,10 @@ int gp_k_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) 
   if (gu->shape[1] != 2 * I)
     return gp_error("swiglu_linear: gu is %s and w %s; gu's rows must be [gate | up], twice w's %lld columns", GP_SHAPE(gu),
                     GP_SHAPE(w), (long long)I);
-  if (M > 4 || M * I * (int64_t)gp_elsize(out->dtype) > 48 * 1024)
-    return gp_error("swiglu_linear: %lld rows of %lld (gu %s) are more than the kernel holds (4 rows, 48 KB); use "
-                    "gp.swiglu and a product", (long long)M, (long long)I, GP_SHAPE(gu));
+  GP_TRY(rows_fit("swiglu_linear", M, I, out->dtype, "gu", gu, "gp.swiglu and a product"));
   GP_CUDA_DISPATCH(out, gp_cuda_swiglu_linear(out, gu, w));
   const int dt = out->dtype;
   const char *pg = gp_ptr(gu), *pw = gp_ptr(w);
-  char *po = gp_ptr(out);
   double *x = malloc((size_t)(I > 0 ? I : 1) * sizeof *x);
   if (!x) return gp_error("swiglu_linear: out of host memory");
   for (int64_t m = 0; m < M; m++) {
@@ -146,11 +159,7 @@ int gp_k_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) 
       const double g = gp_load(pg, dt, m * 2 * I + i);
       x[i] = round_to(dt, g * sigm(g) * gp_load(pg, dt, m * 2 * I + I + i));
     }
-    for (int64_t n = 0; n < N; n++) {
-      double s = 0;
-      for (int64_t i = 0; i < I; i++) s += x[i] * gp_load(pw, dt, n * I + i);
-      gp_store(po, dt, m * N + n, s);
-    }
+    row_times_wt(gp_ptr(out), dt, m, N, x, pw, I);
   }
   free(x);
   return GP_OK;

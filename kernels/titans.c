@@ -5,7 +5,7 @@
 
 GP_TITANS_SCANS(gp_titans_cpu, double, static)
 
-/* rows of a contiguous [N, L] tensor as doubles */
+/* row `row` of a contiguous tensor seen as rows of L, as doubles */
 static void load_row(double *dst, const gp_tensor *t, int64_t row, int64_t L) {
   const char *p = gp_ptr(t);
   for (int64_t i = 0; i < L; i++) dst[i] = gp_load(p, t->dtype, row * L + i);
@@ -91,15 +91,6 @@ static int scan_dims(const char *op, const gp_tensor *k, const gp_tensor *p, int
   return GP_OK;
 }
 
-static void load_n(double *dst, const gp_tensor *t, int64_t off, int64_t n) {
-  const char *p = gp_ptr(t);
-  for (int64_t i = 0; i < n; i++) dst[i] = gp_load(p, t->dtype, off + i);
-}
-static void store_n(gp_tensor *t, int64_t off, int64_t n, const double *src) {
-  char *p = gp_ptr(t);
-  for (int64_t i = 0; i < n; i++) gp_store(p, t->dtype, off + i, src[i]);
-}
-
 int gp_k_titans_scan(gp_tensor *y, gp_tensor *st, gp_tensor *M, gp_tensor *S, const gp_tensor *k, const gp_tensor *v,
                      const gp_tensor *q, const gp_tensor *theta, const gp_tensor *w, const gp_tensor *c,
                      const gp_tensor *p, const gp_tensor *M0, const gp_tensor *S0) {
@@ -113,16 +104,16 @@ int gp_k_titans_scan(gp_tensor *y, gp_tensor *st, gp_tensor *M, gp_tensor *S, co
   if (!buf) return gp_error("titans_scan: out of host memory (a state of %lld x %lld)", (long long)D, (long long)D);
   double *Mm = buf, *Sm = Mm + DD, *A = Sm + DD, *Bm = A + DD, *kt = Bm + DD, *qt = kt + D, *l = qt + D, *pj = l + D;
   for (int64_t n = 0; n < N; n++) {
-    load_n(Mm, M0, n * DD, DD);
-    load_n(Sm, S0, n * DD, DD);
+    load_row(Mm, M0, n, DD);
+    load_row(Sm, S0, n, DD);
     for (int64_t j = 0; j < C; j++) {
-      store_n(st, ((n * C + j) * 2) * DD, DD, Mm);
-      store_n(st, ((n * C + j) * 2 + 1) * DD, DD, Sm);
+      store_row(st, (n * C + j) * 2, DD, Mm);
+      store_row(st, (n * C + j) * 2 + 1, DD, Sm);
       for (int64_t i = 0; i < DD; i++) A[i] = Bm[i] = 0;
       for (int64_t t = j * L; t < (j + 1) * L; t++) {
         const int64_t row = (n * T + t) * D;
-        load_n(kt, k, row, D);
-        load_n(qt, q, row, D);
+        load_row(kt, k, n * T + t, D);
+        load_row(qt, q, n * T + t, D);
         const double th = gp_load(gp_ptr(theta), theta->dtype, n * T + t);
         const double wt = gp_load(gp_ptr(w), w->dtype, n * T + t), ct = gp_load(gp_ptr(c), c->dtype, n * T + t);
         for (int64_t a = 0; a < D; a++) {
@@ -140,15 +131,15 @@ int gp_k_titans_scan(gp_tensor *y, gp_tensor *st, gp_tensor *M, gp_tensor *S, co
             Bm[a * D + b] += ct * l[a] * kt[b];
           }
       }
-      load_n(pj, p, (n * C + j) * 3, 3);
+      load_row(pj, p, n * C + j, 3);
       for (int64_t i = 0; i < DD; i++) {
         const double s = Sm[i];
         Mm[i] = pj[1] * Mm[i] + pj[2] * s + Bm[i];
         Sm[i] = pj[0] * s + A[i];
       }
     }
-    store_n(M, n * DD, DD, Mm);
-    store_n(S, n * DD, DD, Sm);
+    store_row(M, n, DD, Mm);
+    store_row(S, n, DD, Sm);
   }
   free(buf);
   return GP_OK;
@@ -172,25 +163,25 @@ int gp_k_titans_scan_backward(gp_tensor *dk, gp_tensor *dv, gp_tensor *dq, gp_te
   double *gM = buf, *gS = gM + DD, *Mj = gS + DD, *Sj = Mj + DD, *dMl = Sj + DD, *kt = dMl + DD, *qt = kt + D,
          *vt = qt + D, *yt = vt + D, *l = yt + D, *dE = l + D, *dkt = dE + D, *dqt = dkt + D, *pj = dqt + D;
   for (int64_t n = 0; n < N; n++) {
-    load_n(gM, dM, n * DD, DD);
-    load_n(gS, dS, n * DD, DD);
+    load_row(gM, dM, n, DD);
+    load_row(gS, dS, n, DD);
     for (int64_t j = C - 1; j >= 0; j--) {
-      load_n(Mj, st, ((n * C + j) * 2) * DD, DD);
-      load_n(Sj, st, ((n * C + j) * 2 + 1) * DD, DD);
+      load_row(Mj, st, (n * C + j) * 2, DD);
+      load_row(Sj, st, (n * C + j) * 2 + 1, DD);
       double g[3] = {0, 0, 0};
       for (int64_t i = 0; i < DD; i++) {
         g[0] += gS[i] * Sj[i];
         g[1] += gM[i] * Mj[i];
         g[2] += gM[i] * Sj[i];
       }
-      store_n(dp, (n * C + j) * 3, 3, g);
+      store_row(dp, n * C + j, 3, g);
       for (int64_t i = 0; i < DD; i++) dMl[i] = 0;
       for (int64_t t = j * L; t < (j + 1) * L; t++) {
         const int64_t row = (n * T + t) * D;
-        load_n(kt, k, row, D);
-        load_n(qt, q, row, D);
-        load_n(vt, v, row, D);
-        load_n(yt, dy, row, D);
+        load_row(kt, k, n * T + t, D);
+        load_row(qt, q, n * T + t, D);
+        load_row(vt, v, n * T + t, D);
+        load_row(yt, dy, n * T + t, D);
         const double th = gp_load(gp_ptr(theta), theta->dtype, n * T + t);
         const double wt = gp_load(gp_ptr(w), w->dtype, n * T + t), ct = gp_load(gp_ptr(c), c->dtype, n * T + t);
         double sw = 0, sc = 0, sth = 0;
@@ -219,18 +210,18 @@ int gp_k_titans_scan_backward(gp_tensor *dk, gp_tensor *dv, gp_tensor *dq, gp_te
             dqt[b] += yt[a] * Mj[a * D + b];
             dMl[a * D + b] += dE[a] * kt[b] + yt[a] * qt[b];
           }
-        store_n(dk, row, D, dkt);
-        store_n(dq, row, D, dqt);
+        store_row(dk, n * T + t, D, dkt);
+        store_row(dq, n * T + t, D, dqt);
       }
-      load_n(pj, p, (n * C + j) * 3, 3);
+      load_row(pj, p, n * C + j, 3);
       for (int64_t i = 0; i < DD; i++) {
         const double m = gM[i];
         gM[i] = pj[1] * m + dMl[i];
         gS[i] = pj[0] * gS[i] + pj[2] * m;
       }
     }
-    store_n(dM0, n * DD, DD, gM);
-    store_n(dS0, n * DD, DD, gS);
+    store_row(dM0, n, DD, gM);
+    store_row(dS0, n, DD, gS);
   }
   free(buf);
   return GP_OK;
