@@ -1,9 +1,11 @@
-/* titans.c: dispatch and CPU reference of the Titans chunk weights, in double. */
+/* titans.c: dispatch and CPU reference of the Titans kernels, in double. */
+#include <math.h>
 #include <stdlib.h>
 
 #include "titans.h"
 
 GP_TITANS_SCANS(gp_titans_cpu, double, static)
+GP_TITANS_POINTWISE(gp_titans_cpu, double, static)
 
 /* row `row` of a contiguous tensor seen as rows of L, as doubles */
 static void load_row(double *dst, const gp_tensor *t, int64_t row, int64_t L) {
@@ -223,6 +225,148 @@ int gp_k_titans_scan_backward(gp_tensor *dk, gp_tensor *dv, gp_tensor *dq, gp_te
     store_row(dM0, n, DD, gM);
     store_row(dS0, n, DD, gS);
   }
+  free(buf);
+  return GP_OK;
+}
+
+/* ---- titans_gates: theta, eta, alpha from the gate projection ---- */
+
+/* the chunk size b of gates over (B, T, 3, H): an integer that divides T */
+static int gates_chunk(const char *op, const gp_tensor *g, double b, int64_t *bc) {
+  *bc = (int64_t)b;
+  if ((double)*bc != b || *bc < 1 || g->shape[1] % *bc != 0)
+    return gp_error("%s: the chunk size b = %g must be a positive integer that divides T = %lld (g is (%lld, %lld, 3, %lld))",
+                    op, b, (long long)g->shape[1], (long long)g->shape[0], (long long)g->shape[1], (long long)g->shape[3]);
+  return GP_OK;
+}
+
+/* the chunk means of g[., 1, h] and g[., 2, h] over tokens t0 .. t0 + bc - 1 of row bi */
+static void gates_means(const gp_tensor *g, int64_t bi, int64_t h, int64_t t0, int64_t bc, double *m1, double *m2) {
+  const int64_t T = g->shape[1], H = g->shape[3];
+  double s1 = 0, s2 = 0;
+  for (int64_t t = t0; t < t0 + bc; t++) {
+    const int64_t at = ((bi * T + t) * 3) * H + h;
+    s1 += gp_load(gp_ptr(g), g->dtype, at + H);
+    s2 += gp_load(gp_ptr(g), g->dtype, at + 2 * H);
+  }
+  *m1 = s1 / (double)bc;
+  *m2 = s2 / (double)bc;
+}
+
+int gp_k_titans_gates(gp_tensor *theta, gp_tensor *eta, gp_tensor *alpha, const gp_tensor *g, double b) {
+  GP_CHECK(titans_gates, theta, eta, alpha, g);
+  int64_t bc;
+  GP_TRY(gates_chunk("titans_gates", g, b, &bc));
+  if (gp_numel(g) == 0) return GP_OK;
+  GP_CUDA_DISPATCH(theta, gp_cuda_titans_gates(theta, eta, alpha, g, bc));
+  const int64_t B = g->shape[0], T = g->shape[1], H = g->shape[3];
+  for (int64_t bi = 0; bi < B; bi++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t t0 = 0; t0 < T; t0 += bc) {
+        double m1, m2;
+        gates_means(g, bi, h, t0, bc, &m1, &m2);
+        const double e = gp_titans_cpu_sigmoid(m1), a = gp_titans_cpu_alpha(m2, (double)bc);
+        for (int64_t t = t0; t < t0 + bc; t++) {
+          const int64_t o = (bi * H + h) * T + t;
+          gp_store(gp_ptr(theta), theta->dtype, o,
+                   gp_titans_cpu_sigmoid(gp_load(gp_ptr(g), g->dtype, ((bi * T + t) * 3) * H + h)) / (double)bc);
+          gp_store(gp_ptr(eta), eta->dtype, o, e);
+          gp_store(gp_ptr(alpha), alpha->dtype, o, a);
+        }
+      }
+  return GP_OK;
+}
+
+int gp_k_titans_gates_backward(gp_tensor *dg, const gp_tensor *g, const gp_tensor *dtheta, const gp_tensor *deta,
+                               const gp_tensor *dalpha, double b) {
+  GP_CHECK(titans_gates_backward, dg, g, dtheta, deta, dalpha);
+  int64_t bc;
+  GP_TRY(gates_chunk("titans_gates_backward", g, b, &bc));
+  if (gp_numel(g) == 0) return GP_OK;
+  GP_CUDA_DISPATCH(dg, gp_cuda_titans_gates_backward(dg, g, dtheta, deta, dalpha, bc));
+  const int64_t B = g->shape[0], T = g->shape[1], H = g->shape[3];
+  const double n = (double)bc;
+  for (int64_t bi = 0; bi < B; bi++)
+    for (int64_t h = 0; h < H; h++)
+      for (int64_t t0 = 0; t0 < T; t0 += bc) {
+        double m1, m2, s1 = 0, s2 = 0;
+        gates_means(g, bi, h, t0, bc, &m1, &m2);
+        for (int64_t t = t0; t < t0 + bc; t++) {
+          const int64_t o = (bi * H + h) * T + t;
+          s1 += gp_load(gp_ptr(deta), deta->dtype, o);
+          s2 += gp_load(gp_ptr(dalpha), dalpha->dtype, o);
+        }
+        /* d eta / d m1 = eta (1 - eta); d alpha / d m2 = (1 - alpha) sigmoid(m2) / b; each token holds 1 / b of m */
+        const double e = gp_titans_cpu_sigmoid(m1), a = gp_titans_cpu_alpha(m2, n);
+        const double g1 = s1 * e * (1 - e) / n, g2 = s2 * (1 - a) * gp_titans_cpu_sigmoid(m2) / n / n;
+        for (int64_t t = t0; t < t0 + bc; t++) {
+          const int64_t at = ((bi * T + t) * 3) * H + h;
+          const double s = gp_titans_cpu_sigmoid(gp_load(gp_ptr(g), g->dtype, at));
+          gp_store(gp_ptr(dg), dg->dtype, at, gp_load(gp_ptr(dtheta), dtheta->dtype, (bi * H + h) * T + t) * s * (1 - s) / n);
+          gp_store(gp_ptr(dg), dg->dtype, at + H, g1);
+          gp_store(gp_ptr(dg), dg->dtype, at + 2 * H, g2);
+        }
+      }
+  return GP_OK;
+}
+
+/* ---- titans_prep: silu (and the L2 norm) of a memory input, per memory ---- */
+
+static int prep_flag(const char *op, double norm, double eps) {
+  if (norm != 0 && norm != 1) return gp_error("%s: norm must be 0 or 1, got %g", op, norm);
+  if (!(eps >= 0)) return gp_error("%s: eps must be >= 0, got %g", op, eps);
+  return GP_OK;
+}
+
+/* row (bi, t, h) of y: s = silu(y), ds = silu'(y); returns the norm's factor r (1 without the norm) */
+static double prep_row(const gp_tensor *y, int64_t row, int64_t D, int norm, double eps, double *s, double *ds) {
+  double ss = 0;
+  for (int64_t i = 0; i < D; i++) {
+    s[i] = gp_titans_cpu_silu(gp_load(gp_ptr(y), y->dtype, row * D + i), &ds[i]);
+    ss += s[i] * s[i];
+  }
+  return norm ? 1 / sqrt(ss + eps) : 1;
+}
+
+int gp_k_titans_prep(gp_tensor *out, const gp_tensor *y, double norm, double eps) {
+  GP_CHECK(titans_prep, out, y);
+  GP_TRY(prep_flag("titans_prep", norm, eps));
+  if (gp_numel(y) == 0) return GP_OK;
+  GP_CUDA_DISPATCH(out, gp_cuda_titans_prep(out, y, norm != 0, eps));
+  const int64_t B = y->shape[0], T = y->shape[1], H = y->shape[2], D = y->shape[3];
+  double *buf = malloc(sizeof(double) * (size_t)(2 * D));
+  if (!buf) return gp_error("titans_prep: out of host memory (rows of %lld)", (long long)D);
+  for (int64_t bi = 0; bi < B; bi++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++) {
+        const double r = prep_row(y, (bi * T + t) * H + h, D, norm != 0, eps, buf, buf + D);
+        for (int64_t i = 0; i < D; i++) gp_store(gp_ptr(out), out->dtype, ((bi * H + h) * T + t) * D + i, buf[i] * r);
+      }
+  free(buf);
+  return GP_OK;
+}
+
+int gp_k_titans_prep_backward(gp_tensor *dy, const gp_tensor *y, const gp_tensor *dout, double norm, double eps) {
+  GP_CHECK(titans_prep_backward, dy, y, dout);
+  GP_TRY(prep_flag("titans_prep_backward", norm, eps));
+  if (gp_numel(y) == 0) return GP_OK;
+  GP_CUDA_DISPATCH(dy, gp_cuda_titans_prep_backward(dy, y, dout, norm != 0, eps));
+  const int64_t B = y->shape[0], T = y->shape[1], H = y->shape[2], D = y->shape[3];
+  double *buf = malloc(sizeof(double) * (size_t)(3 * D));
+  if (!buf) return gp_error("titans_prep_backward: out of host memory (rows of %lld)", (long long)D);
+  double *s = buf, *ds = s + D, *go = ds + D;
+  for (int64_t bi = 0; bi < B; bi++)
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++) {
+        const int64_t row = (bi * T + t) * H + h;
+        const double r = prep_row(y, row, D, norm != 0, eps, s, ds);
+        load_row(go, dout, (bi * H + h) * T + t, D);
+        /* out = s r with r = (sum s^2 + eps)^(-1/2): ds_i = r (go_i - out_i sum_j out_j go_j) */
+        double dot = 0;
+        if (norm != 0)
+          for (int64_t i = 0; i < D; i++) dot += s[i] * r * go[i];
+        for (int64_t i = 0; i < D; i++) gp_store(gp_ptr(dy), dy->dtype, row * D + i, r * (go[i] - s[i] * r * dot) * ds[i]);
+      }
   free(buf);
   return GP_OK;
 }

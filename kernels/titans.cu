@@ -4,9 +4,11 @@
  * and there is one per memory and chunk, so all the chunks of a sequence run
  * in one launch. */
 #include "../src/cuda_internal.h"
+#include "rows.cuh"
 #include "titans.h"
 
 GP_TITANS_SCANS(gp_titans_dev, float, __device__)
+GP_TITANS_POINTWISE(gp_titans_dev, float, __device__ __forceinline__)
 
 template <typename T> __device__ void load_row(float *dst, const T *src, int64_t n) {
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = ld(src[i]);
@@ -578,4 +580,171 @@ extern "C" int gp_cuda_titans_scan_backward(gp_tensor *dk, gp_tensor *dv, gp_ten
   gp_tensor_free(part); /* stream-ordered */
   GP_TRY(rc);
   return gp_cuda_check_launch("titans_scan_backward");
+}
+
+/* ---- titans_gates: a warp per (batch row, head, chunk); g's tokens are 3 H apart ---- */
+struct GatesIdx {
+  int64_t bh, o, at; /* the memory (b H + h), its first output of the chunk, g's element (t0, gate 0, h) */
+  __device__ bool at_warp(int64_t B, int64_t Tn, int64_t H, int64_t bc) {
+    const int64_t nc = Tn / bc, w = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (w >= B * H * nc) return false;
+    const int64_t j = w % nc;
+    bh = w / nc;
+    const int64_t h = bh % H, bi = bh / H;
+    o = bh * Tn + j * bc;
+    at = ((bi * Tn + j * bc) * 3) * H + h;
+    return true;
+  }
+};
+
+/* the chunk's means of gates 1 and 2 (m1, m2), in every lane */
+template <typename T> __device__ void gates_means(const T *g, int64_t H, int64_t bc, float &m1, float &m2) {
+  float s1 = 0, s2 = 0;
+  for (int64_t t = threadIdx.x & 31; t < bc; t += 32) {
+    s1 += ld(g[t * 3 * H + H]);
+    s2 += ld(g[t * 3 * H + 2 * H]);
+  }
+  m1 = warp_sum(s1) / (float)bc;
+  m2 = warp_sum(s2) / (float)bc;
+}
+
+template <typename T>
+__global__ void k_titans_gates(T *theta, T *eta, T *alpha, const T *g, int64_t B, int64_t Tn, int64_t H, int64_t bc) {
+  GatesIdx x;
+  if (!x.at_warp(B, Tn, H, bc)) return;
+  g += x.at;
+  float m1, m2;
+  gates_means(g, H, bc, m1, m2);
+  const float n = (float)bc, e = gp_titans_dev_sigmoid(m1), a = gp_titans_dev_alpha(m2, n);
+  for (int64_t t = threadIdx.x & 31; t < bc; t += 32) {
+    theta[x.o + t] = st<T>(gp_titans_dev_sigmoid(ld(g[t * 3 * H])) / n);
+    eta[x.o + t] = st<T>(e);
+    alpha[x.o + t] = st<T>(a);
+  }
+}
+
+template <typename T>
+__global__ void k_titans_gates_bwd(T *dg, const T *g, const T *dtheta, const T *deta, const T *dalpha, int64_t B,
+                                   int64_t Tn, int64_t H, int64_t bc) {
+  GatesIdx x;
+  if (!x.at_warp(B, Tn, H, bc)) return;
+  g += x.at;
+  dg += x.at;
+  float m1, m2, s1 = 0, s2 = 0;
+  gates_means(g, H, bc, m1, m2);
+  for (int64_t t = threadIdx.x & 31; t < bc; t += 32) {
+    s1 += ld(deta[x.o + t]);
+    s2 += ld(dalpha[x.o + t]);
+  }
+  /* as the CPU reference: d eta / d m1 = eta (1 - eta), d alpha / d m2 = (1 - alpha) sigmoid(m2) / b, 1 / b a token */
+  const float n = (float)bc, e = gp_titans_dev_sigmoid(m1), a = gp_titans_dev_alpha(m2, n);
+  const float g1 = warp_sum(s1) * e * (1 - e) / n, g2 = warp_sum(s2) * (1 - a) * gp_titans_dev_sigmoid(m2) / n / n;
+  for (int64_t t = threadIdx.x & 31; t < bc; t += 32) {
+    const float s = gp_titans_dev_sigmoid(ld(g[t * 3 * H]));
+    dg[t * 3 * H] = st<T>(ld(dtheta[x.o + t]) * s * (1 - s) / n);
+    dg[t * 3 * H + H] = st<T>(g1);
+    dg[t * 3 * H + 2 * H] = st<T>(g2);
+  }
+}
+
+static unsigned warp_blocks(int64_t warps) { return (unsigned)((warps + 7) / 8); } /* 8 warps a 256-thread block */
+
+extern "C" int gp_cuda_titans_gates(gp_tensor *theta, gp_tensor *eta, gp_tensor *alpha, const gp_tensor *g,
+                                    int64_t bc) {
+  const int64_t B = g->shape[0], Tn = g->shape[1], H = g->shape[3];
+  GP_FLOAT_SWITCH(g->dtype, T, {
+    GP_NOTE_LAUNCH(k_titans_gates<T>, 256, 0);
+    k_titans_gates<T><<<warp_blocks(B * H * (Tn / bc)), 256, 0, gp_cuda_stream()>>>(
+        (T *)gp_ptr(theta), (T *)gp_ptr(eta), (T *)gp_ptr(alpha), (const T *)gp_ptr(g), B, Tn, H, bc);
+  });
+  return gp_cuda_check_launch("titans_gates");
+}
+
+extern "C" int gp_cuda_titans_gates_backward(gp_tensor *dg, const gp_tensor *g, const gp_tensor *dtheta,
+                                             const gp_tensor *deta, const gp_tensor *dalpha, int64_t bc) {
+  const int64_t B = g->shape[0], Tn = g->shape[1], H = g->shape[3];
+  GP_FLOAT_SWITCH(g->dtype, T, {
+    GP_NOTE_LAUNCH(k_titans_gates_bwd<T>, 256, 0);
+    k_titans_gates_bwd<T><<<warp_blocks(B * H * (Tn / bc)), 256, 0, gp_cuda_stream()>>>(
+        (T *)gp_ptr(dg), (const T *)gp_ptr(g), (const T *)gp_ptr(dtheta), (const T *)gp_ptr(deta),
+        (const T *)gp_ptr(dalpha), B, Tn, H, bc);
+  });
+  return gp_cuda_check_launch("titans_gates_backward");
+}
+
+/* ---- titans_prep: a warp per row (b, t, h) of D; two passes over the row (the second from L1) ---- */
+
+/* the warp's row: y's row index (b, t, h) and out's (b, h, t); false past the last */
+__device__ bool prep_row(int64_t B, int64_t Tn, int64_t H, int64_t &yr, int64_t &orow) {
+  yr = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+  if (yr >= B * Tn * H) return false;
+  const int64_t h = yr % H, t = (yr / H) % Tn, bi = yr / (H * Tn);
+  orow = (bi * H + h) * Tn + t;
+  return true;
+}
+
+template <typename T>
+__global__ void k_titans_prep(T *out, const T *y, int64_t B, int64_t Tn, int64_t H, int64_t D, int norm, float eps) {
+  int64_t yr, orow;
+  if (!prep_row(B, Tn, H, yr, orow)) return;
+  y += yr * D;
+  out += orow * D;
+  const int lane = threadIdx.x & 31;
+  float r = 1, ds;
+  if (norm) {
+    float ss = 0;
+    for (int64_t i = lane; i < D; i += 32) {
+      const float s = gp_titans_dev_silu(ld(y[i]), &ds);
+      ss += s * s;
+    }
+    r = rsqrtf(warp_sum(ss) + eps);
+  }
+  for (int64_t i = lane; i < D; i += 32) out[i] = st<T>(gp_titans_dev_silu(ld(y[i]), &ds) * r);
+}
+
+template <typename T>
+__global__ void k_titans_prep_bwd(T *dy, const T *y, const T *dout, int64_t B, int64_t Tn, int64_t H, int64_t D,
+                                  int norm, float eps) {
+  int64_t yr, orow;
+  if (!prep_row(B, Tn, H, yr, orow)) return;
+  y += yr * D;
+  dy += yr * D;
+  dout += orow * D;
+  const int lane = threadIdx.x & 31;
+  float r = 1, dot = 0, ds;
+  if (norm) {
+    float ss = 0, sg = 0;
+    for (int64_t i = lane; i < D; i += 32) {
+      const float s = gp_titans_dev_silu(ld(y[i]), &ds);
+      ss += s * s;
+      sg += s * ld(dout[i]);
+    }
+    r = rsqrtf(warp_sum(ss) + eps);
+    dot = warp_sum(sg) * r; /* sum out_j dout_j */
+  }
+  for (int64_t i = lane; i < D; i += 32) {
+    const float s = gp_titans_dev_silu(ld(y[i]), &ds);
+    dy[i] = st<T>(r * (ld(dout[i]) - s * r * dot) * ds);
+  }
+}
+
+extern "C" int gp_cuda_titans_prep(gp_tensor *out, const gp_tensor *y, int norm, double eps) {
+  const int64_t B = y->shape[0], Tn = y->shape[1], H = y->shape[2], D = y->shape[3];
+  GP_FLOAT_SWITCH(y->dtype, T, {
+    GP_NOTE_LAUNCH(k_titans_prep<T>, 256, 0);
+    k_titans_prep<T><<<warp_blocks(B * Tn * H), 256, 0, gp_cuda_stream()>>>((T *)gp_ptr(out), (const T *)gp_ptr(y), B,
+                                                                              Tn, H, D, norm, (float)eps);
+  });
+  return gp_cuda_check_launch("titans_prep");
+}
+
+extern "C" int gp_cuda_titans_prep_backward(gp_tensor *dy, const gp_tensor *y, const gp_tensor *dout, int norm,
+                                            double eps) {
+  const int64_t B = y->shape[0], Tn = y->shape[1], H = y->shape[2], D = y->shape[3];
+  GP_FLOAT_SWITCH(y->dtype, T, {
+    GP_NOTE_LAUNCH(k_titans_prep_bwd<T>, 256, 0);
+    k_titans_prep_bwd<T><<<warp_blocks(B * Tn * H), 256, 0, gp_cuda_stream()>>>(
+        (T *)gp_ptr(dy), (const T *)gp_ptr(y), (const T *)gp_ptr(dout), B, Tn, H, D, norm, (float)eps);
+  });
+  return gp_cuda_check_launch("titans_prep_backward");
 }

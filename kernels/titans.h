@@ -42,6 +42,21 @@
     }                                                                                                           \
   }
 
+/* the gates' and the memory inputs' scalar functions, shared the same way */
+#define GP_TITANS_POINTWISE(PREFIX, R, QUAL)                                                                       \
+  QUAL R PREFIX##_sigmoid(R x) { return (R)1 / ((R)1 + exp(-x)); }                                              \
+  /* alpha = 1 - sigmoid(-m)^(1/b) = 1 - exp(-softplus(m) / b) */                                              \
+  QUAL R PREFIX##_alpha(R m, R b) {                                                                             \
+    const R sp = m > 0 ? m + log1p(exp(-m)) : log1p(exp(m));                                                   \
+    return -expm1(-sp / b);                                                                                     \
+  }                                                                                                             \
+  /* silu(y), and its derivative in *ds */                                                                     \
+  QUAL R PREFIX##_silu(R y, R *ds) {                                                                            \
+    const R s = PREFIX##_sigmoid(y);                                                                            \
+    *ds = s * (1 + y * (1 - s));                                                                                \
+    return y * s;                                                                                               \
+  }
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -57,6 +72,11 @@ int gp_cuda_titans_scan_backward(gp_tensor *dk, gp_tensor *dv, gp_tensor *dq, gp
                                  const gp_tensor *v, const gp_tensor *q, const gp_tensor *theta, const gp_tensor *w,
                                  const gp_tensor *c, const gp_tensor *p, const gp_tensor *st, const gp_tensor *dy,
                                  const gp_tensor *dM, const gp_tensor *dS);
+int gp_cuda_titans_gates(gp_tensor *theta, gp_tensor *eta, gp_tensor *alpha, const gp_tensor *g, int64_t b);
+int gp_cuda_titans_gates_backward(gp_tensor *dg, const gp_tensor *g, const gp_tensor *dtheta, const gp_tensor *deta,
+                                  const gp_tensor *dalpha, int64_t b);
+int gp_cuda_titans_prep(gp_tensor *out, const gp_tensor *y, int norm, double eps);
+int gp_cuda_titans_prep_backward(gp_tensor *dy, const gp_tensor *y, const gp_tensor *dout, int norm, double eps);
 #ifdef __cplusplus
 }
 #endif

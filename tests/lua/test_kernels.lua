@@ -246,6 +246,26 @@ local SCAN_CASES = {
 KCASES.titans_scan, KCASES.titans_scan_backward = SCAN_CASES, SCAN_CASES
 KTOL.titans_scan = {f32 = 1e-4, f16 = 5e-3, bf16 = 3e-2}
 KTOL.titans_scan_backward = KTOL.titans_scan
+-- titans_gates: B x T tokens of H heads in chunks of b (one token, a part of a warp, a warp and more);
+-- titans_prep: rows of D (one lane, a part of a warp, two passes of a warp and more)
+local GATES_CASES = {
+  {name = '1x1 h1 b1', shape = {1}, syms = {B = 1, T = 1, H = 1}, scalars = {b = 1}},
+  {name = '3x12 h5 b4', shape = {1}, syms = {B = 3, T = 12, H = 5}, scalars = {b = 4}},
+  {name = '2x256 h2 b32', shape = {1}, syms = {B = 2, T = 256, H = 2}, scalars = {b = 32}},
+  {name = '2x600 h3 b100', shape = {1}, syms = {B = 2, T = 600, H = 3}, scalars = {b = 100}},
+}
+KCASES.titans_gates, KCASES.titans_gates_backward = GATES_CASES, GATES_CASES
+local PREP_CASES = {
+  -- (a row of one normalized is +-1 and its gradient about eps / y^3: f32 cancels it, so this one without the norm)
+  {name = '1x1 h1 d1', shape = {1}, syms = {B = 1, T = 1, H = 1, D = 1}, scalars = {norm = 0}},
+  {name = '3x7 h5 d17', shape = {1}, syms = {B = 3, T = 7, H = 5, D = 17}},
+  {name = '2x64 h2 d64', shape = {1}, syms = {B = 2, T = 64, H = 2, D = 64}},
+  {name = '2x9 h3 d130', shape = {1}, syms = {B = 2, T = 9, H = 3, D = 130}},
+}
+KCASES.titans_prep, KCASES.titans_prep_backward = PREP_CASES, PREP_CASES
+for _, k in ipairs {'titans_gates', 'titans_gates_backward', 'titans_prep', 'titans_prep_backward'} do
+  KTOL[k] = {f32 = 1e-5, f16 = 2e-3, bf16 = 1e-2}
+end
 -- conv: B x T x C tokens, K taps (wider than T in one case: every output reads the zeros before the start)
 KCASES.conv = {
   {name = '1x1x1 k1', shape = {1}, syms = {B = 1, T = 1, C = 1, K = 1}},

@@ -241,6 +241,48 @@ T.test('causal_conv1d: equals the shifted sum, gradcheck (f64), bad input', func
   T.raises(function() gp.causal_conv1d(x:reshape {14, 3}, w) end, 'causal_conv1d', '(B, T, C)')
 end)
 
+-- the compositions titans_gates and titans_prep replace (what NeuralMemory computed before them)
+local function gates_ref(g, b)
+  local B, Tn, H = g:size(1), g:size(2), g:size(4)
+  local function heads(t) return t:transpose(2, 3):reshape {B * H, Tn} end
+  local th = g:select(3, 1):sigmoid() * (1 / b)
+  local m = g:narrow(3, 2, 2):reshape {B, Tn / b, b, 2, H}:mean(3) -- (B, nc, 2, H)
+  local e = m:select(3, 1):sigmoid()
+  local keep = ((m:select(3, 2) * -1):sigmoid():log() * (1 / b)):exp()
+  local function per_token(t) return t:reshape {B, Tn / b, 1, H}:expand {B, Tn / b, b, H}:reshape {B, Tn, H} end
+  return heads(th), heads(per_token(e)), heads(per_token(1 - keep))
+end
+local function prep_ref(y, norm)
+  local B, Tn, H, d = y:size(1), y:size(2), y:size(3), y:size(4)
+  local s = y:silu():transpose(2, 3):reshape {B * H, Tn, d}
+  return norm and titans.l2norm(s) or s
+end
+
+T.test('titans_gates, titans_prep: equal their compositions and gradcheck (f64); bad input', function()
+  gp.manual_seed(5)
+  for _, c in ipairs {{2, 12, 3, 4}, {1, 5, 1, 1}, {3, 8, 2, 8}} do
+    local B, Tn, H, b = c[1], c[2], c[3], c[4]
+    local g = gp.randn({B, Tn, 3, H}, F64) * 2
+    local got, want = {gp.titans_gates(g, b)}, {gates_ref(g, b)}
+    for i = 1, 3 do T.ok(T.relnorm(got[i]:reshape {B * H, Tn}, want[i]) < 1e-14, 'gates output ' .. i) end
+    T.ok(gp.gradcheck(function(x)
+      local th, e, a = gp.titans_gates(x, b)
+      return gp.cat({th:reshape {-1}, e:reshape {-1} * 2, a:reshape {-1} * 3}, 1)
+    end, {g}))
+  end
+  for _, norm in ipairs {true, false} do
+    local y = gp.randn({2, 5, 3, 7}, F64)
+    T.ok(T.relnorm(gp.titans_prep(y, norm):reshape {6, 5, 7}, prep_ref(y, norm)) < 1e-14, 'prep, norm ' .. tostring(norm))
+    T.ok(gp.gradcheck(function(x) return gp.titans_prep(x, norm) end, {y}))
+  end
+  T.raises(function() gp.titans_gates(gp.randn({2, 6, 3, 2}, F64), 4) end, 'titans_gates', 'b = 4', 'divides T = 6')
+  T.raises(function() gp.titans_gates(gp.randn({2, 6, 2, 2}, F64), 3) end, 'titans_gates')
+  T.raises(function() gp.titans_gates(gp.randn({2, 6, 6}, F64), 3) end, 'titans_gates', '4 dims', '(2,6,6)')
+  T.raises(function() gp.titans_prep('y', true) end, 'titans_prep', 'must be a tensor')
+  T.raises(function() gp.k.titans_prep(gp.empty({1, 2, 2, 4}, F64), gp.randn({1, 2, 2, 4}, F64), 2, 1e-6) end,
+    'titans_prep', 'norm must be 0 or 1')
+end)
+
 T.test('titans_coef: gradcheck and chunk weights of a hand example', function()
   gp.manual_seed(5)
   local e = gp.rand({3, 6}, F64) * 0.8 + 0.1
@@ -297,6 +339,30 @@ T.test('titans kernels: CUDA vs CPU (coef, its backward, the memory chain)', on_
     gp.k.titans_coef_backward(deg, dag, e:cuda(), a:cuda(), w:cuda(), c:cuda(), dw:cuda(), dc:cuda(), dp:cuda())
     T.ok(T.relnorm(deg:cpu(), de) < tol, 'coef backward deta L ' .. L)
     T.ok(T.relnorm(dag:cpu(), da) < tol, 'coef backward dalpha L ' .. L)
+  end
+  -- the gates and the memory inputs (their kernel cases run in test_kernels; here a model's sizes, bf16 in)
+  local g = gp.randn({4, 256, 3, 2}) * 2
+  local dg = {gp.randn {4, 2, 256}, gp.randn {4, 2, 256}, gp.randn {4, 2, 256}}
+  for _, dt in ipairs {'f32', 'bf16'} do
+    local gc, gg = g:to(dt):to('f32'):detach():requires_grad(), g:to(dt):cuda():detach():requires_grad()
+    local oc, og = {gp.titans_gates(gc, 32)}, {gp.titans_gates(gg, 32)}
+    local lc, lg = 0, 0
+    for i = 1, 3 do
+      T.ok(T.relnorm(og[i]:cpu():to('f32'), oc[i]) < (dt == 'f32' and 1e-5 or 1e-2), dt .. ' gates output ' .. i)
+      lc, lg = lc + (oc[i] * dg[i]):sum(), lg + (og[i]:to('f32') * dg[i]:cuda()):sum()
+    end
+    lc:backward(); lg:backward()
+    T.ok(T.relnorm(gg.grad:cpu():to('f32'), gc.grad) < (dt == 'f32' and 1e-5 or 2e-2), dt .. ' gates gradient')
+  end
+  local y = gp.randn({4, 64, 2, 64})
+  for _, norm in ipairs {true, false} do
+    local yc, yg = y:clone():requires_grad(), y:cuda():requires_grad()
+    local oc, og = gp.titans_prep(yc, norm), gp.titans_prep(yg, norm)
+    T.ok(T.relnorm(og:cpu(), oc) < 1e-5, 'prep output')
+    local w = gp.randn(oc.shape)
+    ;(oc * w):sum():backward()
+    ;(og * w:cuda()):sum():backward()
+    T.ok(T.relnorm(yg.grad:cpu(), yc.grad) < 1e-5, 'prep gradient')
   end
   -- the fused linear memory: head dims 16, 40 and 64, chunks of 35 (a tile and a part); 40 memories of 64
   -- take the backward's 16-row blocks (fewer memories, 8-row ones); chunks of 160 split over token slices

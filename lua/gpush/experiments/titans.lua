@@ -218,27 +218,15 @@ function NeuralMemory:init(cfg)
   end
 end
 
--- (B, T, C) -> (B*H, T, d)
-function NeuralMemory:split(x)
-  local B, Tn = x:size(1), x:size(2)
-  return x:reshape {B, Tn, self.heads, self.head_dim}:transpose(2, 3):reshape {B * self.heads, Tn, self.head_dim}
-end
--- theta (B*H, T), eta and alpha (B*H, T) constant per chunk: sigmoids of linear maps of x (eta, alpha: of the chunk mean)
--- (x in the model's dtype; the gates are computed in mdt). Scaled to the chunk size b: all b gradients of a chunk are
--- taken at its starting weights, so its summed step grows with b (theta = sigmoid / b keeps the memory from
--- diverging across chunks), and alpha is the per-token rate at which a chunk forgets sigmoid(.).
+-- theta (B*H, T), eta and alpha (B*H, T) constant per chunk: sigmoids of linear maps of x (eta, alpha: of the
+-- chunk mean, which is the chunk mean of the maps: they are affine), computed in mdt (gp.titans_gates: one kernel
+-- each way). Scaled to the chunk size b: all b gradients of a chunk are taken at its starting weights, so its summed
+-- step grows with b (theta = sigmoid / b keeps the memory from diverging across chunks), and alpha is the per-token
+-- rate at which a chunk forgets sigmoid(.).
 function NeuralMemory:gate_values(x, mdt)
-  local B, Tn, H, b = x:size(1), x:size(2), self.heads, self.chunk
-  local nc = Tn / b
-  local th = self.gates(x):narrow(3, 1, H):to(mdt):sigmoid() * (1 / b)
-  local mean = x:reshape {B, nc, b, self.dim}:mean(3) -- (B, nc, C)
-  local z = self.gates(mean):narrow(3, H + 1, 2 * H):to(mdt) -- (B, nc, 2H)
-  -- alpha per token = 1 - (1 - sigmoid)^(1/b): the sigmoid is what the chunk forgets
-  local keep = ((z:narrow(3, H + 1, H) * -1):sigmoid():log() * (1 / b)):exp()
-  local ea = gp.cat({z:narrow(3, 1, H):sigmoid(), 1 - keep}, 3)
-  ea = ea:reshape {B, nc, 1, 2 * H}:expand {B, nc, b, 2 * H}:reshape {B, Tn, 2 * H}
-  local function heads(t) return t:transpose(2, 3):reshape {B * H, Tn} end
-  return heads(th), heads(ea:narrow(3, 1, H)), heads(ea:narrow(3, H + 1, H))
+  local B, Tn, H = x:size(1), x:size(2), self.heads
+  local th, eta, alpha = gp.titans_gates(self.gates(x):to(mdt):view {B, Tn, 3, H}, self.chunk)
+  return th:view {B * H, Tn}, eta:view {B * H, Tn}, alpha:view {B * H, Tn}
 end
 function NeuralMemory:init_state(B, dt)
   local st = {}
@@ -260,19 +248,21 @@ function NeuralMemory:forward(x)
   end
   local dt = x.dtype
   local mdt = dt == 'f64' and 'f64' or 'f32' -- the memory's dtype
-  local function proj(lin, conv)
+  -- k, v, q: silu of the projections (after the causal convolution), k and q L2-normalized, per memory (B*H, T, d)
+  local H, d = self.heads, self.head_dim
+  local function proj(lin, conv, norm)
     local y = lin(x)
     if conv then y = gp.causal_conv1d(y, conv) end -- causal depthwise, width 4
-    return self:split(y:to(mdt):silu())
+    return gp.titans_prep(y:to(mdt):view {B, Tn, H, d}, norm):view {B * H, Tn, d}
   end
-  local k = T.l2norm(proj(self.wk, self.conv_k))
-  local v = proj(self.wv, self.conv_v)
-  local q = T.l2norm(proj(self.wq, self.conv_q))
+  local k = proj(self.wk, self.conv_k, true)
+  local v = proj(self.wv, self.conv_v, false)
+  local q = proj(self.wq, self.conv_q, true)
   local theta, eta, alpha = self:gate_values(x, mdt)
   local y = T.memory_scan {kind = self.kind, init = self:init_state(B, mdt), k = k, v = v, q = q, theta = theta, eta = eta,
                            alpha = alpha, chunk = self.chunk}
-  y = y:reshape {B, self.heads, Tn, self.head_dim}:transpose(2, 3):reshape {B, Tn, self.dim}
-  return self.out(y:to(dt))
+  -- back to (B, T, dim) in x's dtype: one copy (the transpose and the conversion together)
+  return self.out(y:view {B, H, Tn, d}:transpose(2, 3):to(dt):reshape {B, Tn, self.dim})
 end
 function NeuralMemory:extra_repr()
   return string.format('dim=%d, heads=%d, chunk=%d, kind=%s', self.dim, self.heads, self.chunk, self.kind)

@@ -1,4 +1,4 @@
--- Titans chunk weights (kernels/titans.*): gp.titans_coef, differentiable.
+-- Titans kernels (kernels/titans.*): gp.titans_coef, gp.titans_scan, gp.titans_gates, gp.titans_prep, differentiable.
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
@@ -6,6 +6,9 @@ local autograd = require 'gpush.core.autograd'
 local FLOAT = require('gpush.core.dtype').FLOAT
 local raise, empty, shape_str, is_tensor = rt.raise, tensor.empty, tensor.shape_str, tensor.is_tensor
 local K = tensor.K
+
+-- an output's gradient in dtype dt, contiguous (zeros when none reached it)
+local function grad_in(g, like, dt) return g and tensor.to_dtype(g, dt):contiguous() or gp.zeros_like(like) end
 
 -- eta and alpha as contiguous (N, L) tensors of one float dtype
 local function prepare(eta, alpha)
@@ -40,8 +43,7 @@ gp.doc(gp.titans_coef, 'gp.titans_coef(eta, alpha)',
 
 autograd.def_function('titans_coef', function(g, a, o)
   local e, al = prepare(a[1], a[2])
-  local function grad(x, like) return x and tensor.to_dtype(x, e.dtype):contiguous() or gp.zeros_like(like) end
-  local dw, dc, dp = grad(g[1], o[1]), grad(g[2], o[2]), grad(g[3], o[3])
+  local dw, dc, dp = grad_in(g[1], o[1], e.dtype), grad_in(g[2], o[2], e.dtype), grad_in(g[3], o[3], e.dtype)
   local de = empty(e.shape, e.dtype, e.device, 'titans_coef')
   local da = empty(e.shape, e.dtype, e.device, 'titans_coef')
   K.titans_coef_backward(de, da, e, al, o[1], o[2], dw, dc, dp)
@@ -85,8 +87,8 @@ gp.doc(gp.titans_scan, 'gp.titans_scan(k, v, q, theta, w, c, p, M0, S0)',
 
 autograd.def_function('titans_scan', function(g, a, o)
   local x = scan_prepare(unpack(a, 1, 9))
-  local function grad(t, like) return t and tensor.to_dtype(t, x[1].dtype):contiguous() or gp.zeros_like(like) end
-  local dy, dM, dS = grad(g[1], o[1]), grad(g[2], o[2]), grad(g[3], o[3])
+  local dt = x[1].dtype
+  local dy, dM, dS = grad_in(g[1], o[1], dt), grad_in(g[2], o[2], dt), grad_in(g[3], o[3], dt)
   local out = {}
   for i = 1, 9 do out[i] = empty(x[i].shape, x[i].dtype, x[i].device, 'titans_scan') end
   K.titans_scan_backward(out[1], out[2], out[3], out[4], out[5], out[6], out[7], out[8], out[9],
@@ -96,5 +98,48 @@ autograd.def_function('titans_scan', function(g, a, o)
   end
   return unpack(out, 1, 9)
 end, {nout = 3})
+
+-- the memory's gates and inputs (kernels titans_gates, titans_prep and their backwards)
+local function float_input(op, name, x, dims)
+  if not is_tensor(x) then raise(string.format('%s: %s must be a tensor, got %s', op, name, type(x))) end
+  if x:dim() ~= dims then raise(string.format('%s: %s must have %d dims, got %s', op, name, dims, shape_str(x.shape))) end
+  return (FLOAT[x.dtype] and x or tensor.to_dtype(x, 'f32')):contiguous()
+end
+
+function gp.titans_gates(g, b)
+  local x = float_input('titans_gates', 'g (B, T, 3, H)', g, 4)
+  local B, Tn, H = x:size(1), x:size(2), x:size(4)
+  local outs = {}
+  for i = 1, 3 do outs[i] = empty({B, H, Tn}, x.dtype, x.device, 'titans_gates') end
+  K.titans_gates(outs[1], outs[2], outs[3], x, b)
+  return outs[1], outs[2], outs[3]
+end
+gp.doc(gp.titans_gates, 'gp.titans_gates(g, b)',
+  'the Titans memory gates from the gate projection g (B, T, 3, H) (logits of theta, eta, alpha per token and head) ' ..
+  'over chunks of b tokens: theta = sigmoid(g[.,.,1]) / b per token, eta = sigmoid(m1) and alpha = 1 - sigmoid(-m2)^(1/b) ' ..
+  '(m: the chunk means of g[.,.,2] and g[.,.,3]) per chunk; returns theta, eta, alpha (B, H, T); differentiable')
+autograd.def_function('titans_gates', function(gr, a, o)
+  local x = float_input('titans_gates', 'g', a[1], 4)
+  local dg = empty(x.shape, x.dtype, x.device, 'titans_gates')
+  K.titans_gates_backward(dg, x, grad_in(gr[1], o[1], x.dtype), grad_in(gr[2], o[2], x.dtype), grad_in(gr[3], o[3], x.dtype),
+    a[2])
+  return tensor.to_dtype(dg, a[1].dtype)
+end)
+
+function gp.titans_prep(y, norm, eps)
+  local x = float_input('titans_prep', 'y (B, T, H, D)', y, 4)
+  local out = empty({x:size(1), x:size(3), x:size(2), x:size(4)}, x.dtype, x.device, 'titans_prep')
+  K.titans_prep(out, x, norm and 1 or 0, eps or 1e-6)
+  return out
+end
+gp.doc(gp.titans_prep, 'gp.titans_prep(y, norm, eps=1e-6)',
+  'a Titans memory input from its projection y (B, T, H, D): silu(y), with norm divided by sqrt(sum over D of ' ..
+  'silu(y)^2 + eps) (keys, queries), laid out per memory (B, H, T, D); differentiable')
+autograd.def_function('titans_prep', function(gr, a)
+  local x = float_input('titans_prep', 'y', a[1], 4)
+  local dy = empty(x.shape, x.dtype, x.device, 'titans_prep')
+  K.titans_prep_backward(dy, x, tensor.to_dtype(gr[1], x.dtype):contiguous(), a[2] and 1 or 0, a[3] or 1e-6)
+  return tensor.to_dtype(dy, a[1].dtype)
+end)
 
 return gp
