@@ -64,6 +64,7 @@ local o = gp.args.parse(arg, {
   {'mixed-precision', 'bf16', 'bf16 (bf16 parameters, f32 master weights; the memory runs in f32) or no'},
   {'max-steps', -1, 'optimizer steps (default: 1000 for lm, 1500 per model for recall)'},
   {'data', '', 'lm task: a text file, shakespeare or corpus (default: Shakespeare when `make models` fetched it, else data/corpus.txt)'},
+  {'pos', '', 'positions: learned (absolute embeddings) or rope (rotary, in every attention); default learned for lm, rope for recall'},
   {'recall-pairs', 8, 'recall: key-value pairs per sequence'},
   {'filler', 'digits', 'recall: digits (random digits between the pairs) or text (a needle in a haystack: the pairs, as bytes 128+, inside real text; training text from the training split, measured on held-out text)'},
   {'eval-batches', -1, 'recall: batches for the accuracy at each gap (default 8; 2 with --tiny)'},
@@ -100,6 +101,7 @@ local cfg = {
   dim = pick(o.dim, 320, 128, 16), num_layers = pick(o.num_layers, 6, 2, 2), num_heads = pick(o.num_heads, 8, 2, 2),
   chunk = pick(o.chunk_size, 512, 32, 8), seq_len = pick(o.seq_len, 4096, 256, 32),
   persistent = o.persistent, memory = o.memory, conv = o.conv,
+  pos = o.pos ~= '' and o.pos or (recall and 'rope' or 'learned'),
 }
 cfg.mem_heads = o.mem_heads > 0 and o.mem_heads or cfg.num_heads
 local B, accum = pick(o.batch_size, 4, 32, 2), pick(o.gradient_accumulation_steps, 32, 1, 1)
@@ -158,7 +160,7 @@ local function train(run, batch, host_batch, phase, done)
   local attn = run.model == 'mac' and string.format('chunk %d, memory %s', c.chunk, c.memory) or
                run.model == 'swa' and string.format('window %d', c.window or c.chunk) or 'full attention'
   print(string.format('%s: %d parameters, dim %d, %d layers, %d heads, %s%s, seq %d, batch %d x %d accum, %d steps, lr %g, ' ..
-    '%s%s%s', run.name, model:num_parameters(), c.dim, c.num_layers, c.num_heads, attn,
+    '%s%s%s', run.name, model:num_parameters(), c.dim, c.num_layers, c.num_heads, attn .. ', ' .. c.pos .. ' positions',
     c.mlp_hidden and string.format(', MLP hidden %d', c.mlp_hidden) or '', T, B, accum, steps, lr, gp.device(),
     bf16 and ', bf16' or '', use_graph and ', CUDA graph' or ''))
   local start = 0

@@ -491,3 +491,43 @@ T.test('titans.lua recall: --window and --gap sweeps, a row per gap, full attent
   out, rc = T.sh(T.exe .. ' --device cpu ' .. T.root .. '/scripts/titans.lua --task recall --tiny --window 5')
   T.ok(rc ~= 0 and out:find('must divide', 1, true), out)
 end)
+
+T.test('TitansLM pos = rope: no position table, MAC still causal, SWA logits depend on relative positions only; bad input', on_cpu(function()
+  local function lm(model, pos)
+    gp.manual_seed(3)
+    return gp.nn.TitansLM {model = model, pos = pos, seq_len = 32, dim = 16, num_layers = 2, num_heads = 2, chunk = 8,
+                           persistent = 2, device = 'cpu', dtype = 'f64'}
+  end
+  T.eq(lm('swa', 'learned'):num_parameters() - lm('swa', 'rope'):num_parameters(), 32 * 16, 'the position table is gone')
+  local t = {}
+  for i = 1, 40 do t[i] = (i * 37 + 11) % 256 end
+  local function run(m, first)
+    local s = {}
+    for i = 1, 32 do s[i] = t[first + i] end
+    return m(gp.tensor({s}, {dtype = 'i64', device = 'cpu'})):totable()[1]
+  end
+  -- a window of 8 in each of 2 layers: the logits at position p see tokens p-14 .. p; shifted by 8, the same
+  -- tokens give the same logits
+  local function shift_gap(m)
+    local a, b = run(m, 8), run(m, 0)
+    local gap = 0
+    for p = 15, 24 do for j = 1, 256 do gap = math.max(gap, math.abs(a[p][j] - b[p + 8][j])) end end
+    return gap
+  end
+  T.ok(shift_gap(lm('swa', 'rope')) < 1e-10, 'rope: shifted input, shifted logits')
+  T.ok(shift_gap(lm('swa', 'learned')) > 1e-6, 'learned positions: absolute')
+  local m = lm('mac', 'rope')
+  local idx = gp.randint(0, 256, {1, 32}, {device = 'cpu'})
+  local logits, loss = m(idx, idx)
+  loss:backward()
+  for _, p in ipairs(m:parameters()) do T.ok(p.grad ~= nil, 'mac rope: a parameter got no gradient') end
+  local a = logits:totable()
+  local u = idx:totable()
+  u[1][20] = (u[1][20] + 7) % 256
+  local b = m(gp.tensor(u, {dtype = 'i64', device = 'cpu'})):totable()
+  T.same(b[1][19], a[1][19], 1e-12, 'mac rope: logits before the change')
+  T.raises(function() lm('swa', 'sinusoid') end, 'TitansLM', "pos must be 'learned' or 'rope'")
+  T.raises(function()
+    gp.nn.TitansLM {model = 'swa', pos = 'rope', seq_len = 8, dim = 6, num_layers = 1, num_heads = 2, chunk = 8, device = 'cpu'}
+  end, 'TitansLM', 'even head dim, got 3')
+end))

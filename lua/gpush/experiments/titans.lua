@@ -287,11 +287,20 @@ function T.attend(q, k, v, opts)
   return (gp.attention(pad(q), pad(k), pad(v), o)):narrow(4, 1, d)
 end
 
-local function mha_qkv(lin, x, H)
+-- q, k, v (B', H, L, hd) from one product; with rope ({inv_freq =, pos = {}}: TitansLM's), q and k turned by
+-- rotary embeddings at positions 0 .. L-1 (a device tensor kept in rope.pos[L]: made in the eager step, read
+-- as it is by a CUDA graph's capture)
+local function mha_qkv(lin, x, H, rope)
   local Bp, L, C = x:size(1), x:size(2), x:size(3)
   local qkv = lin(x)
   local hd = C / H
-  local function head(i) return qkv:narrow(3, (i - 1) * C + 1, C):reshape {Bp, L, H, hd}:transpose(2, 3) end
+  local pos = rope and rope.pos[L]
+  if rope and not pos then pos = gp.arange(L, {dtype = 'i32', device = x.device}); rope.pos[L] = pos end
+  local function head(i)
+    local t = qkv:narrow(3, (i - 1) * C + 1, C):reshape {Bp, L, H, hd}
+    if rope and i < 3 then t = gp.rope(t, pos, rope.inv_freq) end
+    return t:transpose(2, 3)
+  end
   return head(1), head(2), head(3)
 end
 local function merge(y)
@@ -324,7 +333,7 @@ function MACBlock:init(cfg)
   self.ln2 = nn.RMSNorm(C, o)
   self.mlp = nn.MLP(C, 4 * C, o)
 end
-function MACBlock:forward(x)
+function MACBlock:forward(x, rope)
   local B, Tn, C = x:size(1), x:size(2), x:size(3)
   local b, Np = self.chunk, self.n_persistent
   local ns = Tn / b
@@ -332,7 +341,7 @@ function MACBlock:forward(x)
   local xn = self.ln1(x)
   local z = gp.stack({h:to(xn.dtype), xn}, 3):reshape {B * ns, 2 * b, C}
   local P = self.persistent:to(xn.dtype):unsqueeze(1):expand {B * ns, Np, C}
-  local q, k, v = mha_qkv(self.qkv, gp.cat({P, z}, 2), self.heads)
+  local q, k, v = mha_qkv(self.qkv, gp.cat({P, z}, 2), self.heads, rope)
   local y = merge(T.attend(q, k, v)) -- (B*ns, Np + 2b, C)
   y = y:narrow(2, Np + 1, 2 * b):reshape {B * ns, b, 2, C}:select(3, 2):reshape {B, Tn, C}
   x = x + self.proj(y) * self.gate(h):sigmoid()
@@ -352,19 +361,22 @@ function SWABlock:init(cfg)
   self.ln2 = nn.RMSNorm(C, o)
   self.mlp = nn.MLP(C, cfg.mlp_hidden or 4 * C, o)
 end
-function SWABlock:forward(x)
-  local q, k, v = mha_qkv(self.qkv, self.ln1(x), self.heads)
+function SWABlock:forward(x, rope)
+  local q, k, v = mha_qkv(self.qkv, self.ln1(x), self.heads, rope)
   x = x + self.proj(merge(T.attend(q, k, v, {window = self.window})))
   return x + self.mlp(self.ln2(x))
 end
 
 -- nn.TitansLM{model='mac'|'swa'|'full', vocab_size=256, seq_len=, dim=, num_layers=, num_heads=, chunk=,
---             persistent=4, memory='linear'|'mlp', window=chunk, mlp_hidden=4 dim}: byte LM;
+--             persistent=4, memory='linear'|'mlp', window=chunk, mlp_hidden=4 dim, pos='learned'|'rope'}: byte LM;
 --             model(idx) -> logits, model(idx, targets) -> logits, loss
 -- The SWA model's window is the chunk size (the span MAC's attention sees)
 -- unless window= is given; 'full' is causal attention over the whole sequence
 -- (the upper baseline). mlp_hidden (SWA and full only) widens their MLPs, to
--- match MAC's parameter count (gp.titans.matched_hidden).
+-- match MAC's parameter count (gp.titans.matched_hidden). pos = 'rope' turns
+-- q and k of every attention by rotary embeddings (positions within the
+-- attention's own sequence: a MAC segment with its persistent tokens) in place
+-- of the learned position table, so attention sees relative positions only.
 local TitansLM = Module:extend('TitansLM')
 T.TitansLM = TitansLM
 function TitansLM:init(cfg)
@@ -382,8 +394,15 @@ function TitansLM:init(cfg)
   if c.seq_len % c.chunk ~= 0 then raise(string.format('TitansLM: seq_len %d is not a multiple of the chunk size %d', c.seq_len, c.chunk)) end
   self.config = c
   local o = {dtype = c.dtype, device = c.device}
+  c.pos = c.pos or 'learned'
+  if c.pos ~= 'learned' and c.pos ~= 'rope' then raise("TitansLM: pos must be 'learned' or 'rope', got " .. tostring(c.pos)) end
   self.wte = nn.Embedding(c.vocab_size, c.dim, o)
-  self.wpe = nn.Embedding(c.seq_len, c.dim, o)
+  if c.pos == 'learned' then
+    self.wpe = nn.Embedding(c.seq_len, c.dim, o)
+  else
+    if (c.dim / c.num_heads) % 2 ~= 0 then raise(string.format('TitansLM: pos = rope needs an even head dim, got %d', c.dim / c.num_heads)) end
+    rawset(self, '_rope', {}) -- per device {inv_freq =, pos = {[L] = positions}}, not saved
+  end
   local blocks = {}
   for i = 1, c.num_layers do
     local bc = {dim = c.dim, heads = c.num_heads, chunk = c.chunk, window = c.model == 'full' and 0 or (c.window or c.chunk),
@@ -395,7 +414,7 @@ function TitansLM:init(cfg)
   self.ln_f = nn.RMSNorm(c.dim, o)
   self.lm_head = Linear(c.dim, c.vocab_size, {bias = false, dtype = c.dtype, device = c.device})
   nn.init.normal_(self.wte.weight, 0, 0.02)
-  nn.init.normal_(self.wpe.weight, 0, 0.02)
+  if self.wpe then nn.init.normal_(self.wpe.weight, 0, 0.02) end
 end
 function TitansLM:forward(idx, targets, opts)
   local Tn = idx:size(2)
@@ -403,20 +422,30 @@ function TitansLM:forward(idx, targets, opts)
     raise(string.format('TitansLM: %d tokens; at most seq_len %d and a multiple of the chunk size %d', Tn,
       self.config.seq_len, self.config.chunk))
   end
-  local pos = rawget(self, '_pos')
-  if not pos or pos:size(1) ~= Tn or pos.device ~= idx.device then
-    pos = gp.arange(Tn, {device = idx.device}); rawset(self, '_pos', pos)
+  local x, rope = self.wte(idx), nil
+  if self.wpe then
+    local pos = rawget(self, '_pos')
+    if not pos or pos:size(1) ~= Tn or pos.device ~= idx.device then
+      pos = gp.arange(Tn, {device = idx.device}); rawset(self, '_pos', pos)
+    end
+    x = x + self.wpe(pos)
+  else
+    local per_device = rawget(self, '_rope')
+    rope = per_device[idx.device]
+    if not rope then
+      rope = {inv_freq = gp.rope_inv_freq(self.config.dim / self.config.num_heads, {device = idx.device}), pos = {}}
+      per_device[idx.device] = rope
+    end
   end
-  local x = self.wte(idx) + self.wpe(pos)
-  for _, blk in ipairs(self.h) do x = blk(x) end
+  for _, blk in ipairs(self.h) do x = blk(x, rope) end
   local logits = self.lm_head(self.ln_f(x))
   if targets ~= nil then return logits, gp.cross_entropy(logits, targets, opts) end
   return logits
 end
 function TitansLM:extra_repr()
   local c = self.config
-  return string.format('model=%s, dim=%d, num_layers=%d, num_heads=%d, chunk=%d, seq_len=%d', c.model, c.dim,
-    c.num_layers, c.num_heads, c.chunk, c.seq_len)
+  return string.format('model=%s, dim=%d, num_layers=%d, num_heads=%d, chunk=%d, seq_len=%d, pos=%s', c.model, c.dim,
+    c.num_layers, c.num_heads, c.chunk, c.seq_len, c.pos)
 end
 
 -- the MLP hidden size that gives an SWA or full-attention TitansLM of cfg
@@ -451,8 +480,8 @@ doc(T.NeuralMemory, "nn.NeuralMemory{dim=, heads=1, chunk=64, kind='linear'|'mlp
 doc(T.MACBlock, "nn.MACBlock{dim=, heads=, chunk=, persistent=4, memory='linear', mem_heads=heads, conv=true}",
   'memory-as-context block: attention per segment over [persistent || retrievals interleaved with tokens], gated by the memory')
 doc(T.SWABlock, 'nn.SWABlock{dim=, heads=, window=, mlp_hidden=4 dim}', 'pre-norm block with causal sliding-window attention (window 0: full)')
-doc(T.TitansLM, "nn.TitansLM{model='mac'|'swa'|'full', seq_len=, dim=, num_layers=, num_heads=, chunk=, window=chunk, mlp_hidden=, vocab_size=256}",
-  'byte-level LM of MAC blocks, sliding-window blocks (window = chunk) or full causal attention: model(idx, targets) -> logits, loss')
+doc(T.TitansLM, "nn.TitansLM{model='mac'|'swa'|'full', seq_len=, dim=, num_layers=, num_heads=, chunk=, window=chunk, mlp_hidden=, vocab_size=256, pos='learned'|'rope'}",
+  'byte-level LM of MAC blocks, sliding-window blocks (window = chunk) or full causal attention, with learned or rotary positions: model(idx, targets) -> logits, loss')
 doc(T.matched_hidden, 'gp.titans.matched_hidden(cfg)',
   'the MLP hidden size that gives the SWA / full TitansLM of cfg the parameter count of its MAC model: hidden, mac_params, matched_params')
 return T
