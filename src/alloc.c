@@ -376,6 +376,11 @@ int gp_memory_stats(gp_memstats *out) {
   return GP_OK;
 }
 
+void gp_reset_peak_memory(void) {
+  S.peak = S.in_use;
+  S.host_peak = S.host_in_use;
+}
+
 int gp_set_memory_limit(int64_t bytes) {
   if (bytes < 0) return gp_error("set_memory_limit: negative limit %lld", (long long)bytes);
   S.limit = bytes;

@@ -207,6 +207,7 @@ int gp_empty_cache(void);
  * CUDA backend is unusable afterwards */
 void gp_shutdown(void);
 int gp_set_memory_limit(int64_t bytes);  /* soft cap on reserved device bytes (and host in-use); 0 = none */
+void gp_reset_peak_memory(void);         /* peak = in_use and host_peak = host_in_use: high-water marks from now */
 
 /* ---- safetensors files (src/safetensors.c); tensors read and written on the cpu ---- */
 typedef struct gp_st gp_st;

@@ -253,10 +253,11 @@ end
 
 -- the fused linear cross-entropy (issue 24): Llama 3's vocabulary, 4096 tokens
 -- of width 2048, bf16; h and w both take gradients, against the head product +
--- F.cross_entropy (eager: the (N, V) logits and their gradient held whole)
+-- F.cross_entropy (eager: the (N, V) logits and their gradient held whole);
+-- on the GPU both sides also report the step's transient peak (c.peak)
 local function lce_cases()
   local N, D, V = S(4096, 64), S(2048, 32), S(128256, 1000)
-  local p = {dtype = 'bf16', n = N, d = D, v = V, sets = 1}
+  local p = {dtype = 'bf16', n = N, d = D, v = V, sets = 1, peak = CUDA}
   for k, v in pairs(TRAIN_IT) do p[k] = v end
   return {{row = 'fused linear CE fwd+bwd', shape = string.format('bf16 %dx%d V=%d', N, D, V), p = p}}
 end
@@ -266,10 +267,21 @@ local function run_lce(c)
   local h = gp.randn({p.n, p.d}):to(p.dtype):requires_grad()
   local w = (gp.randn({p.v, p.d}) * 0.02):to(p.dtype):requires_grad()
   local t = gp.randint(0, p.v, {p.n})
-  local ms = time_sets({1}, function()
+  local function step()
     h.grad, w.grad = nil, nil
     gp.linear_cross_entropy(h, w, t):backward()
-  end, p)
+  end
+  local ms = time_sets({1}, step, p)
+  if p.peak then -- bytes held at the peak beyond the inputs and the gradients it leaves (torch_peer's transient_peak)
+    h.grad, w.grad = nil, nil
+    release()
+    gp.sync()
+    local base = gp.memory().in_use
+    gp.reset_peak_memory()
+    step()
+    gp.sync()
+    c.peak = gp.memory().peak - base - (h:numel() + w:numel()) * esize(p.dtype)
+  end
   local tf = 6 * p.n * p.d * p.v / (ms * 1e-3) / 1e12 -- the three products
   local chunk = math.max(1, math.min(p.n, math.floor(2 ^ 28 / (p.v * 2))))
   return ms, string.format('%.3g TFLOP/s%s; logits scratch %.3g MB (whole: %.3g MB)', tf,
@@ -785,6 +797,12 @@ for _, w in ipairs(WORKLOADS) do
       if why and why ~= 'no torch' then notes[#notes + 1] = c.key .. ': ' .. why end
     end
     local note = c.note or ''
+    if c.peak and r then -- the transient peaks, both sides
+      local function mib(b) return type(b) == 'number' and string.format('%.0f MiB', b / 2 ^ 20) or '-' end
+      note = string.format('%s; transient peak gpush %s, eager %s, compile %s%s', note, mib(c.peak), mib(r.eager_peak),
+        mib(r.compile_peak), type(r.compile_peak) == 'number' and c.peak > 0 and
+        string.format(' (%.1fx less than compile)', r.compile_peak / c.peak) or '')
+    end
     if c.status == 'failed' then
       notes[#notes + 1] = c.key .. ': gpush: ' .. note
       note = 'see below'
@@ -795,6 +813,7 @@ for _, w in ipairs(WORKLOADS) do
     if jf then
       jf:write(json.encode {workload = w.name, row = c.row, shape = c.shape, unit = unit, gpush = c.ms and c.ms * scale,
         status = c.status, eager = r and scaled(r.eager_ms, scale), compile = r and scaled(r.compile_ms, scale),
+        peak = c.peak, eager_peak = r and scaled(r.eager_peak, 1), compile_peak = r and scaled(r.compile_peak, 1),
         note = c.note}, '\n')
     end
   end

@@ -251,6 +251,7 @@ def build_linear_cross_entropy(case, dev, compiled):
         h.grad, w.grad = None, None
         f(h, w, t).backward()
 
+    fwd_bwd.grad_inputs = (h, w)  # measure(): the peak above these and their gradients
     return fwd_bwd
 
 
@@ -422,12 +423,31 @@ def free(dev):
         torch.cuda.empty_cache()
 
 
+def transient_peak(step):
+    """Device bytes one step() holds at its peak beyond what lives before it
+    and the gradients it leaves (step.grad_inputs: tensors whose .grad it sets)."""
+    grads = 0
+    for x in step.grad_inputs:
+        x.grad = None
+        grads += x.numel() * x.element_size()
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base - grads
+
+
 def measure(workload, case, dev, compiled):
+    """Median ms of the workload's step, and its transient peak bytes when
+    the case asks for it (case peak, on the GPU) or None."""
     if workload in HOST_TIMED:
-        return HOST_TIMED[workload](case, dev, compiled)
+        return HOST_TIMED[workload](case, dev, compiled), None
     step = WORKLOADS[workload](case, dev, compiled)
     try:
-        return time_steps(step, case.get("warmup", 3), case.get("iters", 20), dev)
+        ms = time_steps(step, case.get("warmup", 3), case.get("iters", 20), dev)
+        peak = transient_peak(step) if case.get("peak") and dev == "cuda" else None
+        return ms, peak
     finally:
         del step
         free(dev)
@@ -450,9 +470,10 @@ def run(args):
     name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
     print(json.dumps({"torch": torch.__version__, "cuda": torch.version.cuda, "device": name}), flush=True)
     for case in cases:
-        out = {"workload": args.workload, "shape": case["key"], "eager_ms": None, "compile_ms": None}
+        out = {"workload": args.workload, "shape": case["key"], "eager_ms": None, "compile_ms": None,
+               "eager_peak": None, "compile_peak": None}
         try:
-            out["eager_ms"] = measure(args.workload, case, dev, False)
+            out["eager_ms"], out["eager_peak"] = measure(args.workload, case, dev, False)
         except Exception as e:  # noqa: BLE001 - every failure is reported, never fatal
             out["error"] = short(e)
         free(dev)
@@ -460,7 +481,7 @@ def run(args):
             out["compile_error"] = "skipped"
         else:
             try:
-                out["compile_ms"] = measure(args.workload, case, dev, True)
+                out["compile_ms"], out["compile_peak"] = measure(args.workload, case, dev, True)
             except Exception as e:  # noqa: BLE001
                 out["compile_error"] = short(e)
             free(dev)

@@ -167,6 +167,11 @@ Test(alloc, host_stats_and_limit) {
   gp_tensor_free(t);
   gp_memory_stats(&b);
   cr_assert_eq(b.host_in_use, a.host_in_use);
+  cr_assert_geq(b.host_peak, a.host_in_use + (4 << 20));
+  gp_reset_peak_memory();
+  gp_memory_stats(&b);
+  cr_assert_eq(b.host_peak, b.host_in_use);
+  cr_assert_eq(b.peak, b.in_use);
 }
 
 Test(half, conversions) {

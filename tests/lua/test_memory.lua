@@ -47,3 +47,20 @@ T.test('memory stats', function()
   end
   T.ok(tostring(m):find('reserved', 1, true))
 end)
+
+T.test('gp.reset_peak_memory: the high-water marks start anew at what is in use', function()
+  local dev = gp.device()
+  gp.empty({4 * 1048576}, {device = dev}) -- 16 MB, garbage at once
+  collectgarbage()
+  collectgarbage()
+  gp.reset_peak_memory()
+  local m = gp.memory()
+  T.eq(m.peak, m.in_use)
+  T.eq(m.host_peak, m.host_in_use)
+  local keep = gp.empty({262144}, {device = dev}) -- 1 MB
+  local m2 = gp.memory()
+  local used, peak = dev == 'cuda' and m2.in_use or m2.host_in_use, dev == 'cuda' and m2.peak or m2.host_peak
+  T.eq(peak, used, 'the peak follows what is allocated after the reset')
+  T.ok(used - (dev == 'cuda' and m.in_use or m.host_in_use) >= 1048576)
+  T.eq(keep:numel(), 262144)
+end)

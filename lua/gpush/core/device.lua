@@ -70,6 +70,10 @@ function gp.memory()
 end
 doc(gp.memory, 'gp.memory()', 'allocator stats: in_use, reserved, peak, allocs, cache_hits, device_mallocs, frees, cached_blocks, largest_cached, fragmentation, pending_blocks/pending_bytes (held after stream use), host_in_use, host_peak')
 
+function gp.reset_peak_memory() C.gp_reset_peak_memory() end
+doc(gp.reset_peak_memory, 'gp.reset_peak_memory()',
+  "start the high-water marks anew: gp.memory().peak = in_use, host_peak = host_in_use (then peak - in_use is a step's transient bytes)")
+
 function gp.empty_cache() C.gp_empty_cache() end
 doc(gp.empty_cache, 'gp.empty_cache()', 'return cached device blocks to the driver')
 
