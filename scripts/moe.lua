@@ -188,7 +188,11 @@ local function build(kind)
   return m
 end
 
+-- the mean loss over eval_iters batches drawn from seed (the same batches at every evaluation); the training's
+-- random state is put back after it (reseeding it here had made training draw the same 100 batches after
+-- every evaluation, so that the models memorised them)
 local function estimate(model, split, seed)
+  local state = gp.rng_state()
   gp.manual_seed(seed)
   local acc
   for _ = 1, o.eval_iters do
@@ -197,6 +201,7 @@ local function estimate(model, split, seed)
     loss = loss:to('f32'):reshape {1}
     acc = acc and acc + loss or loss
   end
+  gp.set_rng_state(state)
   return acc:item() / o.eval_iters
 end
 

@@ -404,6 +404,29 @@ T.test('scripts/moe.lua --resume: stopped within each model and resumed, the los
   T.check_resume(cmd, {5, 17}) -- in the dense model, in the MoE one (12 steps each)
 end)
 
+T.test('scripts/moe.lua: evaluations leave the training run as it is (the same losses with and without them, bitwise)', function()
+  local d = os.tmpname()
+  local function losses(every)
+    local path = d .. '.' .. every .. '.jsonl'
+    local out, rc = T.sh(string.format('%s --device cpu %s/scripts/moe.lua --tiny --quiet --iters 12 --runs dense --log-every 1 ' ..
+      '--eval-every %d --log %s', T.exe, T.root, every, path))
+    T.eq(rc, 0, out)
+    local r = {}
+    for line in io.lines(path) do
+      local rec = gp.json.decode(line)
+      if rec.loss and rec.step then r[rec.step] = rec.loss end
+    end
+    os.remove(path)
+    return r
+  end
+  local plain, evaluated = losses(0), losses(3)
+  for step = 1, 12 do
+    T.ok(plain[step] ~= nil and plain[step] == evaluated[step],
+      string.format('step %d: %s without evaluations, %s with one every 3 steps', step, tostring(plain[step]), tostring(evaluated[step])))
+  end
+  os.remove(d)
+end)
+
 T.test('scripts/moe.lua: dense at equal active and at equal total parameters beside the MoE (tiny, cpu)', function()
   local out, rc = T.sh(string.format('%s --device cpu %s/scripts/moe.lua --tiny --quiet --iters 4 --eval-every 0 --runs dense,moe,dense_total',
     T.exe, T.root))
