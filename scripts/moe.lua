@@ -34,7 +34,7 @@ local o = gp.args.parse(arg, {
   {'n-head', 4, 'attention heads'},
   {'block', 64, 'context length (tokens)'},
   {'batch', 32, 'sequences per step'},
-  {'iters', 600, 'optimizer steps (each model)'},
+  {'iters', 3000, 'optimizer steps (each model)'},
   {'lr', 1e-3, 'peak learning rate'},
   {'warmup', 50, 'warmup steps'},
   {'weight-decay', 0.1, 'AdamW weight decay'},
