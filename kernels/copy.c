@@ -6,6 +6,7 @@ extern "C" {
 #endif
 int gp_cuda_copy(gp_tensor *out, const gp_tensor *src);
 int gp_cuda_fill(gp_tensor *out, double value);
+int gp_cuda_arange(gp_tensor *out, double start, double step);
 #ifdef __cplusplus
 }
 #endif
@@ -59,6 +60,18 @@ int gp_k_fill(gp_tensor *out, double value) {
     if (!(i & 0xffff)) GP_POLL_INTERRUPT("fill");
     gp_loop_offsets(&L, i, off);
     gp_store(po, out->dtype, off[0], value);
+  }
+  return GP_OK;
+}
+
+int gp_k_arange(gp_tensor *out, double start, double step) {
+  GP_CHECK(arange, out);
+  GP_CUDA_DISPATCH(out, gp_cuda_arange(out, start, step));
+  char *po = gp_ptr(out);
+  int64_t n = out->shape[0];
+  for (int64_t i = 0; i < n; i++) {
+    if (!(i & 0xffff)) GP_POLL_INTERRUPT("arange");
+    gp_store(po, out->dtype, i, start + (double)i * step);
   }
   return GP_OK;
 }

@@ -1,4 +1,4 @@
-/* copy.cu: strided copy with broadcast and cast, and fill, on the GPU. */
+/* copy.cu: strided copy with broadcast and cast, fill and arange, on the GPU. */
 #include "ew_launch.cuh"
 
 template <typename To, typename Ts> struct CastF {
@@ -33,4 +33,33 @@ extern "C" int gp_cuda_fill(gp_tensor *out, double value) {
     rc = gp_ew_launch<0, T, T, T>("fill", out, nullptr, nullptr, FillF<T>{v});
   });
   return rc;
+}
+
+/* arange: each value computed in double and stored as the CPU's gp_store does it (floats through float,
+ * integers truncated and saturated in double, so large i64 ramps stay exact) */
+template <typename T> __device__ __forceinline__ T arange_store(double v) {
+  if constexpr (gp_is_float_t<T>::value) {
+    return st<T>((float)v);
+  } else {
+    const double lo = std::is_same<T, int32_t>::value ? (double)INT32_MIN : std::is_same<T, int64_t>::value ? (double)INT64_MIN : 0.0;
+    const double hi = std::is_same<T, int32_t>::value ? (double)INT32_MAX : std::is_same<T, int64_t>::value ? (double)INT64_MAX : 255.0;
+    if (!(v == v)) return (T)0;
+    if (v <= lo) return std::is_same<T, int64_t>::value ? (T)INT64_MIN : (T)lo;
+    if (v >= hi) return std::is_same<T, int64_t>::value ? (T)INT64_MAX : (T)hi;
+    return (T)(int64_t)v;
+  }
+}
+template <typename T> __global__ void k_arange(T *o, int64_t n, double start, double step) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t i = tid; i < n; i += nth) o[i] = arange_store<T>(start + (double)i * step);
+}
+
+extern "C" int gp_cuda_arange(gp_tensor *out, double start, double step) {
+  int64_t n = out->shape[0];
+  if (n == 0) return GP_OK;
+  GP_ANY_SWITCH(out->dtype, T, {
+    GP_NOTE_LAUNCH(k_arange<T>, 256, 0);
+    k_arange<T><<<gp_grid(n, 256), 256, 0, gp_cuda_stream()>>>((T *)gp_ptr(out), n, start, step);
+  });
+  return gp_cuda_check_launch("arange");
 }

@@ -122,6 +122,17 @@ T.test('graph (cuda): syncs and host copies inside the capture are clear errors;
   T.ok(T.relnorm(g.outputs[1], x + 1) < 1e-7)
 end)
 
+T.test('graph (cuda): gp.arange and gp.rope at a numeric start are captured (made on the device, no host copy)', function()
+  T.cuda()
+  local x = gp.randn({2, 6, 3, 8}, cuda)
+  local inv = gp.rope_inv_freq(8, cuda)
+  local g = gp.graph(function() return gp.arange(4, 10, cuda), gp.rope(x, 4, inv) end)
+  g:replay()
+  T.same(g.outputs[1]:totable(), {4, 5, 6, 7, 8, 9})
+  T.ok(T.relnorm(g.outputs[2], gp.rope(x, gp.arange(4, 10, cuda), inv)) < 1e-7, 'rope at start 4')
+  g:free()
+end)
+
 T.test('graph (cuda): an index error in a replay is reported at the next synchronization', function()
   T.cuda()
   local w = gp.randn({10, 8}, cuda)

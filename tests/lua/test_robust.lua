@@ -294,7 +294,7 @@ T.test('K: gp.arange of 1e12 or an infinite range fails at once with a clear err
   T.ok(not out:find('true', 1, true), out)
   T.eq(table.concat(gp.arange(0, 1, 0.25):totable(), ','), '0,0.25,0.5,0.75')
   T.eq(gp.arange(5).dtype, 'i64')
-  local big = gp.arange(70000) -- filled a block of 65536 at a time
+  local big = gp.arange(70000) -- more values than a block of the kernel's grid
   T.eq(big:narrow(1, 65536, 1):item(), 65535); T.eq(big:narrow(1, 65537, 1):item(), 65536)
   T.eq(big:narrow(1, 70000, 1):item(), 69999)
   T.eq(gp.arange(3, 0, -1):totable()[3], 1)

@@ -121,18 +121,14 @@ function gp.arange(a, b, step, opts)
   end
   local dtype, device = opts_of(opts, 'arange')
   local int = start == math.floor(start) and step == math.floor(step)
-  -- the tensor first (too large fails here, at once), then the values a block at a time
+  -- the tensor first (too large fails here, at once), then the values by a kernel on its device (no copy from the
+  -- host, so it also runs inside a CUDA graph's capture)
   local t = empty({n}, dtype or (int and 'i64' or 'f32'), device, 'arange')
-  local block = math.min(n, 65536)
-  local buf = ffi.new('double[?]', math.max(block, 1))
-  for i0 = 0, n - 1, block do
-    local m = math.min(block, n - i0)
-    for i = 0, m - 1 do buf[i] = start + (i0 + i) * step end
-    rt.call(C.gp_from_doubles, m == n and t.c or t:narrow(1, i0 + 1, m).c, buf, m)
-  end
+  K.arange(t, start, step)
   return t
 end
-doc(gp.arange, 'gp.arange(n) / gp.arange(start, stop, step)', 'evenly spaced values in [start, stop) (i64 for integer arguments)')
+doc(gp.arange, 'gp.arange(n) / gp.arange(start, stop, step)',
+  'evenly spaced values in [start, stop) (i64 for integer arguments), made on their device by gp.k.arange')
 
 local function like(name, f)
   gp[name .. '_like'] = function(t)

@@ -288,8 +288,7 @@ function T.attend(q, k, v, opts)
 end
 
 -- q, k, v (B', H, L, hd) from one product; with rope ({inv_freq =, pos = {}}: TitansLM's), q and k turned by
--- rotary embeddings at positions 0 .. L-1 (a device tensor kept in rope.pos[L]: made in the eager step, read
--- as it is by a CUDA graph's capture)
+-- rotary embeddings at positions 0 .. L-1 (a device tensor made once per length and kept in rope.pos[L])
 local function mha_qkv(lin, x, H, rope)
   local Bp, L, C = x:size(1), x:size(2), x:size(3)
   local qkv = lin(x)
