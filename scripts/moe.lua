@@ -374,4 +374,4 @@ local function draw(path)
   return gp.plot.draw {out = path, title = string.format('moe.lua on %s: %d experts top-%d, %d layers, %d wide, %d steps',
     ds.name, o.experts, o.k, o.n_layer, o.n_embd, o.iters), panels = panels}
 end
-if o.plot ~= '' then gp.plot.try(draw, o.plot) end
+if o.plot ~= '' then gp.plot.try(draw, o.plot, log_path) end

@@ -317,7 +317,7 @@ if not recall then
           {title = 'learning rate', xlabel = 'step', lines = {S(recs, 'step', 'lr')}, key = false},
           {title = 'tokens/s', xlabel = 'step', lines = {S(recs, 'step', 'tokens_per_s')}, key = false},
         }}
-    end, o.plot)
+    end, o.plot, log_path)
   end
   return
 end
@@ -519,5 +519,5 @@ if o.plot ~= '' then
         {title = 'training loss (on the queried values)', xlabel = 'step', ylabel = 'nats', lines = loss},
         {title = 'tokens/s', bars = {labels = labels, groups = {{title = 'tokens/s', values = tps}}}, key = false},
       }}
-  end, o.plot)
+  end, o.plot, log_path)
 end

@@ -317,7 +317,7 @@ local function draw(path)
       {title = 'tokens/s', xlabel = 'step', lines = {S(steps, 'step', 'tokens_per_s', {title = 'tokens/s'})}, key = false},
     }}
 end
-if main and o.plot ~= '' then gp.plot.try(draw, o.plot) end
+if main and o.plot ~= '' then gp.plot.try(draw, o.plot, log_path) end
 
 if main and o.out ~= '' then
   local vocab

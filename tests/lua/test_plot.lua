@@ -119,6 +119,7 @@ T.test('without gnuplot: a clear error from draw, a line (not a failure) from a 
     '/scripts/train_gpt.lua --tiny --data corpus --iters 4 --eval-every 0 --eval-iters 1 --quiet --plot ' .. out)
   T.eq(rc, 0, o)
   T.ok(o:find('gnuplot is not installed', 1, true), o)
+  T.ok(o:find('gpush scripts/plot.lua ' .. plot.log_path(out) .. ' draws them', 1, true), 'names the log to draw later: ' .. o)
   o, rc = T.sh('GPUSH_GNUPLOT=/nonexistent/gnuplot ' .. T.exe .. ' ' .. T.root .. '/scripts/plot.lua x.jsonl')
   T.eq(rc, 1); T.ok(o:find('gnuplot is not installed', 1, true), o)
   os.remove(out); os.remove(plot.log_path(out))

@@ -294,13 +294,15 @@ end
 -- the file a script's --plot writes its log to when --log is not given: FILE.png -> FILE.jsonl
 function M.log_path(out) return (out:gsub('%.[%w]+$', '')) .. '.jsonl' end
 
--- draw, or say why not: for scripts' --plot (a missing gnuplot prints a line instead of failing the run)
-function M.try(fn, ...)
+-- draw, or say why not: for scripts' --plot (a missing gnuplot prints a line instead of failing the run);
+-- fn(out) draws into out; log, the run's JSONL log, is named in that line so that it can be drawn elsewhere
+function M.try(fn, out, log)
   if not M.available() then
-    print('plot: ' .. M.INSTALL .. '; no picture drawn')
+    print('plot: ' .. M.INSTALL .. '; no picture drawn' .. (type(log) == 'string' and
+      string.format(' (the numbers are in %s: gpush scripts/plot.lua %s draws them where gnuplot runs)', log, log) or ''))
     return nil
   end
-  local out = fn(...)
+  out = fn(out)
   print('plot: ' .. out)
   return out
 end
@@ -317,6 +319,6 @@ doc(M.log, "gp.plot.log('log.jsonl' or records, {out=, x='step', y={'loss', 'val
 doc(M.from_log, "gp.plot.from_log('log.jsonl', 'out.png', {x='step', y='loss,val_loss', by=, title=})",
   'draw a JSONL log into a PNG or SVG (gp.plot.log with out = out_path); returns out_path')
 doc(M.log_path, "gp.plot.log_path('out.png')", "where a script's --plot keeps its log when --log is not given: out.jsonl")
-doc(M.try, 'gp.plot.try(fn, ...)', "fn(...) when gnuplot is installed (prints 'plot: FILE'), else a line saying how to install it")
+doc(M.try, 'gp.plot.try(fn, out, log)', "fn(out) when gnuplot is installed (prints 'plot: FILE'), else a line saying how to install it and, given the run's JSONL log, how to draw it elsewhere")
 
 return M
