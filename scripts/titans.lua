@@ -66,6 +66,7 @@ local o = gp.args.parse(arg, {
   {'data', '', 'lm task: a text file, shakespeare or corpus (default: Shakespeare when `make models` fetched it, else data/corpus.txt)'},
   {'pos', '', 'positions: learned (absolute embeddings) or rope (rotary, in every attention); default learned for lm, rope for recall'},
   {'recall-pairs', 8, 'recall: key-value pairs per sequence'},
+  {'peer', false, 'recall: also train the full-attention model in PyTorch (scripts/bench/torch_recall.py: same task, model, steps and seed) when python3 has torch, and print its accuracy by gap beside'},
   {'filler', 'digits', 'recall: digits (random digits between the pairs) or text (a needle in a haystack: the pairs, as bytes 128+, inside real text; training text from the training split, measured on held-out text)'},
   {'eval-batches', -1, 'recall: batches for the accuracy at each gap (default 8; 2 with --tiny)'},
   {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
@@ -474,14 +475,48 @@ for phase, run in ipairs(runs) do
   end
 end
 
+-- --peer: the full-attention model trained in PyTorch on the same task (a column 'torch' of accuracy by gap), or nil
+local function torch_peer()
+  local full
+  for _, run in ipairs(runs) do if run.model == 'full' then full = run end end
+  local why = not full and 'it needs the full model in --models' or hay and 'it has no --filler text' or
+              cfg.pos ~= 'rope' and 'it has rotary positions only (--pos rope)' or nil
+  if not why then
+    local rc = os.execute('python3 -c "import torch" >/dev/null 2>&1') -- LuaJIT: the exit status (0: found)
+    if rc ~= 0 and rc ~= true then why = 'python3 cannot import torch' end
+  end
+  if why then print('peer: no PyTorch column: ' .. why); return nil end
+  local cmd = string.format("python3 '%s/bench/torch_recall.py' --steps %d --dim %d --layers %d --heads %d --mlp-hidden %d " ..
+    '--lr %.10g --batch %d --seq %d --pairs %d --seed %d --gaps %s --eval-batches %d 2>&1', script_dir, steps, cfg.dim,
+    cfg.num_layers, cfg.num_heads, full.mlp_hidden or 4 * cfg.dim, lr, B, T, P, o.seed, table.concat(gaps, ','),
+    o.eval_batches > 0 and o.eval_batches or (o.tiny and 2 or 8))
+  print('peer: ' .. cmd)
+  local f = io.popen(cmd)
+  local out = f:read('*a')
+  f:close()
+  local r, n = {acc = 0, by_gap = {}}, 0
+  for g, a in out:gmatch('gap%s+(%d+): accuracy ([%d.]+)') do
+    n = n + 1
+    if tonumber(g) ~= gaps[n] then break end
+    r.by_gap[n] = tonumber(a)
+    r.acc = r.acc + r.by_gap[n] / #gaps
+    append_log {run = 'torch_full', gap = gaps[n], accuracy = r.by_gap[n]}
+  end
+  if n ~= #gaps then print('peer: torch_recall.py gave no accuracy for every gap:\n' .. out); return nil end
+  return r
+end
+local peer = o.peer and torch_peer() or nil
+
 -- accuracy against the gap, one row per gap
 print('')
 local head = {string.format('%6s', 'gap')}
 for _, run in ipairs(runs) do head[#head + 1] = string.format('%8s', run.name) end
+if peer then head[#head + 1] = string.format('%8s', 'torch') end
 print(table.concat(head, ' '))
 for i, g in ipairs(gaps) do
   local row = {string.format('%6d', g)}
   for _, run in ipairs(runs) do row[#row + 1] = string.format('%8.3f', res[run.name].by_gap[i]) end
+  if peer then row[#row + 1] = string.format('%8.3f', peer.by_gap[i]) end
   print(table.concat(row, ' '))
 end
 local summary, speed = {}, {}
@@ -490,6 +525,7 @@ for _, run in ipairs(runs) do
   speed[#speed + 1] = string.format('%s %.0f', run.name, res[run.name].tps)
   if res[run.name].tps_all then speed[#speed] = speed[#speed] .. string.format(' (%.0f)', res[run.name].tps_all) end
 end
+if peer then summary[#summary + 1] = string.format('full in PyTorch %.3f', peer.acc) end
 print(string.format('recall accuracy: %s | chance %.3f (%d pairs; SWA sees the pairs when gap + %d <= window %s)',
   table.concat(summary, ' | '), 1 / NVAL, P, 4 * P, table.concat(windows, ',')))
 print('tokens/s after the first two steps (over all steps): ' .. table.concat(speed, ' | '))
@@ -511,6 +547,9 @@ if o.plot ~= '' then
       loss[#loss + 1] = S(recs, 'step', 'loss', {where = {model = run.name}, title = run.name})
       labels[#labels + 1] = run.name
       tps[#tps + 1] = res[run.name].tps
+    end
+    if peer then
+      acc[#acc + 1] = S(recs, 'gap', 'accuracy', {where = {run = 'torch_full'}, title = 'full (PyTorch)', style = 'linespoints'})
     end
     return gp.plot.draw {out = path, title = string.format('titans.lua recall: %d pairs, seq %d, %d layers, %d wide', P, T,
       cfg.num_layers, cfg.dim), panels = {

@@ -9,6 +9,9 @@ autocast). It tells whether a result of gpush's full-attention model is the
 task's or gpush's: both should land at the same accuracy.
 
   python3 scripts/bench/torch_recall.py --steps 1500 [--dim 128 --layers 2 --heads 2 --mlp-hidden 875]
+
+`titans.lua --task recall --peer` runs it with the run's own flags and
+prints its accuracy by gap beside gpush's models.
 """
 import argparse
 import math
@@ -104,6 +107,8 @@ def main():
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--pairs", type=int, default=8)
     p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--gaps", default="", help="gaps to measure, comma-separated (default 0, 16, 32, 64, 128, the longest)")
+    p.add_argument("--eval-batches", type=int, default=8)
     a = p.parse_args()
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     torch.manual_seed(a.seed)
@@ -139,12 +144,12 @@ def main():
             print(f"step {s}: loss {loss.item():.4f}", flush=True)
     m.eval()
     max_gap = a.seq - 4 * a.pairs
-    gaps = [0, 16, 32, 64, 128, max_gap]
+    gaps = [int(g) for g in a.gaps.split(",")] if a.gaps else [0, 16, 32, 64, 128, max_gap]
     accs = []
     with torch.no_grad():
         for g in gaps:
             hit = n = 0
-            for _ in range(8):
+            for _ in range(a.eval_batches):
                 x, y = recall_batch(rng, a.batch, a.seq, a.pairs, g)
                 x, y = x.to(dev), y.to(dev)
                 with torch.autocast(dev, dtype=torch.bfloat16, enabled=dev == "cuda"):

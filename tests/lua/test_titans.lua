@@ -531,3 +531,39 @@ T.test('TitansLM pos = rope: no position table, MAC still causal, SWA logits dep
     gp.nn.TitansLM {model = 'swa', pos = 'rope', seq_len = 8, dim = 6, num_layers = 1, num_heads = 2, chunk = 8, device = 'cpu'}
   end, 'TitansLM', 'even head dim, got 3')
 end))
+
+T.test('titans.lua recall --peer: the PyTorch full model\'s accuracy by gap as a column (a stand-in python3 here), or why not', function()
+  local d = os.tmpname()
+  os.remove(d)
+  assert(os.execute('mkdir -p ' .. d) == 0)
+  -- a python3 that has "torch" and answers torch_recall.py with accuracy 0.5 at each gap it is asked for
+  local f = assert(io.open(d .. '/python3', 'w'))
+  f:write([[#!/bin/sh
+[ "$1" = "-c" ] && exit 0
+echo "$@" > "$(dirname "$0")/args"
+gaps=$(echo "$@" | sed 's/.*--gaps \([0-9,]*\).*/\1/' | tr ',' ' ')
+for g in $gaps; do echo "gap $g: accuracy 0.500"; done
+]])
+  f:close()
+  assert(os.execute('chmod +x ' .. d .. '/python3') == 0)
+  local log = d .. '/r.jsonl'
+  local out, rc = T.sh(string.format('PATH=%s:$PATH %s --device cpu %s/scripts/titans.lua --task recall --tiny --quiet --max-steps 2 ' ..
+    '--gap 0,8,24 --peer --log %s', d, T.exe, T.root, log))
+  T.eq(rc, 0, out)
+  T.ok(out:find('\n%s+gap%s+mac%s+swa%s+full%s+torch\n'), 'a torch column: ' .. out)
+  T.ok(out:find('\n%s+24%s+[%d.]+%s+[%d.]+%s+[%d.]+%s+0%.500\n'), out)
+  T.ok(out:find('full in PyTorch 0.500', 1, true), out)
+  local args = io.open(d .. '/args'):read('*a')
+  for _, want in ipairs {'--steps 2 ', '--dim 16 ', '--layers 2 ', '--heads 2 ', '--seq 32 ', '--pairs 2 ', '--seed 1337 ',
+                         '--gaps 0,8,24 '} do
+    T.ok(args:find(want, 1, true), 'torch_recall.py gets ' .. want .. ': ' .. args)
+  end
+  local n = 0
+  for line in io.lines(log) do if line:find('"run":"torch_full"', 1, true) then n = n + 1 end end
+  T.eq(n, 3, 'a log record per gap')
+  out, rc = T.sh(string.format('PATH=%s:$PATH %s --device cpu %s/scripts/titans.lua --task recall --tiny --quiet --max-steps 2 ' ..
+    '--models mac,swa --peer', d, T.exe, T.root))
+  T.eq(rc, 0, out)
+  T.ok(out:find('peer: no PyTorch column: it needs the full model', 1, true), out)
+  os.execute('rm -rf ' .. d)
+end)
