@@ -188,7 +188,7 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   P.win = (int)(window > INT32_MAX / 2 ? INT32_MAX / 2 : window);
   P.ng = (int)(n_global > C ? C : n_global);
   const bool vec = (((uintptr_t)P.q | (uintptr_t)P.kc | (uintptr_t)P.vc) & 15) == 0;
-  const int nq = vec ? decode_heads_per_block(P.G) : 1; /* query heads a block (a KV head's read serves them) */
+  const int nq = vec ? decode_heads_per_block(P.G, q->dtype != GP_F32) : 1; /* query heads a block (a KV head's read serves them) */
   /* slices of the cache: as many as fill the GPU's block slots once (equal
    * slices: a second, partial wave would cost a whole slice's time), of at
    * least 128 keys; one for caches of at most 512 positions */

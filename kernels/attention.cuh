@@ -125,7 +125,8 @@ int zero_rows(const gp_tensor *t);
  * 16-byte aligned; fmt 0: kc, vc in q's dtype, 1 / 2: int8 / fp8 e4m3
  * codes with the scales P.ks, P.vs (kvquant.h) */
 int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec, int fmt, int nq, int *per_sm);
-int decode_heads_per_block(int G);
+int decode_heads_per_block(int G, bool tc);
+bool decode_tc();
 
 } // namespace gp_attn
 

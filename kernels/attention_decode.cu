@@ -2,7 +2,13 @@
  * cache) on the GPU: split-K (flash-decoding): blocks over slices of the
  * cache per (b, h), each a partial (max, sum, acc), then a combine kernel;
  * with one slice (short caches) the block writes the output itself.
- * Query head h reads KV head h / G of the cache (grouped-query attention). */
+ * Query head h reads KV head h / G of the cache (grouped-query attention).
+ * Two kernels: k_attn_decode_split on CUDA cores (f32 queries, unaligned
+ * operands, one query head a KV head, GP_ATTN_DECODE=cores) and
+ * k_attn_decode_tc on tensor cores (grouped-query heads of bf16/f16 queries,
+ * the G heads of a KV head as the rows of one mma). */
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "attention.cuh"
@@ -232,6 +238,273 @@ template <typename T, int D> __global__ void __launch_bounds__(D) k_attn_decode_
   ((T *)P.out)[(int64_t)bh * D + d] = st<T>(L > 0.f ? a / L : 0.f);
 }
 
+/* ---- grouped-query heads on tensor cores (mma.sync m16n8k16) ----
+ * With G >= 2 query heads on a KV head, the CUDA-core kernel above does a
+ * head's dot products, shuffles and rescales for every key it reads: at 4
+ * heads it issues about 220 instructions per 1 KB of int8 cache a warp, so
+ * instructions, not bytes, bound it. Here a warp's NQ (<= 8) heads are the
+ * rows of the A operand (rows NQ..15 zero) and each key is read once into a
+ * B fragment straight from global memory, with the reduction dimension
+ * permuted so that every lane's loads are 16-byte vectors of one row:
+ *   S = Q K^T: n-tile c holds keys 8c..8c+7 of the warp's range (column =
+ *     lane / 4 = the key a lane reads); lane t = lane % 4 reads dims
+ *     [t D/4, (t+1) D/4) of it; k-step s takes its 4 dims t D/4 + 4s + 0..3
+ *     (slots 2t, 2t+1, 2t+8, 2t+9), and q's A fragment uses the same map.
+ *   O += P V: P's A fragment is S's accumulators (FlashAttention-2's reuse:
+ *     slot 2t + j of k-step kk is key 16kk + 2t + j, slot 2t + 8 + j is
+ *     16kk + 8 + 2t + j); n-slot lane / 4 of n-tile i is dim (D/8)(lane/4) + i,
+ *     so a lane reads D/8 consecutive values of each of its 4 keys' rows.
+ * Codes (FMT 1 int8, 2 fp8) become f16 pairs in registers (int8 by the
+ * magic number 1024 + code + 128, exact; e4m3 by moving its bits under
+ * f16's, value / 256 exact); q then runs in f16, a key's scale multiplies
+ * its scores and a value's scale its f16 values. FMT 0: T's own mma. */
+template <int NW> __device__ __forceinline__ void ld_words(uint32_t *w, const void *p, bool ok) {
+  static_assert(NW % 2 == 0, "decode: 8-byte pieces at least");
+  if constexpr (NW % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < NW / 4; i++) {
+      const uint4 v = ok ? ((const uint4 *)p)[i] : uint4{0, 0, 0, 0};
+      w[4 * i] = v.x, w[4 * i + 1] = v.y, w[4 * i + 2] = v.z, w[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NW / 2; i++) {
+      const uint2 v = ok ? ((const uint2 *)p)[i] : uint2{0, 0};
+      w[2 * i] = v.x, w[2 * i + 1] = v.y;
+    }
+  }
+}
+/* codes c0..c3 of word w as f16 pairs {c0, c1}, {c2, c3} (before the scale) */
+template <int FMT> __device__ __forceinline__ void codes_h2(uint32_t w, uint32_t &h01, uint32_t &h23) {
+  if constexpr (FMT == GP_KV_INT8) {
+    const uint32_t u = w ^ 0x80808080u;
+    const __half2 off = __half2half2(__ushort_as_half((unsigned short)0x6480)); /* 1152 = 1024 + 128 */
+    uint32_t a = __byte_perm(u, 0x64646464u, 0x5140u), b = __byte_perm(u, 0x64646464u, 0x5342u);
+    __half2 ha = __hsub2(*(__half2 *)&a, off), hb = __hsub2(*(__half2 *)&b, off);
+    h01 = *(uint32_t *)&ha;
+    h23 = *(uint32_t *)&hb;
+  } else {
+    const uint32_t a = __byte_perm(w, 0u, 0x1404u), b = __byte_perm(w, 0u, 0x3424u);
+    h01 = (a & 0x80008000u) | ((a >> 1) & 0x3F803F80u);
+    h23 = (b & 0x80008000u) | ((b >> 1) & 0x3F803F80u);
+  }
+}
+template <typename M> __device__ __forceinline__ void mma_dec(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
+  /* rows 8..15 of A are zero: a[1], a[3] pass as 0 */
+  if constexpr (std::is_same<M, __nv_bfloat16>::value)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(0u), "r"(a[1]), "r"(0u), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(0u), "r"(a[1]), "r"(0u), "r"(b0), "r"(b1));
+}
+template <typename M> __device__ __forceinline__ uint32_t pack_m(float lo, float hi) {
+  uint32_t u;
+  if constexpr (std::is_same<M, __nv_bfloat16>::value) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    u = *(uint32_t *)&h;
+  } else {
+    __half2 h = __floats2half2_rn(lo, hi);
+    u = *(uint32_t *)&h;
+  }
+  return u;
+}
+
+template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_attn_decode_tc(DecP P, int nq) {
+  using C = typename std::conditional<FMT == 0, T, uint8_t>::type; /* a cache element */
+  using M = typename std::conditional<FMT == 0, T, __half>::type;  /* the products' type */
+  constexpr int KS = D / 16;                      /* k-steps of S = Q K^T */
+  constexpr int NTK = FMT == 0 ? 2 : 4;           /* key n-tiles (8 keys) a warp's step: 8 KB of K and V */
+  constexpr int KEYS = 8 * NTK, NT = D / 8;       /* keys a warp's step; n-tiles of O (dims) */
+  constexpr int KW = D / 4 * (int)sizeof(C) / 4;  /* words of a key row a lane reads */
+  constexpr int VW = D / 8 * (int)sizeof(C) / 4;  /* words of a value row a lane reads */
+  __shared__ float sm_m[4][8], sm_l[4][8], sm_acc[4][8][D];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3, r = lane >> 2;
+  const int bh0 = blockIdx.y * nq, b = bh0 / P.H, split = blockIdx.x;
+  const int n = dec_len(P, b), p = n - 1;
+  const int jb = split * P.chunk, je = min(n, jb + P.chunk);
+  const float sl2 = P.scale * LOG2E;
+  /* q's A fragments: row r = head bh0 + r (zero past nq), slots as above */
+  uint32_t qa[KS][2];
+  {
+    const T *q = (const T *)P.q + (int64_t)(bh0 + min(r, nq - 1)) * D + t * (D / 4);
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+      float f[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++) f[i] = r < nq ? ld(q[4 * s + i]) : 0.f;
+      qa[s][0] = pack_m<M>(f[0], f[1]);
+      qa[s][1] = pack_m<M>(f[2], f[3]);
+    }
+  }
+  float o[NT][4], m = -INFINITY, l = 0.f;
+#pragma unroll
+  for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  const int64_t bkv = (int64_t)b * P.Hkv + (bh0 % P.H) / P.G; /* the KV head of the block */
+  const C *kc = (const C *)P.kc + bkv * P.C * D, *vc = (const C *)P.vc + bkv * P.C * D;
+  const float *ks = FMT ? P.ks + bkv * P.C : nullptr, *vs = FMT ? P.vs + bkv * P.C : nullptr;
+  constexpr float unit = FMT == GP_KV_FP8 ? FP8_UNIT : 1.f;
+  /* a warp's step: K's and V's loads of the next step are issued as soon as
+   * this step's registers are consumed (K after S = Q K^T, V after O += P V),
+   * so each load overlaps a phase of products; the scales with them */
+  uint32_t kw[NTK][KW], vw[NTK / 2][4][VW];
+  float kscl[NTK][2], vscl[NTK / 2][4];
+  auto load_k = [&](int w0, int hi) {
+#pragma unroll
+    for (int c = 0; c < NTK; c++) {
+      const int j = w0 + 8 * c + r;
+      ld_words<KW>(kw[c], kc + (int64_t)j * D + t * (D / 4), j < hi);
+      if constexpr (FMT != 0) {
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          const int jj = w0 + 8 * c + 2 * t + i;
+          kscl[c][i] = jj < hi ? ks[jj] : 0.f;
+        }
+      }
+    }
+  };
+  auto load_v = [&](int w0, int hi) {
+#pragma unroll
+    for (int kk = 0; kk < NTK / 2; kk++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        const int j = w0 + 16 * kk + 2 * t + (e & 1) + 8 * (e >> 1);
+        ld_words<VW>(vw[kk][e], vc + (int64_t)j * D + r * (D / 8), j < hi);
+        if constexpr (FMT != 0) vscl[kk][e] = j < hi ? vs[j] * unit : 0.f;
+      }
+  };
+  auto run = [&](int lo, int hi) {
+    int w0 = lo + warp * KEYS;
+    if (w0 >= hi) return; /* warp-uniform */
+    load_k(w0, hi);
+    load_v(w0, hi);
+    for (; w0 < hi; w0 += 4 * KEYS) {
+      const int w1 = w0 + 4 * KEYS; /* the next step (loads nothing past hi) */
+      float sc[NTK][4];
+#pragma unroll
+      for (int c = 0; c < NTK; c++) {
+        sc[c][0] = sc[c][1] = sc[c][2] = sc[c][3] = 0.f;
+#pragma unroll
+        for (int s = 0; s < KS; s++) {
+          uint32_t b0, b1;
+          if constexpr (FMT == 0) b0 = kw[c][2 * s], b1 = kw[c][2 * s + 1];
+          else codes_h2<FMT>(kw[c][s], b0, b1);
+          mma_dec<M>(sc[c], qa[s], b0, b1);
+        }
+      }
+      /* scores of row r (log2 units), -inf past hi; the row's new max over the quad */
+      float mx = m;
+#pragma unroll
+      for (int c = 0; c < NTK; c++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+          const int j = w0 + 8 * c + 2 * t + i;
+          const float mul = FMT ? sl2 * unit * kscl[c][i] : sl2;
+          sc[c][i] = j < hi ? sc[c][i] * mul : -INFINITY;
+          mx = fmaxf(mx, sc[c][i]);
+        }
+      load_k(w1, hi);
+      mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(FULL, mx, 2));
+      const float ms = mx == -INFINITY ? 0.f : mx; /* nothing visible yet: every p is 0 */
+      const float alpha = ex2(m - ms);
+      m = mx;
+      l *= alpha;
+#pragma unroll
+      for (int i = 0; i < NT; i++) o[i][0] *= alpha, o[i][1] *= alpha;
+      uint32_t pa[NTK / 2][2];
+#pragma unroll
+      for (int c = 0; c < NTK; c++) {
+        const float p0 = ex2(sc[c][0] - ms), p1 = ex2(sc[c][1] - ms);
+        l += p0 + p1;
+        pa[c / 2][c & 1] = pack_m<M>(p0, p1);
+      }
+#pragma unroll
+      for (int kk = 0; kk < NTK / 2; kk++) {
+        uint32_t sv[2] = {0u, 0u}; /* FMT: the 4 keys' value scales as f16 pairs {e0, e1}, {e2, e3} */
+        if constexpr (FMT != 0) {
+          sv[0] = pack_m<__half>(vscl[kk][0], vscl[kk][1]);
+          sv[1] = pack_m<__half>(vscl[kk][2], vscl[kk][3]);
+        }
+#pragma unroll
+        for (int g = 0; g < VW; g++) { /* word g of each row: dims (D/8) r + g * (4 / sizeof(C)) + ... */
+          if constexpr (FMT == 0) {
+            /* two dims a word: n-tiles 2g, 2g + 1 */
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+              const uint32_t sel = h ? 0x7632u : 0x5410u;
+              const uint32_t b0 = __byte_perm(vw[kk][0][g], vw[kk][1][g], sel);
+              const uint32_t b1 = __byte_perm(vw[kk][2][g], vw[kk][3][g], sel);
+              mma_dec<M>(o[2 * g + h], pa[kk], b0, b1);
+            }
+          } else {
+            /* four dims a word: n-tiles 4g .. 4g + 3; pairs of keys (e 0, 1) and (2, 3) */
+            uint32_t hp[2][4];
+#pragma unroll
+            for (int pr = 0; pr < 2; pr++) {
+              const uint32_t x = vw[kk][2 * pr][g], y = vw[kk][2 * pr + 1][g];
+              const uint32_t i0 = __byte_perm(x, y, 0x5140u), i1 = __byte_perm(x, y, 0x7362u); /* x0 y0 x1 y1, x2 y2 x3 y3 */
+              codes_h2<FMT>(i0, hp[pr][0], hp[pr][1]);
+              codes_h2<FMT>(i1, hp[pr][2], hp[pr][3]);
+#pragma unroll
+              for (int d = 0; d < 4; d++) {
+                __half2 hv = __hmul2(*(__half2 *)&hp[pr][d], *(const __half2 *)&sv[pr]);
+                hp[pr][d] = *(uint32_t *)&hv;
+              }
+            }
+#pragma unroll
+            for (int d = 0; d < 4; d++) mma_dec<M>(o[4 * g + d], pa[kk], hp[0][d], hp[1][d]);
+          }
+        }
+      }
+      load_v(w1, hi);
+    }
+  };
+  if (P.win > 0) {
+    run(jb, min(je, P.ng));
+    run(max(jb, max(P.ng, p - P.win + 1)), je);
+  } else {
+    run(jb, je);
+  }
+  l += __shfl_xor_sync(FULL, l, 1);
+  l += __shfl_xor_sync(FULL, l, 2);
+  if (r < nq) {
+    if (t == 0) {
+      sm_m[warp][r] = m;
+      sm_l[warp][r] = l;
+    }
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+      sm_acc[warp][r][(D / 8) * (2 * t) + i] = o[i][0];
+      sm_acc[warp][r][(D / 8) * (2 * t + 1) + i] = o[i][1];
+    }
+  }
+  __syncthreads();
+  for (int g = 0; g < nq; g++) {
+    float Mx = -INFINITY, L = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) Mx = fmaxf(Mx, sm_m[i][g]);
+#pragma unroll
+    for (int i = 0; i < 4; i++) L += sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - Mx) * sm_l[i][g];
+    float *part = P.part + ((int64_t)(bh0 + g) * P.nsplit + split) * (D + 2);
+    for (int d = threadIdx.x; d < D; d += 128) {
+      float a = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; i++) a += (sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - Mx)) * sm_acc[i][g][d];
+      if (P.nsplit == 1) ((T *)P.out)[(int64_t)(bh0 + g) * D + d] = st<T>(L > 0.f ? a / L : 0.f);
+      else part[d] = a;
+    }
+    if (threadIdx.x == 0 && P.nsplit > 1) {
+      part[D] = Mx;
+      part[D + 1] = L;
+    }
+  }
+}
+
 /* the split kernel for P, or (per_sm not null) only the blocks of it an SM holds at once */
 template <typename T, int D, bool VEC, int FMT, int NQ> void launch_split(const DecP &P, int64_t BH, int *per_sm) {
   if (per_sm) {
@@ -249,7 +522,32 @@ template <typename T, int D, bool VEC, int FMT, int NQ> void launch_split(const 
   k_attn_decode_split<T, D, VEC, FMT, NQ><<<grid, 128, 0, gp_cuda_stream()>>>(P);
 }
 
+/* the tensor-core kernel for P (nq query heads a block), or (per_sm) its blocks an SM holds */
+template <typename T, int D, int FMT> void launch_tc(const DecP &P, int64_t BH, int nq, int *per_sm) {
+  if (per_sm) {
+    static int cached;
+    if (!cached && (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cached, k_attn_decode_tc<T, D, FMT>, 128, 0) !=
+                        cudaSuccess ||
+                    cached < 1)) {
+      cudaGetLastError();
+      cached = 1;
+    }
+    *per_sm = cached;
+    return;
+  }
+  const dim3 grid((unsigned)P.nsplit, (unsigned)(BH / nq));
+  GP_NOTE_LAUNCH((k_attn_decode_tc<T, D, FMT>), 128, 0);
+  k_attn_decode_tc<T, D, FMT><<<grid, 128, 0, gp_cuda_stream()>>>(P, nq);
+}
+
 template <typename T, int D, int FMT> void launch_decode(const DecP &P, int64_t BH, bool vec, int nq, int *per_sm) {
+  if constexpr (!std::is_same<T, float>::value) {
+    if (vec && nq >= 2 && decode_tc()) {
+      launch_tc<T, D, FMT>(P, BH, nq, per_sm);
+      if (!per_sm && P.nsplit > 1) k_attn_decode_combine<T, D><<<(unsigned)BH, D, 0, gp_cuda_stream()>>>(P);
+      return;
+    }
+  }
   if (!vec) launch_split<T, D, false, FMT, 1>(P, BH, per_sm); /* unaligned: rare, one head a block */
   else if (nq == 4) launch_split<T, D, true, FMT, 4>(P, BH, per_sm);
   else if (nq == 3) launch_split<T, D, true, FMT, 3>(P, BH, per_sm);
@@ -278,10 +576,22 @@ int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec, int fmt, int n
   return GP_OK;
 }
 
-/* the query heads a block takes: the most of 4, 3, 2 that divides the group G
- * (1 without grouped-query attention) */
-int decode_heads_per_block(int G) {
-  for (int nq = 4; nq > 1; nq--)
+/* the tensor-core kernel serves grouped-query heads of bf16/f16 queries
+ * unless GP_ATTN_DECODE=cores (read once a process) */
+bool decode_tc() {
+  static int tc = -1;
+  if (tc < 0) {
+    const char *e = getenv("GP_ATTN_DECODE");
+    tc = !(e && !strcmp(e, "cores"));
+  }
+  return tc;
+}
+
+/* the query heads a block takes: with tensor cores (tc: bf16/f16 queries,
+ * G >= 2) the most of 8..2 that divides the group G, else the most of 4, 3,
+ * 2 (1 without grouped-query attention) */
+int decode_heads_per_block(int G, bool tc) {
+  for (int nq = tc && G > 1 && decode_tc() ? 8 : 4; nq > 1; nq--)
     if (G % nq == 0) return nq;
   return 1;
 }

@@ -273,6 +273,51 @@ T.test('nn.GPT generates through a compressed cache: device positions and host p
   end
 end)
 
+-- grouped-query heads of bf16/f16 queries take the tensor-core decode kernel
+-- (kernels/attention_decode.cu; GP_ATTN_DECODE=cores: the CUDA-core one):
+-- every group size up to 8 heads a block (16: two blocks), both head dims,
+-- per-row lengths (0 included), windows, a sharper softmax, caches in q's
+-- dtype and int8 / fp8 codes, against the CPU on the same values and codes
+T.test('grouped-query decode on the GPU: the tensor-core kernel equals the CPU (G 2 to 16, D 64 and 128, codes)', function()
+  T.cuda()
+  gp.manual_seed(33)
+  local B, Hkv, C = 3, 2, 1100
+  local lens = gp.tensor({C, 0, 517}, {dtype = 'i32', device = 'cpu'})
+  for _, D in ipairs {64, 128} do
+    local k, v = rn {B, Hkv, C, D}, rn {B, Hkv, C, D}
+    for _, G in ipairs {2, 3, 4, 6, 8, 16} do
+      local H = Hkv * G
+      for _, dt in ipairs {'bf16', 'f16'} do
+        local q, kd, vd = rn({B, H, D}):to(dt), k:to(dt), v:to(dt)
+        local codes = {}
+        for name, fmt in pairs(FMT) do
+          local kc, ks = quantize(kd, fmt)
+          local vc, vs = quantize(vd, fmt)
+          codes[name] = {kc, vc, ks, vs}
+        end
+        for _, o in ipairs {{}, {window = 200, n_global = 3}, {scale = 0.5}} do
+          local name = string.format('%s D %d G %d window %d scale %g', dt, D, G, o.window or 0, o.scale or 0)
+          local ref = gp.attention_decode(q:float(), kd:float(), vd:float(), lens, o)
+          local got = gp.attention_decode(q:cuda(), kd:cuda(), vd:cuda(), lens:cuda(), o):float():cpu()
+          T.ok(T.relnorm(got, ref) < 1e-2, name .. ': ' .. T.relnorm(got, ref))
+          T.eq(got:narrow(1, 2, 1):abs():max():item(), 0, name .. ': an empty row is zeros')
+          for cname, fmt in pairs(FMT) do
+            local c = codes[cname]
+            local want = gp.empty({B, H, D}, CPU)
+            gp.k.attn_decode_q(want, q:float(), c[1], c[2], c[3], c[4], lens, o.scale or 0, o.window or 0,
+              o.n_global or 0, fmt)
+            local out = gp.empty({B, H, D}, {dtype = dt, device = 'cuda'})
+            gp.k.attn_decode_q(out, q:cuda(), c[1]:cuda(), c[2]:cuda(), c[3]:cuda(), c[4]:cuda(), lens:cuda(),
+              o.scale or 0, o.window or 0, o.n_global or 0, fmt)
+            local err = T.relnorm(out:float():cpu(), want)
+            T.ok(err < 1e-2, string.format('%s %s: %.3g', name, cname, err))
+          end
+        end
+      end
+    end
+  end
+end)
+
 T.test('compressed caches on the GPU: the kernels write the CPU\'s bytes; decode and generation match the CPU', function()
   T.cuda()
   gp.manual_seed(21)
