@@ -3,8 +3,10 @@
  * theta = pos[t] * inv_freq[i]: (a, b) -> (a cos - b sin, b cos + a sin);
  * sign -1 turns by -theta, the transpose, which is the gradient. */
 #include <math.h>
+#include <stdlib.h>
 
 #include "gp_hd.h"
+#include "kvquant.h"
 #include "rope.h"
 
 /* one head: elements i and i + E of the E-pair head at src (stride 1) turned by
@@ -47,6 +49,20 @@ int gp_k_rope(gp_tensor *out, const gp_tensor *x, const gp_tensor *pos, const gp
   return GP_OK;
 }
 
+/* the shapes rope_kv_at and rope_kv_quant_at (op) share: q (B, H, D), caches
+ * of J heads, qkv rows of (H + 2 J) D, D = 2 E */
+static int kv_row_shapes(const char *op, const gp_tensor *q, const gp_tensor *kc, const gp_tensor *qkv,
+                         const gp_tensor *inv_freq) {
+  const int64_t H = q->shape[1], D = q->shape[2], J = kc->shape[1], E = gp_numel(inv_freq), W = qkv->shape[1];
+  if (D != 2 * E)
+    return gp_error("%s: q is %s and inv_freq %s; the head dim must be twice the number of frequencies", op,
+                    GP_SHAPE(q), GP_SHAPE(inv_freq));
+  if (W != (H + 2 * J) * D)
+    return gp_error("%s: qkv is %s; with q %s and kc %s its rows must hold (H + 2 J) D = %lld values", op,
+                    GP_SHAPE(qkv), GP_SHAPE(q), GP_SHAPE(kc), (long long)((H + 2 * J) * D));
+  return GP_OK;
+}
+
 /* rope_kv_at: the decode token's q, k and v from its fused projection: q and
  * k turned as above at the position pos[0] (read where it lives), k and v
  * written into the caches at that position. */
@@ -54,13 +70,8 @@ int gp_k_rope_kv_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, const gp_tensor 
                     const gp_tensor *inv_freq) {
   GP_CHECK(rope_kv_at, q, kc, vc, qkv, pos, inv_freq);
   const int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], J = kc->shape[1], C = kc->shape[2];
-  const int64_t E = gp_numel(inv_freq), W = qkv->shape[1];
-  if (D != 2 * E)
-    return gp_error("rope_kv_at: q is %s and inv_freq %s; the head dim must be twice the number of frequencies",
-                    GP_SHAPE(q), GP_SHAPE(inv_freq));
-  if (W != (H + 2 * J) * D)
-    return gp_error("rope_kv_at: qkv is %s; with q %s and kc %s its rows must hold (H + 2 J) D = %lld values",
-                    GP_SHAPE(qkv), GP_SHAPE(q), GP_SHAPE(kc), (long long)((H + 2 * J) * D));
+  const int64_t E = gp_numel(inv_freq);
+  GP_TRY(kv_row_shapes("rope_kv_at", q, kc, qkv, inv_freq));
   GP_CUDA_DISPATCH(q, gp_cuda_rope_kv_at(q, kc, vc, qkv, pos, inv_freq));
   const int64_t p = gp_load_i64(gp_ptr(pos), pos->dtype, 0);
   if (p < 0 || p >= C)
@@ -78,5 +89,52 @@ int gp_k_rope_kv_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, const gp_tensor 
       else /* v: as it is */
         for (int64_t d = 0; d < D; d++) gp_store(po, dt, dst + d, gp_load(px, dt, src + d));
     }
+  return GP_OK;
+}
+
+/* one row of D values (dtype dt at src) quantized as kv_quant_append does:
+ * codes at pc[row * D], the scale at ps[row] */
+static void quant_row(uint8_t *pc, float *ps, int64_t row, const char *px, int64_t src, int dt, int64_t D, int fmt) {
+  const float mx = kvq_max(fmt);
+  float amax = 0.f;
+  for (int64_t d = 0; d < D; d++) amax = fmaxf(amax, fabsf((float)gp_load(px, dt, src + d)));
+  const float inv = amax > 0.f ? mx / amax : 0.f;
+  ps[row] = amax / mx;
+  for (int64_t d = 0; d < D; d++) pc[row * D + d] = kvq_encode((float)gp_load(px, dt, src + d) * inv, fmt);
+}
+
+/* rope_kv_quant_at: rope_kv_at into a compressed cache; each k head turned
+ * into a row of q's dtype first (as gp.rope then kv_quant_append would see
+ * it), then quantized with the v heads */
+int gp_k_rope_kv_quant_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, gp_tensor *ks, gp_tensor *vs,
+                          const gp_tensor *qkv, const gp_tensor *pos, const gp_tensor *inv_freq, double fmt) {
+  GP_CHECK(rope_kv_quant_at, q, kc, vc, ks, vs, qkv, pos, inv_freq);
+  if (fmt != GP_KV_INT8 && fmt != GP_KV_FP8)
+    return gp_error("rope_kv_quant_at: fmt must be 1 (int8) or 2 (fp8 e4m3), got %g", fmt);
+  const int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], J = kc->shape[1], C = kc->shape[2];
+  const int64_t E = gp_numel(inv_freq);
+  GP_TRY(kv_row_shapes("rope_kv_quant_at", q, kc, qkv, inv_freq));
+  GP_CUDA_DISPATCH(q, gp_cuda_rope_kv_quant_at(q, kc, vc, ks, vs, qkv, pos, inv_freq, (int)fmt));
+  const int64_t p = gp_load_i64(gp_ptr(pos), pos->dtype, 0);
+  if (p < 0 || p >= C)
+    return gp_error("rope_kv_quant_at: position %lld is outside the caches' dim 3 of size %lld (kc %s)", (long long)p,
+                    (long long)C, GP_SHAPE(kc));
+  const char *px = gp_ptr(qkv);
+  const float *pf = gp_ptr(inv_freq);
+  const int dt = q->dtype;
+  char *tmp = malloc((size_t)(D > 0 ? D : 1) * gp_elsize(dt));
+  if (!tmp) return gp_error("rope_kv_quant_at: out of host memory");
+  for (int64_t b = 0; b < B; b++)
+    for (int64_t h = 0; h < H + 2 * J; h++) {
+      const int64_t src = b * qkv->stride[0] + h * D, row = (b * J + (h - H) % J) * C + p;
+      if (h < H) rotate_head(gp_ptr(q), (b * H + h) * D, px, src, dt, E, (double)p, pf, 1);
+      else if (h < H + J) {
+        rotate_head(tmp, 0, px, src, dt, E, (double)p, pf, 1);
+        quant_row(gp_ptr(kc), gp_ptr(ks), row, tmp, 0, dt, D, (int)fmt);
+      } else {
+        quant_row(gp_ptr(vc), gp_ptr(vs), row, px, src, dt, D, (int)fmt);
+      }
+    }
+  free(tmp);
   return GP_OK;
 }

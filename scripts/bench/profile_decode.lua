@@ -8,13 +8,16 @@
 -- config.json's) with random weights instead of loading a checkpoint: the
 -- kernels and their times are the same, and nothing needs `make models`
 -- (--layers N keeps the first N layers).
--- The floor printed is the weights' bytes over the copy bandwidth measured
--- in the same run (gp.k.copy of 512 MB): a step cannot read them faster.
+-- The floor printed is the bytes a step reads, the weights' and the KV
+-- cache's (every layer's keys and values; --kv-dtype int8 / fp8: codes and
+-- scales), over the copy bandwidth measured in the same run (gp.k.copy of
+-- 512 MB): a step cannot read them faster.
 local gp = rawget(_G, 'gp') or require 'gpush'
 local a = gp.args.parse(arg, {
   {'model', 'smollm2', 'a short name, a Hugging Face directory or a .gguf file'},
   {'dtype', '', 'the model\'s dtype (default bf16 on the GPU, f32 on the CPU)'},
   {'batch', 1, 'rows decoded together'}, {'context', 128, 'cached positions before the step'},
+  {'kv-dtype', '', 'the KV cache stored as int8 or fp8 (default: the model\'s dtype)'},
   {'top', 20, 'kernels listed'},
   {'random', '', 'smollm2 or a config.json: that model\'s shapes with random weights (no checkpoint)'},
   {'layers', 0, 'with --random: keep this many layers (0: the config\'s)'},
@@ -40,7 +43,7 @@ else
   model = gp.models.load(a.model, {dtype = dtype})
 end
 local c, B = model.config, a.batch
-local cache = model:new_cache(B, a.context + 1, dtype, dev)
+local cache = model:new_cache(B, a.context + 1, dtype, dev, a.kv_dtype ~= '' and a.kv_dtype or nil)
 local pos = gp.full({1}, a.context, {dtype = 'i64', device = dev})
 local nxt = gp.zeros({B, 1}, {dtype = 'i64', device = dev})
 gp.no_grad(function()
@@ -50,14 +53,18 @@ local function step() gp.no_grad(function() model:forward_cached(nxt, cache, pos
 
 local bytes = 0
 for _, p in ipairs(model:parameters()) do bytes = bytes + p:numel() * p:element_size() end
+local wbytes, kvbytes = bytes, cache:nbytes() * a.context / (a.context + 1) -- the filled positions
+bytes = bytes + kvbytes
 local copy_bw
 do
   local n = dev == 'cuda' and 128 * 2 ^ 20 or 2 ^ 20
   local s, d = gp.empty({n}, {device = dev}), gp.empty({n}, {device = dev})
   copy_bw = 2 * 4 * n / (gp.time(function() gp.k.copy(d, s) end, {warmup = 2, iters = 10}) * 1e6)
 end
-print(string.format('decode step profile: %s %s on %s, batch %d after %d cached positions; %.1f MB of weights, copy %.0f GB/s: floor %.1f us',
-  a.random ~= '' and ('random ' .. a.random .. (a.layers > 0 and (', ' .. a.layers .. ' layers') or '')) or a.model, dtype, dev, B, a.context, bytes / 1e6, copy_bw, bytes / copy_bw / 1e3))
+print(string.format('decode step profile: %s %s on %s, batch %d after %d cached positions (%s cache); %.1f MB of weights + ' ..
+  '%.3f MB of KV cache, copy %.0f GB/s: floor %.1f us',
+  a.random ~= '' and ('random ' .. a.random .. (a.layers > 0 and (', ' .. a.layers .. ' layers') or '')) or a.model, dtype, dev, B,
+  a.context, a.kv_dtype ~= '' and a.kv_dtype or dtype, wbytes / 1e6, kvbytes / 1e6, copy_bw, bytes / copy_bw / 1e3))
 local p = gp.profile(step, {warmup = 2, iters = 5})
 print(string.format('%d kernels a step, %.1f us of kernel time a step (events around each)', p.calls / p.iters,
   p.kernel_ms * 1e3 / p.iters))

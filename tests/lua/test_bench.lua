@@ -189,6 +189,16 @@ T.test('decode step profile with --random: SmolLM2\'s shapes, random weights, no
   T.ok(out:find('\n  swiglu_linear%s+1 '), out)
 end)
 
+T.test('decode step profile with --kv-dtype int8: the step reads the codes (attn_decode_q), the floor counts the cache', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/profile_decode.lua --model ' .. root ..
+    '/tests/fixtures/models/llama3_rope --context 16 --top 30 --kv-dtype int8')
+  T.eq(rc, 0, out)
+  T.ok(out:find('(int8 cache)', 1, true), out)
+  T.ok(out:find('\n  attn_decode_q%s+%d+'), out)
+  local kv = tonumber(out:match('MB of weights %+ ([%d.]+) MB of KV cache'))
+  T.ok(kv and kv > 0, out)
+end)
+
 T.test('decode step profile (scripts/bench/profile_decode.lua) lists the step\'s kernels', function()
   local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/profile_decode.lua --model ' .. root ..
     '/tests/fixtures/models/llama3_rope --context 16 --top 5')

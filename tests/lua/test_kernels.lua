@@ -149,6 +149,25 @@ KCHECK.sample = function(j, g, c, tol)
   if big > 0 then return string.format('probs: %d elements differ by more than 1e-3', big) end
   return nil
 end
+-- rope_kv_quant_at: the GPU turns k in f32 sincos, the CPU in double, so a
+-- code may land one step over (two's complement: 0 and 255 are neighbours);
+-- q and the scales by tolerance
+KCHECK.rope_kv_quant_at = function(_, g, c, tol)
+  if g.dtype ~= 'u8' then
+    local r = T.relnorm(g, c)
+    return r > math.max(tol, 1e-5) and string.format('relative norm %g', r) or nil
+  end
+  local a, b, diff = T.flat(g), T.flat(c), 0
+  for i = 1, #a do
+    local d = math.abs(a[i] - b[i])
+    if d ~= 0 then
+      if d ~= 1 and d ~= 255 then return string.format('code %d: %d against %d', i, a[i], b[i]) end
+      diff = diff + 1
+    end
+  end
+  if diff > math.max(2, #a / 100) then return string.format('%d of %d codes differ', diff, #a) end
+  return nil
+end
 -- attention: q (B, H, T, D) over k, v (B, H/G, S, D) (S >= T when causal: the
 -- last T positions; G query heads to a KV head, 1 unless the case names G),
 -- decode over a cache of C (attn_decode_q: u8 codes, fmt 1 int8 unless the
@@ -197,6 +216,13 @@ KCASES.rope_kv_at = {
   {name = '1x2(1) d64 C 9', shape = {1}, syms = {B = 1, H = 2, J = 1, C = 9, D = 64, E = 32, W = 256}},
   {name = '3x9(3) d64 C 20 (SmolLM2)', shape = {1}, syms = {B = 3, H = 9, J = 3, C = 20, D = 64, E = 32, W = 960}},
   {name = '2x4(4) d128 C 5', shape = {1}, syms = {B = 2, H = 4, J = 4, C = 5, D = 128, E = 64, W = 1536}},
+}
+-- rope_kv_quant_at: the same into compressed caches (fmt 1 int8, 2 fp8)
+KCASES.rope_kv_quant_at = {
+  {name = '1x2(1) d64 C 9 int8', shape = {1}, syms = {B = 1, H = 2, J = 1, C = 9, D = 64, E = 32, W = 256}},
+  {name = '3x9(3) d64 C 20 (SmolLM2) fp8', shape = {1}, syms = {B = 3, H = 9, J = 3, C = 20, D = 64, E = 32, W = 960},
+    scalars = {fmt = 2}},
+  {name = '2x4(4) d128 C 5 int8', shape = {1}, syms = {B = 2, H = 4, J = 4, C = 5, D = 128, E = 64, W = 1536}},
 }
 -- swiglu_linear: M rows of [gate | up] (K = 2I) times w (N, I); M <= 4 and M I elements in 48 KB
 -- rows_linear: M rows (at most 4, M K elements in 48 KB) times w (N, K)

@@ -204,6 +204,45 @@ local function rope_append_check(dev, dt, tol)
   T.ok(T.relnorm(a.v[1]:float():cpu(), b.v[1]) <= tol, dev .. ' v')
 end
 
+-- the same into a compressed cache (kernel rope_kv_quant_at): the codes and
+-- scales gp.rope then append_at (kv_quant_append) write, in the same dtype
+-- on the CPU (the same bytes) and on the GPU (f32 sincos: the dequantized
+-- rows within rounding)
+local function rope_quant_check(dev, dt, kvd)
+  local B, H, J, D, C, pos = 3, 9, 3, 64, 12, 5
+  gp.manual_seed(6)
+  local qkv = rn({B, (H + 2 * J) * D}):to(dt)
+  local inv = gp.rope_inv_freq(D, CPU)
+  local o = {batch = B, heads = J, capacity = C, head_dim = D, layers = 1, dtype = dt, kv_dtype = kvd}
+  o.device = dev
+  local a = gp.KVCache(o)
+  local q = a:rope_append_at(1, qkv:to(dev), gp.full({1}, pos, {dtype = 'i64', device = dev}), inv:to(dev), H)
+  o.device = 'cpu'
+  local b = gp.KVCache(o)
+  local x = qkv:view {B, 1, H + 2 * J, D}
+  local r = gp.rope(x:narrow(3, 1, H + J), pos, inv)
+  b:append_at(1, r:narrow(3, H + 1, J):transpose(2, 3), x:narrow(3, H + J + 1, J):transpose(2, 3),
+    gp.full({1}, pos, {dtype = 'i64', device = 'cpu'}))
+  local name = string.format('%s %s %s', dev, dt, kvd)
+  T.eq(q.dtype, dt, name .. ': q in qkv\'s dtype')
+  local function deq(codes, scales)
+    local t = gp.empty({B, J, C, D}, CPU)
+    gp.k.kv_dequant(t, codes:cpu(), scales:cpu(), a.fmt)
+    return t
+  end
+  if dev == 'cpu' then
+    T.ok(T.relnorm(q:float(), r:narrow(3, 1, H):reshape {B, H, D}:float()) == 0, name .. ' q')
+    for _, f in ipairs {{'k', 'ks'}, {'v', 'vs'}} do
+      T.eq((a[f[1]][1]:int() - b[f[1]][1]:int()):abs():max():item(), 0, name .. ': the same ' .. f[1] .. ' codes')
+      T.ok(T.relnorm(a[f[2]][1], b[f[2]][1]) == 0, name .. ': the same ' .. f[1] .. ' scales')
+    end
+  else
+    T.ok(T.relnorm(q:float():cpu(), r:narrow(3, 1, H):reshape {B, H, D}:float()) < 1e-2, name .. ' q')
+    T.ok(T.relnorm(deq(a.k[1], a.ks[1]), deq(b.k[1], b.ks[1])) < 1e-2, name .. ' k')
+    T.ok(T.relnorm(deq(a.v[1], a.vs[1]), deq(b.v[1], b.vs[1])) < 1e-6, name .. ' v')
+  end
+end
+
 T.test('KVCache:rope_append_at: q and k turned, k and v written at the device position, as gp.rope then append_at', function()
   rope_append_check('cpu', 'f32', 1e-6)
   local c = gp.KVCache {batch = 1, heads = 1, capacity = 4, head_dim = 64, layers = 1, device = 'cpu'}
@@ -211,10 +250,19 @@ T.test('KVCache:rope_append_at: q and k turned, k and v written at the device po
   T.raises(function() c:rope_append_at(1, rn {1, 192}, bad, gp.rope_inv_freq(64, CPU), 1) end, 'rope_kv_at', 'position 4')
   T.raises(function() c:rope_append_at(1, rn {1, 190}, bad, gp.rope_inv_freq(64, CPU), 1) end, 'rope_kv_at', '(1,190)')
   local cq = gp.KVCache {batch = 1, heads = 1, capacity = 4, head_dim = 64, layers = 1, kv_dtype = 'int8', device = 'cpu'}
-  T.raises(function() cq:rope_append_at(1, rn {1, 192}, bad, gp.rope_inv_freq(64, CPU), 1) end, 'compressed')
+  T.raises(function() cq:rope_append_at(1, rn {1, 192}, bad, gp.rope_inv_freq(64, CPU), 1) end, 'rope_kv_quant_at',
+    'position 4')
+  T.raises(function() gp.k.rope_kv_quant_at(rn {1, 1, 64}, cq.k[1], cq.v[1], cq.ks[1], cq.vs[1], rn {1, 192},
+    gp.zeros({1}, {dtype = 'i64', device = 'cpu'}), gp.rope_inv_freq(64, CPU), 3) end, 'rope_kv_quant_at', 'fmt')
+  for _, kvd in ipairs {'int8', 'fp8'} do
+    for _, dt in ipairs {'f32', 'bf16'} do rope_quant_check('cpu', dt, kvd) end
+  end
   if not gp.cuda_available() then return end
   rope_append_check('cuda', 'f32', 1e-5)
   rope_append_check('cuda', 'bf16', 1e-2)
+  for _, kvd in ipairs {'int8', 'fp8'} do
+    for _, dt in ipairs {'f32', 'bf16'} do rope_quant_check('cuda', dt, kvd) end
+  end
 end)
 
 T.test('Llama decode at device positions: q, k, v through one rope_kv_at a layer, the tokens of the host-position loop', function()

@@ -174,8 +174,8 @@ function Attention:forward(x, pos, inv_freq, cache, layer, at)
   if W then -- one product, then row blocks of its output (rope and the cache take strided views)
     local y = gp.linear(x, W, Wb)
     local nq, nkv = H * hd, Hkv * hd
-    if at and T == 1 and not cache.fmt and cache.rope_append_at then
-      -- a device-position decode step: q and k turned and k, v written into the cache by one kernel
+    if at and T == 1 and cache.rope_append_at then
+      -- a device-position decode step: q and k turned and k, v written (a compressed cache: quantized) by one kernel
       local q1 = cache:rope_append_at(layer, y:view {B, nq + 2 * nkv}, at.pos, inv_freq, H)
       local o = cache:attend_at(layer, q1, at.lens, self:decode_opts())
       return self.o_proj(o:view {B, T, H * hd})

@@ -418,16 +418,20 @@ function KVCache:append_at(layer, k, v, pos)
 end
 -- one decode token a row from its fused projection qkv (B, (H + 2 Hkv) D) =
 -- [q heads | k heads | v heads]: k turned by pos * inv_freq and written with v
--- at the device position pos, in one kernel (a bf16/f16/f32 cache, not a
--- compressed one); returns q (B, H, D) turned the same (gp.rope's layout)
+-- at the device position pos, in one kernel (rope_kv_at; a compressed cache:
+-- rope_kv_quant_at, k and v quantized as they are written); returns q (B, H,
+-- D) turned the same (gp.rope's layout)
 function KVCache:rope_append_at(layer, qkv, pos, inv_freq, H)
   layer = self:_layer('rope_append_at', layer)
   need(qkv, 'KVCache:rope_append_at', 'qkv')
   need(pos, 'KVCache:rope_append_at', 'pos')
-  if self.fmt then raise('KVCache:rope_append_at: a compressed cache (kv_dtype) takes append_at') end
   local kc = self.k[layer]
-  local q = empty({qkv:size(1), H, kc:size(4)}, kc.dtype, kc.device, 'KVCache:rope_append_at')
-  K.rope_kv_at(q, kc, self.v[layer], qkv, pos, inv_freq)
+  local q = empty({qkv:size(1), H, kc:size(4)}, self.fmt and qkv.dtype or kc.dtype, kc.device, 'KVCache:rope_append_at')
+  if self.fmt then
+    K.rope_kv_quant_at(q, kc, self.v[layer], self.ks[layer], self.vs[layer], qkv, pos, inv_freq, self.fmt)
+  else
+    K.rope_kv_at(q, kc, self.v[layer], qkv, pos, inv_freq)
+  end
   return q
 end
 -- compressed: k, v quantized into layer's codes and scales at the device position pos
