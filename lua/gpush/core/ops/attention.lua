@@ -522,7 +522,7 @@ local D = gp.doc
 D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at the next positions of layer, in place; an error past capacity')
 D(KVCache.len, 'cache:len(layer=1)', 'positions filled in layer')
 D(KVCache.append_at, 'cache:append_at(layer, k, v, pos)', 'write k, v (B, H, Tnew, D) at the position held by the device tensor pos (i64 [1]); for CUDA graphs: nothing read on the host, len not advanced')
-D(KVCache.rope_append_at, 'cache:rope_append_at(layer, qkv, pos, inv_freq, H)', 'one decode token a row from its fused projection qkv (B, (H + 2 Hkv) D) = [q heads | k heads | v heads]: k turned by pos * inv_freq (gp.rope\'s layout) and written with v at the position held by the device tensor pos, in one kernel (gp.k.rope_kv_at; not for a compressed cache); returns q (B, H, D) turned the same')
+D(KVCache.rope_append_at, 'cache:rope_append_at(layer, qkv, pos, inv_freq, H)', 'one decode token a row from its fused projection qkv (B, (H + 2 Hkv) D) = [q heads | k heads | v heads]: k turned by pos * inv_freq (gp.rope\'s layout) and written with v at the position held by the device tensor pos, in one kernel (gp.k.rope_kv_at; a compressed cache: gp.k.rope_kv_quant_at, k and v quantized as written); returns q (B, H, D) turned the same')
 D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, Hq, D) over the first lens[b] positions of layer (lens a device tensor; Hq a multiple of the cache\'s heads)')
 D(KVCache.step_lens, 'cache:step_lens(op, idx, pos)', 'i64 [B] device lengths pos + 1 for a device-position decode step of idx (B, 1) at pos (i64 [1]); an error naming op otherwise')
 D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (after append_at)')
