@@ -21,6 +21,15 @@ static int kv_fmt(const char *op, double fmt) {
   return GP_OK;
 }
 
+void gp_kvq_quant_row(uint8_t *codes, float *scale, const void *src, int64_t si, int dtype, int64_t D, int fmt) {
+  const float mx = kvq_max(fmt);
+  float amax = 0.f;
+  for (int64_t d = 0; d < D; d++) amax = fmaxf(amax, fabsf((float)gp_load(src, dtype, si + d)));
+  const float inv = amax > 0.f ? mx / amax : 0.f;
+  *scale = amax / mx;
+  for (int64_t d = 0; d < D; d++) codes[d] = kvq_encode((float)gp_load(src, dtype, si + d) * inv, fmt);
+}
+
 int gp_k_kv_quant_append(gp_tensor *codes, gp_tensor *scales, const gp_tensor *src, const gp_tensor *pos, double fmt) {
   GP_CHECK(kv_quant_append, codes, scales, src, pos);
   GP_TRY(kv_fmt("kv_quant_append", fmt));
@@ -35,16 +44,11 @@ int gp_k_kv_quant_append(gp_tensor *codes, gp_tensor *scales, const gp_tensor *s
   const void *ps = gp_ptr(src);
   uint8_t *pc = gp_ptr(codes);
   float *pscale = gp_ptr(scales);
-  const float mx = kvq_max(f);
   for (int64_t b = 0; b < B; b++)
     for (int64_t h = 0; h < H; h++)
       for (int64_t k = 0; k < K; k++) {
         int64_t si = b * src->stride[0] + h * src->stride[1] + k * src->stride[2], row = (b * H + h) * C + p + k;
-        float amax = 0.f;
-        for (int64_t d = 0; d < D; d++) amax = fmaxf(amax, fabsf((float)gp_load(ps, src->dtype, si + d)));
-        float inv = amax > 0.f ? mx / amax : 0.f;
-        pscale[row] = amax / mx;
-        for (int64_t d = 0; d < D; d++) pc[row * D + d] = kvq_encode((float)gp_load(ps, src->dtype, si + d) * inv, f);
+        gp_kvq_quant_row(pc + row * D, pscale + row, ps, si, src->dtype, D, f);
       }
   return GP_OK;
 }

@@ -72,4 +72,10 @@ static inline uint8_t kvq_encode(float y, int fmt) {
 static inline float kvq_decode(uint8_t c, int fmt) {
   return fmt == GP_KV_FP8 ? kvq_e4m3_to_f32(c) : (float)(int8_t)c;
 }
+
+#ifndef __CUDACC__
+/* the CPU's quantization of one row of D values of dtype at src + si
+ * (kvcache.c): its codes at codes[0..D), its scale at *scale */
+void gp_kvq_quant_row(uint8_t *codes, float *scale, const void *src, int64_t si, int dtype, int64_t D, int fmt);
+#endif
 #endif

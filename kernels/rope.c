@@ -63,6 +63,15 @@ static int kv_row_shapes(const char *op, const gp_tensor *q, const gp_tensor *kc
   return GP_OK;
 }
 
+/* the position pos[0] of a decode row, in [0, C) of the caches kc (op names the error) */
+static int kv_row_pos(const char *op, const gp_tensor *pos, const gp_tensor *kc, int64_t *p) {
+  *p = gp_load_i64(gp_ptr(pos), pos->dtype, 0);
+  if (*p < 0 || *p >= kc->shape[2])
+    return gp_error("%s: position %lld is outside the caches' dim 3 of size %lld (kc %s)", op, (long long)*p,
+                    (long long)kc->shape[2], GP_SHAPE(kc));
+  return GP_OK;
+}
+
 /* rope_kv_at: the decode token's q, k and v from its fused projection: q and
  * k turned as above at the position pos[0] (read where it lives), k and v
  * written into the caches at that position. */
@@ -73,10 +82,8 @@ int gp_k_rope_kv_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, const gp_tensor 
   const int64_t E = gp_numel(inv_freq);
   GP_TRY(kv_row_shapes("rope_kv_at", q, kc, qkv, inv_freq));
   GP_CUDA_DISPATCH(q, gp_cuda_rope_kv_at(q, kc, vc, qkv, pos, inv_freq));
-  const int64_t p = gp_load_i64(gp_ptr(pos), pos->dtype, 0);
-  if (p < 0 || p >= C)
-    return gp_error("rope_kv_at: position %lld is outside the caches' dim 3 of size %lld (kc %s)", (long long)p,
-                    (long long)C, GP_SHAPE(kc));
+  int64_t p;
+  GP_TRY(kv_row_pos("rope_kv_at", pos, kc, &p));
   const char *px = gp_ptr(qkv);
   const float *pf = gp_ptr(inv_freq);
   const int dt = q->dtype;
@@ -92,17 +99,6 @@ int gp_k_rope_kv_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, const gp_tensor 
   return GP_OK;
 }
 
-/* one row of D values (dtype dt at src) quantized as kv_quant_append does:
- * codes at pc[row * D], the scale at ps[row] */
-static void quant_row(uint8_t *pc, float *ps, int64_t row, const char *px, int64_t src, int dt, int64_t D, int fmt) {
-  const float mx = kvq_max(fmt);
-  float amax = 0.f;
-  for (int64_t d = 0; d < D; d++) amax = fmaxf(amax, fabsf((float)gp_load(px, dt, src + d)));
-  const float inv = amax > 0.f ? mx / amax : 0.f;
-  ps[row] = amax / mx;
-  for (int64_t d = 0; d < D; d++) pc[row * D + d] = kvq_encode((float)gp_load(px, dt, src + d) * inv, fmt);
-}
-
 /* rope_kv_quant_at: rope_kv_at into a compressed cache; each k head turned
  * into a row of q's dtype first (as gp.rope then kv_quant_append would see
  * it), then quantized with the v heads */
@@ -115,10 +111,8 @@ int gp_k_rope_kv_quant_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, gp_tensor 
   const int64_t E = gp_numel(inv_freq);
   GP_TRY(kv_row_shapes("rope_kv_quant_at", q, kc, qkv, inv_freq));
   GP_CUDA_DISPATCH(q, gp_cuda_rope_kv_quant_at(q, kc, vc, ks, vs, qkv, pos, inv_freq, (int)fmt));
-  const int64_t p = gp_load_i64(gp_ptr(pos), pos->dtype, 0);
-  if (p < 0 || p >= C)
-    return gp_error("rope_kv_quant_at: position %lld is outside the caches' dim 3 of size %lld (kc %s)", (long long)p,
-                    (long long)C, GP_SHAPE(kc));
+  int64_t p;
+  GP_TRY(kv_row_pos("rope_kv_quant_at", pos, kc, &p));
   const char *px = gp_ptr(qkv);
   const float *pf = gp_ptr(inv_freq);
   const int dt = q->dtype;
@@ -130,9 +124,9 @@ int gp_k_rope_kv_quant_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, gp_tensor 
       if (h < H) rotate_head(gp_ptr(q), (b * H + h) * D, px, src, dt, E, (double)p, pf, 1);
       else if (h < H + J) {
         rotate_head(tmp, 0, px, src, dt, E, (double)p, pf, 1);
-        quant_row(gp_ptr(kc), gp_ptr(ks), row, tmp, 0, dt, D, (int)fmt);
+        gp_kvq_quant_row((uint8_t *)gp_ptr(kc) + row * D, (float *)gp_ptr(ks) + row, tmp, 0, dt, D, (int)fmt);
       } else {
-        quant_row(gp_ptr(vc), gp_ptr(vs), row, px, src, dt, D, (int)fmt);
+        gp_kvq_quant_row((uint8_t *)gp_ptr(vc) + row * D, (float *)gp_ptr(vs) + row, px, src, dt, D, (int)fmt);
       }
     }
   free(tmp);
