@@ -71,6 +71,34 @@ template <typename T, int FMT, int N, typename R> __device__ __forceinline__ voi
   }
 }
 
+/* a block's nq heads from the NPART partials (m in log2 units, l, acc) in
+ * shared memory: the output itself with one slice, else the slice's partial
+ * (acc, max, sum) for the combine kernel; 128 threads */
+template <typename T, int D, int NPART, int NQ>
+__device__ __forceinline__ void store_partials(const DecP &P, int bh0, int nq, int split, const float (*sm_m)[NQ],
+                                               const float (*sm_l)[NQ], const float (*sm_acc)[NQ][D]) {
+#pragma unroll 1
+  for (int g = 0; g < nq; g++) {
+    float M = -INFINITY, L = 0.f;
+#pragma unroll
+    for (int i = 0; i < NPART; i++) M = fmaxf(M, sm_m[i][g]);
+#pragma unroll
+    for (int i = 0; i < NPART; i++) L += sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - M) * sm_l[i][g];
+    float *part = P.part + ((int64_t)(bh0 + g) * P.nsplit + split) * (D + 2);
+    for (int d = threadIdx.x; d < D; d += 128) {
+      float a = 0.f;
+#pragma unroll
+      for (int i = 0; i < NPART; i++) a += (sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - M)) * sm_acc[i][g][d];
+      if (P.nsplit == 1) ((T *)P.out)[(int64_t)(bh0 + g) * D + d] = st<T>(L > 0.f ? a / L : 0.f); /* no combine */
+      else part[d] = a;
+    }
+    if (threadIdx.x == 0 && P.nsplit > 1) {
+      part[D] = M;
+      part[D + 1] = L;
+    }
+  }
+}
+
 /* NQ query heads of one KV head (consecutive heads of a group: NQ divides G)
  * and one slice of the cache a block, so that a key and a value are read and
  * dequantized once for the NQ heads: each key's row is read by LPK lanes
@@ -198,26 +226,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
     for (int t = 0; t < EPL; t++) sm_acc[gi][g][sub * EPL + t] = acc[g][t];
   }
   __syncthreads();
-#pragma unroll
-  for (int g = 0; g < NQ; g++) {
-    float M = -INFINITY, L = 0.f;
-#pragma unroll
-    for (int i = 0; i < NPART; i++) M = fmaxf(M, sm_m[i][g]);
-#pragma unroll
-    for (int i = 0; i < NPART; i++) L += sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - M) * sm_l[i][g];
-    float *part = P.part + ((int64_t)(bh0 + g) * P.nsplit + split) * (D + 2);
-    for (int d = threadIdx.x; d < D; d += 128) {
-      float a = 0.f;
-#pragma unroll
-      for (int i = 0; i < NPART; i++) a += (sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - M)) * sm_acc[i][g][d];
-      if (P.nsplit == 1) ((T *)P.out)[(int64_t)(bh0 + g) * D + d] = st<T>(L > 0.f ? a / L : 0.f); /* no combine */
-      else part[d] = a;
-    }
-    if (threadIdx.x == 0 && P.nsplit > 1) {
-      part[D] = M;
-      part[D + 1] = L;
-    }
-  }
+  store_partials<T, D, NPART, NQ>(P, bh0, NQ, split, sm_m, sm_l, sm_acc);
 }
 
 /* the splits' partials of one (b, h): weights 2^(m_s - M) */
@@ -484,25 +493,7 @@ template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_a
     }
   }
   __syncthreads();
-  for (int g = 0; g < nq; g++) {
-    float Mx = -INFINITY, L = 0.f;
-#pragma unroll
-    for (int i = 0; i < 4; i++) Mx = fmaxf(Mx, sm_m[i][g]);
-#pragma unroll
-    for (int i = 0; i < 4; i++) L += sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - Mx) * sm_l[i][g];
-    float *part = P.part + ((int64_t)(bh0 + g) * P.nsplit + split) * (D + 2);
-    for (int d = threadIdx.x; d < D; d += 128) {
-      float a = 0.f;
-#pragma unroll
-      for (int i = 0; i < 4; i++) a += (sm_m[i][g] == -INFINITY ? 0.f : ex2(sm_m[i][g] - Mx)) * sm_acc[i][g][d];
-      if (P.nsplit == 1) ((T *)P.out)[(int64_t)(bh0 + g) * D + d] = st<T>(L > 0.f ? a / L : 0.f);
-      else part[d] = a;
-    }
-    if (threadIdx.x == 0 && P.nsplit > 1) {
-      part[D] = Mx;
-      part[D + 1] = L;
-    }
-  }
+  store_partials<T, D, 4, 8>(P, bh0, nq, split, sm_m, sm_l, sm_acc);
 }
 
 /* the split kernel for P, or (per_sm not null) only the blocks of it an SM holds at once */
