@@ -456,9 +456,19 @@ template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_a
 #pragma unroll
             for (int pr = 0; pr < 2; pr++) {
               const uint32_t x = vw[kk][2 * pr][g], y = vw[kk][2 * pr + 1][g];
-              const uint32_t i0 = __byte_perm(x, y, 0x5140u), i1 = __byte_perm(x, y, 0x7362u); /* x0 y0 x1 y1, x2 y2 x3 y3 */
-              codes_h2<FMT>(i0, hp[pr][0], hp[pr][1]);
-              codes_h2<FMT>(i1, hp[pr][2], hp[pr][3]);
+              if constexpr (FMT == GP_KV_INT8) {
+                const uint32_t i0 = __byte_perm(x, y, 0x5140u), i1 = __byte_perm(x, y, 0x7362u); /* x0 y0 x1 y1, x2 y2 x3 y3 */
+                codes_h2<FMT>(i0, hp[pr][0], hp[pr][1]);
+                codes_h2<FMT>(i1, hp[pr][2], hp[pr][3]);
+              } else {
+                /* e4m3: bytes x_d x_d y_d y_d, the high byte of each half the code (the low
+                 * byte falls outside the masks), so one permute a pair */
+#pragma unroll
+                for (int d = 0; d < 4; d++) {
+                  const uint32_t a = __byte_perm(x, y, 0x4400u + 0x1111u * d);
+                  hp[pr][d] = (a & 0x80008000u) | ((a >> 1) & 0x3F803F80u);
+                }
+              }
 #pragma unroll
               for (int d = 0; d < 4; d++) {
                 __half2 hv = __hmul2(*(__half2 *)&hp[pr][d], *(const __half2 *)&sv[pr]);
