@@ -36,18 +36,12 @@ extern "C" int gp_cuda_fill(gp_tensor *out, double value) {
 }
 
 /* arange: each value computed in double and stored as the CPU's gp_store does it (floats through float,
- * integers truncated and saturated in double, so large i64 ramps stay exact) */
+ * integers by gp_d2i: truncated and saturated in double, so large i64 ramps stay exact) */
 template <typename T> __device__ __forceinline__ T arange_store(double v) {
-  if constexpr (gp_is_float_t<T>::value) {
-    return st<T>((float)v);
-  } else {
-    const double lo = std::is_same<T, int32_t>::value ? (double)INT32_MIN : std::is_same<T, int64_t>::value ? (double)INT64_MIN : 0.0;
-    const double hi = std::is_same<T, int32_t>::value ? (double)INT32_MAX : std::is_same<T, int64_t>::value ? (double)INT64_MAX : 255.0;
-    if (!(v == v)) return (T)0;
-    if (v <= lo) return std::is_same<T, int64_t>::value ? (T)INT64_MIN : (T)lo;
-    if (v >= hi) return std::is_same<T, int64_t>::value ? (T)INT64_MAX : (T)hi;
-    return (T)(int64_t)v;
-  }
+  if constexpr (gp_is_float_t<T>::value) return st<T>((float)v);
+  else if constexpr (std::is_same<T, int32_t>::value) return (T)gp_d2i(v, INT32_MIN, INT32_MAX);
+  else if constexpr (std::is_same<T, int64_t>::value) return gp_d2i(v, INT64_MIN, INT64_MAX);
+  else return (T)gp_d2i(v, 0, 255);
 }
 template <typename T> __global__ void k_arange(T *o, int64_t n, double start, double step) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;

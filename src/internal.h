@@ -171,7 +171,11 @@ static inline int64_t gp_load_i64(const void *p, int dt, int64_t i) {
     default: return (int64_t)gp_load(p, dt, i);
   }
 }
-/* double -> integer the way C casts do, but never undefined: NaN -> 0, saturating */
+/* double -> integer the way C casts do, but never undefined: NaN -> 0, saturating
+ * (the kernels call it too: gp.k.arange stores its values as gp_store does) */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
 static inline int64_t gp_d2i(double v, int64_t lo, int64_t hi) {
   if (!(v == v)) return 0;
   if (v <= (double)lo) return lo;
