@@ -23,6 +23,9 @@ int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kca
 int gp_cuda_attn_decode_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes, const gp_tensor *vcodes,
                           const gp_tensor *kscales, const gp_tensor *vscales, const gp_tensor *lens, double scale,
                           int64_t window, int64_t n_global, int fmt);
+int gp_cuda_attn_chunk_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes, const gp_tensor *vcodes,
+                         const gp_tensor *kscales, const gp_tensor *vscales, const gp_tensor *lens, double scale,
+                         int64_t window, int64_t n_global, int fmt);
 #ifdef __cplusplus
 }
 #endif
@@ -236,12 +239,15 @@ static inline double kv_elem(const gp_tensor *c, const float *sc, int fmt, int64
 }
 
 /* decode attention's checks after the dispatch and its CPU reference, over a
- * cache in q's dtype (fmt 0; ks, vs unused) or of codes and scales */
+ * cache in q's dtype (fmt 0; ks, vs unused) or of codes and scales. chunk 0:
+ * q, out (B, H, D), one query a row at position lens[b] - 1; chunk 1: q, out
+ * (B, T, H, D), query t of row b at position lens[b] - T + t (causal over
+ * the cache, nothing visible before position 0) */
 static int decode_ref(const char *op, gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache,
                       const gp_tensor *vcache, const gp_tensor *ks, const gp_tensor *vs, const gp_tensor *lens,
-                      double scale, int64_t win, int64_t ng, int fmt) {
-  int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], C = kcache->shape[2], G = attn_group(q, kcache),
-          Hkv = kcache->shape[1];
+                      double scale, int64_t win, int64_t ng, int fmt, int chunk) {
+  int64_t B = q->shape[0], T = chunk ? q->shape[1] : 1, H = q->shape[chunk ? 2 : 1], D = q->shape[chunk ? 3 : 2],
+          C = kcache->shape[2], Hkv = kcache->shape[1], G = Hkv > 0 ? H / Hkv : 1;
   int dt = q->dtype;
   const void *pq = gp_ptr(q), *pn = gp_ptr(lens);
   const float *pks = fmt ? gp_ptr(ks) : 0, *pvs = fmt ? gp_ptr(vs) : 0;
@@ -253,29 +259,31 @@ static int decode_ref(const char *op, gp_tensor *out, const gp_tensor *q, const 
   }
   double acc[ATTN_MAX_D], qd[ATTN_MAX_D];
   for (int64_t b = 0; b < B; b++)
-    for (int64_t h = 0; h < H; h++) {
-      int64_t n = gp_load_i64(pn, lens->dtype, b), p = n - 1, qi = (b * H + h) * D, base = (b * Hkv + h / G) * C;
-      double m = -INFINITY, l = 0;
-      for (int64_t d = 0; d < D; d++) {
-        acc[d] = 0;
-        qd[d] = gp_load(pq, dt, qi + d);
-      }
-      for (int pass = 0; pass < 2; pass++) /* the max, then the sums */
-        for (int64_t j = 0; j < n; j++)
-          if (attn_visible(p, j, win, ng, 1)) {
-            double s = 0;
-            for (int64_t d = 0; d < D; d++) s += qd[d] * kv_elem(kcache, pks, fmt, base + j, D, d);
-            s *= scale;
-            if (pass == 0) {
-              if (s > m) m = s;
-              continue;
+    for (int64_t t = 0; t < T; t++)
+      for (int64_t h = 0; h < H; h++) {
+        int64_t p = gp_load_i64(pn, lens->dtype, b) - T + t, qi = ((b * T + t) * H + h) * D,
+                base = (b * Hkv + h / G) * C;
+        double m = -INFINITY, l = 0;
+        for (int64_t d = 0; d < D; d++) {
+          acc[d] = 0;
+          qd[d] = gp_load(pq, dt, qi + d);
+        }
+        for (int pass = 0; pass < 2; pass++) /* the max, then the sums */
+          for (int64_t j = 0; j <= p; j++)
+            if (attn_visible(p, j, win, ng, 1)) {
+              double s = 0;
+              for (int64_t d = 0; d < D; d++) s += qd[d] * kv_elem(kcache, pks, fmt, base + j, D, d);
+              s *= scale;
+              if (pass == 0) {
+                if (s > m) m = s;
+                continue;
+              }
+              double e = exp(s - m);
+              l += e;
+              for (int64_t d = 0; d < D; d++) acc[d] += e * kv_elem(vcache, pvs, fmt, base + j, D, d);
             }
-            double e = exp(s - m);
-            l += e;
-            for (int64_t d = 0; d < D; d++) acc[d] += e * kv_elem(vcache, pvs, fmt, base + j, D, d);
-          }
-      for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(out), out->dtype, qi + d, l > 0 ? acc[d] / l : 0.0);
-    }
+        for (int64_t d = 0; d < D; d++) gp_store(gp_ptr(out), out->dtype, qi + d, l > 0 ? acc[d] / l : 0.0);
+      }
   return GP_OK;
 }
 
@@ -285,17 +293,31 @@ int gp_k_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache
   int64_t D = q->shape[2], win, ng;
   GP_TRY(attn_args("attn_decode", "decode", q, D, &scale, window, n_global, &win, &ng));
   GP_CUDA_DISPATCH(out, gp_cuda_attn_decode(out, q, kcache, vcache, lens, scale, win, ng));
-  return decode_ref("attn_decode", out, q, kcache, vcache, 0, 0, lens, scale, win, ng, 0);
+  return decode_ref("attn_decode", out, q, kcache, vcache, 0, 0, lens, scale, win, ng, 0, 0);
+}
+
+/* attn_decode_q (chunk 0: q (B, H, D)) and attn_chunk_q (chunk 1: q (B, T, H, D)) after their spec checks */
+static int decode_codes(const char *op, int chunk, gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes,
+                        const gp_tensor *vcodes, const gp_tensor *kscales, const gp_tensor *vscales,
+                        const gp_tensor *lens, double scale, double window, double n_global, double fmt) {
+  int64_t D = q->shape[chunk ? 3 : 2], win, ng;
+  GP_TRY(attn_args(op, "decode", q, D, &scale, window, n_global, &win, &ng));
+  if (fmt != GP_KV_INT8 && fmt != GP_KV_FP8) return gp_error("%s: fmt must be 1 (int8) or 2 (fp8 e4m3), got %g", op, fmt);
+  GP_CUDA_DISPATCH(out, (chunk ? gp_cuda_attn_chunk_q : gp_cuda_attn_decode_q)(out, q, kcodes, vcodes, kscales, vscales,
+                                                                                lens, scale, win, ng, (int)fmt));
+  return decode_ref(op, out, q, kcodes, vcodes, kscales, vscales, lens, scale, win, ng, (int)fmt, chunk);
 }
 
 int gp_k_attn_decode_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes, const gp_tensor *vcodes,
                        const gp_tensor *kscales, const gp_tensor *vscales, const gp_tensor *lens, double scale,
                        double window, double n_global, double fmt) {
   GP_CHECK(attn_decode_q, out, q, kcodes, vcodes, kscales, vscales, lens);
-  int64_t D = q->shape[2], win, ng;
-  GP_TRY(attn_args("attn_decode_q", "decode", q, D, &scale, window, n_global, &win, &ng));
-  if (fmt != GP_KV_INT8 && fmt != GP_KV_FP8)
-    return gp_error("attn_decode_q: fmt must be 1 (int8) or 2 (fp8 e4m3), got %g", fmt);
-  GP_CUDA_DISPATCH(out, gp_cuda_attn_decode_q(out, q, kcodes, vcodes, kscales, vscales, lens, scale, win, ng, (int)fmt));
-  return decode_ref("attn_decode_q", out, q, kcodes, vcodes, kscales, vscales, lens, scale, win, ng, (int)fmt);
+  return decode_codes("attn_decode_q", 0, out, q, kcodes, vcodes, kscales, vscales, lens, scale, window, n_global, fmt);
+}
+
+int gp_k_attn_chunk_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes, const gp_tensor *vcodes,
+                      const gp_tensor *kscales, const gp_tensor *vscales, const gp_tensor *lens, double scale,
+                      double window, double n_global, double fmt) {
+  GP_CHECK(attn_chunk_q, out, q, kcodes, vcodes, kscales, vscales, lens);
+  return decode_codes("attn_chunk_q", 1, out, q, kcodes, vcodes, kscales, vscales, lens, scale, window, n_global, fmt);
 }

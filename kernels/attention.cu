@@ -9,7 +9,9 @@
  *   GPU of a build with sm_90a code the wgmma kernels (the forward when
  *   scale > 0, the backward at head dim 64), else the mma.sync kernels;
  *   everything else (f32, head dim 32, unaligned views): the plain kernels.
- *   decode: the split-K kernels.
+ *   decode: the split-K kernels; a prefill chunk over a compressed cache
+ *   (attn_chunk_q): the many-row kernel when its rows fill the GPU, else
+ *   the decode kernels with a position's heads as the rows.
  *
  * k and v may have fewer heads than q (grouped-query attention, P.G query
  * heads to a KV head): every implementation reads KV head h / G for query
@@ -20,7 +22,12 @@
  *                            own (no atomics: bitwise repeatable; slower)
  *   GP_ATTN_IMPL=mma         (or new, its earlier name) a Hopper GPU takes the
  *                            mma.sync kernels that other GPUs run, so one H100
- *                            tests both paths */
+ *                            tests both paths
+ *   GP_ATTN_CHUNK=rows|heads a prefill chunk over a compressed cache
+ *                            (attn_chunk_q) takes the many-row kernel
+ *                            whenever it can (rows) or never (heads: the
+ *                            decode kernels, rows = heads of a position);
+ *                            unset: rows when its blocks fill the GPU */
 #include <cstdlib>
 #include <cstring>
 
@@ -160,16 +167,19 @@ extern "C" int gp_cuda_attn_bwd(gp_tensor *dq, gp_tensor *dk, gp_tensor *dv, con
 }
 
 /* decode attention over kcache, vcache in q's dtype (fmt 0) or over codes
- * with scales ks, vs (fmt 1 int8, 2 fp8) */
+ * with scales ks, vs (fmt 1 int8, 2 fp8); chunk: q, out (B, T, H, D), T
+ * queries a sequence (rows b, t, h), else (B, H, D) */
 static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache,
                       const gp_tensor *vcache, const gp_tensor *ks, const gp_tensor *vs, const gp_tensor *lens,
-                      double scale, int64_t window, int64_t n_global, int fmt) {
-  int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], C = kcache->shape[2], BH = B * H;
+                      double scale, int64_t window, int64_t n_global, int fmt, bool chunk) {
+  const int hd = chunk ? 2 : 1; /* q's head dim */
+  int64_t B = q->shape[0], T = chunk ? q->shape[1] : 1, H = q->shape[hd], D = q->shape[hd + 1],
+          C = kcache->shape[2], BH = B * T * H;
   if (BH == 0) return GP_OK;
-  if (C >= INT32_MAX / 2 || BH > 65535) {
-    char bk[96];
-    return gp_error("%s: kcache %s is too large for the GPU kernel (C < 2^30, B * H <= 65535)", op,
-                    gp_shape_str(kcache, bk, 96));
+  if (C >= INT32_MAX / 2 || BH >= INT32_MAX / 2) {
+    char bk[96], bq[96];
+    return gp_error("%s: kcache %s or q %s is too large for the GPU kernel (C < 2^30, rows < 2^30)", op,
+                    gp_shape_str(kcache, bk, 96), gp_shape_str(q, bq, 96));
   }
   DecP P = {};
   P.q = gp_ptr(q);
@@ -181,6 +191,7 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   P.out = gp_ptr(out);
   P.lens64 = lens->dtype == GP_I64;
   P.H = (int)H;
+  P.T = (int)T;
   P.Hkv = (int)kcache->shape[1]; /* divides H */
   P.G = P.Hkv > 0 ? P.H / P.Hkv : 1;
   P.C = (int)C;
@@ -188,6 +199,18 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   P.win = (int)(window > INT32_MAX / 2 ? INT32_MAX / 2 : window);
   P.ng = (int)(n_global > C ? C : n_global);
   const bool vec = (((uintptr_t)P.q | (uintptr_t)P.kc | (uintptr_t)P.vc) & 15) == 0;
+  /* a chunk of many rows (bf16/f16 queries): the many-row kernel, which reads the cache once per 64 rows of a
+   * KV head instead of once per <= 8, when its blocks fill a quarter of the SMs (H200, B4 Hkv8 D128 over 32K
+   * int8 positions: 64 queries 1.34 ms against 3.05 with the decode kernels; 16 queries, 32 blocks, 1.42
+   * against 0.76). GP_ATTN_DECODE=cores: never; GP_ATTN_CHUNK=rows: whenever it can, =heads: never */
+  static const int chunk_rule = [] {
+    const char *e = getenv("GP_ATTN_CHUNK");
+    return e && !strcmp(e, "rows") ? 1 : e && !strcmp(e, "heads") ? -1 : 0;
+  }();
+  if (chunk && vec && q->dtype != GP_F32 && decode_tc() && P.Hkv > 0 && B * P.Hkv <= 65535 && chunk_rule >= 0 &&
+      (chunk_rule > 0 || 4 * B * P.Hkv * ((P.G * T + 63) / 64) >= gp_cuda_sm_count()) &&
+      chunk_tc(P, B, q->dtype, (int)D, fmt))
+    return gp_cuda_check_launch(op);
   const int nq = vec ? decode_heads_per_block(P.G, q->dtype != GP_F32) : 1; /* query heads a block (a KV head's read serves them) */
   /* slices of the cache: as many as fill the GPU's block slots once (equal
    * slices: a second, partial wave would cost a whole slice's time), of at
@@ -199,17 +222,22 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   if (C <= 512) want = 1; /* short: one block a row reads it sooner than a second kernel could combine slices */
   int64_t nsplit = want < most ? want : most;
   if (nsplit < 1) nsplit = 1;
-  int64_t chunk = (C + nsplit - 1) / nsplit;
-  if (chunk < 1) chunk = 1;
-  nsplit = (C + chunk - 1) / chunk;
+  int64_t chunk_len = (C + nsplit - 1) / nsplit;
+  if (chunk_len < 1) chunk_len = 1;
+  nsplit = (C + chunk_len - 1) / chunk_len;
   if (nsplit < 1) nsplit = 1;
-  P.chunk = (int)chunk;
+  P.chunk = (int)chunk_len;
   P.nsplit = (int)nsplit;
   gp_tensor *part = 0; /* the slices' partials (none with one slice) */
   int64_t pn = BH * nsplit * (D + 2);
   if (nsplit > 1) GP_TRY(gp_tensor_scratch(&part, GP_F32, GP_CUDA, 1, &pn));
   P.part = part ? (float *)gp_ptr(part) : nullptr;
-  int rc = decode(P, BH, q->dtype, (int)D, vec, fmt, nq, nullptr);
+  /* launches of at most 65535 blocks of rows (the grid's y) */
+  int rc = GP_OK;
+  for (int64_t r0 = 0; r0 < BH && rc == GP_OK; r0 += 65535LL * nq) {
+    P.row0 = (int)r0;
+    rc = decode(P, BH - r0 < 65535LL * nq ? BH - r0 : 65535LL * nq, q->dtype, (int)D, vec, fmt, nq, nullptr);
+  }
   gp_tensor_free(part); /* stream-ordered: the allocator reuses it after the kernels */
   GP_TRY(rc);
   return gp_cuda_check_launch(op);
@@ -217,11 +245,18 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
 
 extern "C" int gp_cuda_attn_decode(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcache, const gp_tensor *vcache,
                                    const gp_tensor *lens, double scale, int64_t window, int64_t n_global) {
-  return run_decode("attn_decode", out, q, kcache, vcache, nullptr, nullptr, lens, scale, window, n_global, 0);
+  return run_decode("attn_decode", out, q, kcache, vcache, nullptr, nullptr, lens, scale, window, n_global, 0, false);
 }
 
 extern "C" int gp_cuda_attn_decode_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes,
                                      const gp_tensor *vcodes, const gp_tensor *kscales, const gp_tensor *vscales,
                                      const gp_tensor *lens, double scale, int64_t window, int64_t n_global, int fmt) {
-  return run_decode("attn_decode_q", out, q, kcodes, vcodes, kscales, vscales, lens, scale, window, n_global, fmt);
+  return run_decode("attn_decode_q", out, q, kcodes, vcodes, kscales, vscales, lens, scale, window, n_global, fmt,
+                    false);
+}
+
+extern "C" int gp_cuda_attn_chunk_q(gp_tensor *out, const gp_tensor *q, const gp_tensor *kcodes,
+                                    const gp_tensor *vcodes, const gp_tensor *kscales, const gp_tensor *vscales,
+                                    const gp_tensor *lens, double scale, int64_t window, int64_t n_global, int fmt) {
+  return run_decode("attn_chunk_q", out, q, kcodes, vcodes, kscales, vscales, lens, scale, window, n_global, fmt, true);
 }

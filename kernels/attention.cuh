@@ -62,6 +62,7 @@ struct DecP {
   void *out;
   float *part;                             /* [BH, nsplit, D + 2]: acc (unnormalized), max (log2 units), sum */
   int lens64, H, Hkv, G, C, chunk, nsplit; /* kc, vc: (B, Hkv, C, D), Hkv = H / G */
+  int T, row0; /* T queries a sequence (rows b, t, h; the last at lens[b] - 1); the launch's first row */
   float scale;
   int win, ng;
 };
@@ -126,6 +127,7 @@ int zero_rows(const gp_tensor *t);
  * codes with the scales P.ks, P.vs (kvquant.h) */
 int decode(const DecP &P, int64_t BH, int dtype, int D, bool vec, int fmt, int nq, int *per_sm);
 int decode_heads_per_block(int G, bool tc);
+bool chunk_tc(const DecP &P, int64_t B, int dtype, int D, int fmt);
 bool decode_tc();
 
 } // namespace gp_attn

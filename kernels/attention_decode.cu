@@ -11,7 +11,7 @@
 #include <cstring>
 #include <type_traits>
 
-#include "attention.cuh"
+#include "attention_tc.cuh"
 #include "kvquant.cuh"
 
 namespace gp_attn {
@@ -20,6 +20,14 @@ namespace {
 __device__ __forceinline__ int dec_len(const DecP &P, int b) {
   int64_t n = P.lens64 ? ((const int64_t *)P.lens)[b] : ((const int32_t *)P.lens)[b];
   return (int)(n < 0 ? 0 : n > P.C ? P.C : n); /* clamped: never outside the cache */
+}
+/* a block's rows bh0 .. (b, t, h order: H rows a query position, T positions
+ * a sequence) share b and t: its sequence b and the keys its queries see,
+ * n = lens[b] - (T - 1 - t) (nothing below 0) */
+__device__ __forceinline__ int dec_row_len(const DecP &P, int bh0, int &b) {
+  const int bt = bh0 / P.H;
+  b = bt / P.T;
+  return max(0, dec_len(P, b) - (P.T - 1 - (bt - b * P.T)));
 }
 
 /* the R at p (elements E): one load (VEC: p aligned to sizeof(R)) or element by element */
@@ -123,8 +131,9 @@ __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
   __shared__ float sm_m[NPART][NQ], sm_l[NPART][NQ], sm_acc[NPART][NQ][D];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % LPK;
   const int gi = warp * KPW + lane / LPK; /* the lane group */
-  const int bh0 = blockIdx.y * NQ, b = bh0 / P.H, split = blockIdx.x;
-  const int n = dec_len(P, b), p = n - 1;
+  const int bh0 = P.row0 + blockIdx.y * NQ, split = blockIdx.x;
+  int b;
+  const int n = dec_row_len(P, bh0, b), p = n - 1;
   const int jb = split * P.chunk, je = min(n, jb + P.chunk);
   const float sl2 = P.scale * LOG2E;
   float qr[NQ][EPL], acc[NQ][EPL], m[NQ], l[NQ];
@@ -143,7 +152,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
     m[g] = -INFINITY;
     l[g] = 0.f;
   }
-  const int64_t bkv = P.G == 1 ? bh0 : (int64_t)b * P.Hkv + (bh0 % P.H) / P.G; /* the KV head of the block */
+  const int64_t bkv = (int64_t)b * P.Hkv + (bh0 % P.H) / P.G; /* the KV head of the block */
   const C *kc = (const C *)P.kc + bkv * P.C * D + sub * EPL;
   const C *vc = (const C *)P.vc + bkv * P.C * D + sub * EPL;
   const float *ks = FMT ? P.ks + bkv * P.C : nullptr, *vs = FMT ? P.vs + bkv * P.C : nullptr;
@@ -231,7 +240,7 @@ __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
 
 /* the splits' partials of one (b, h): weights 2^(m_s - M) */
 template <typename T, int D> __global__ void __launch_bounds__(D) k_attn_decode_combine(DecP P) {
-  const int bh = blockIdx.x, d = threadIdx.x;
+  const int bh = P.row0 + blockIdx.x, d = threadIdx.x;
   const float *part = P.part + (int64_t)bh * P.nsplit * (D + 2);
   float M = -INFINITY;
   for (int s = 0; s < P.nsplit; s++) M = fmaxf(M, part[s * (D + 2) + D]);
@@ -311,17 +320,6 @@ template <typename M> __device__ __forceinline__ void mma_dec(float *c, const ui
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(0u), "r"(a[1]), "r"(0u), "r"(b0), "r"(b1));
 }
-template <typename M> __device__ __forceinline__ uint32_t pack_m(float lo, float hi) {
-  uint32_t u;
-  if constexpr (std::is_same<M, __nv_bfloat16>::value) {
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    u = *(uint32_t *)&h;
-  } else {
-    __half2 h = __floats2half2_rn(lo, hi);
-    u = *(uint32_t *)&h;
-  }
-  return u;
-}
 
 template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_attn_decode_tc(DecP P, int nq) {
   using C = typename std::conditional<FMT == 0, T, uint8_t>::type; /* a cache element */
@@ -333,8 +331,9 @@ template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_a
   constexpr int VW = D / 8 * (int)sizeof(C) / 4;  /* words of a value row a lane reads */
   __shared__ float sm_m[4][8], sm_l[4][8], sm_acc[4][8][D];
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3, r = lane >> 2;
-  const int bh0 = blockIdx.y * nq, b = bh0 / P.H, split = blockIdx.x;
-  const int n = dec_len(P, b), p = n - 1;
+  const int bh0 = P.row0 + blockIdx.y * nq, split = blockIdx.x;
+  int b;
+  const int n = dec_row_len(P, bh0, b), p = n - 1;
   const int jb = split * P.chunk, je = min(n, jb + P.chunk);
   const float sl2 = P.scale * LOG2E;
   /* q's A fragments: row r = head bh0 + r (zero past nq), slots as above */
@@ -346,8 +345,8 @@ template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_a
       float f[4];
 #pragma unroll
       for (int i = 0; i < 4; i++) f[i] = r < nq ? ld(q[4 * s + i]) : 0.f;
-      qa[s][0] = pack_m<M>(f[0], f[1]);
-      qa[s][1] = pack_m<M>(f[2], f[3]);
+      qa[s][0] = pack2<M>(f[0], f[1]);
+      qa[s][1] = pack2<M>(f[2], f[3]);
     }
   }
   float o[NT][4], m = -INFINITY, l = 0.f;
@@ -430,14 +429,14 @@ template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_a
       for (int c = 0; c < NTK; c++) {
         const float p0 = ex2(sc[c][0] - ms), p1 = ex2(sc[c][1] - ms);
         l += p0 + p1;
-        pa[c / 2][c & 1] = pack_m<M>(p0, p1);
+        pa[c / 2][c & 1] = pack2<M>(p0, p1);
       }
 #pragma unroll
       for (int kk = 0; kk < NTK / 2; kk++) {
         uint32_t sv[2] = {0u, 0u}; /* FMT: the 4 keys' value scales as f16 pairs {e0, e1}, {e2, e3} */
         if constexpr (FMT != 0) {
-          sv[0] = pack_m<__half>(vscl[kk][0], vscl[kk][1]);
-          sv[1] = pack_m<__half>(vscl[kk][2], vscl[kk][3]);
+          sv[0] = pack2<__half>(vscl[kk][0], vscl[kk][1]);
+          sv[1] = pack2<__half>(vscl[kk][2], vscl[kk][3]);
         }
 #pragma unroll
         for (int g = 0; g < VW; g++) { /* word g of each row: dims (D/8) r + g * (4 / sizeof(C)) + ... */
@@ -506,6 +505,219 @@ template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_a
   store_partials<T, D, 4, 8>(P, bh0, nq, split, sm_m, sm_l, sm_acc);
 }
 
+/* ---- a prefill chunk over a compressed cache on tensor cores (many query rows) ----
+ * The decode kernels serve a few rows (the <= 8 heads of one query position)
+ * per read of the cache; a chunk of T queries has T G rows a KV head, and
+ * reading the cache once per 8 of them costs T G / 8 reads. Here a block of 4
+ * warps takes 64 rows of one KV head in (t, g) order (row i = query t = i /
+ * G of head g = i % G; a warp 16 of them, all of the mma's A rows): the block
+ * copies a tile of 64 keys' codes and scales into shared memory with
+ * cp.async (the next tile's copies in flight during this tile's products),
+ * converts it once into f16 tiles (K as its codes, V times its scale), and
+ * the warps read their B fragments with ldmatrix (V transposed):
+ * FlashAttention-2's loop with the dequantization in the load. Each row
+ * keeps its own last visible key (query t sees keys < lens[b] - (T - 1 - t),
+ * and the window); masks run only on tiles that reach past the warp's first
+ * row's last key or below its last row's window. Rows of 8 dims (16 bytes)
+ * are XOR-swizzled by key & 7 so that ldmatrix's 8 rows fall in different
+ * banks. Q's A fragments, S's accumulators reused as P's A fragments and the
+ * output are the standard m16n8k16 layouts. No slices along the cache:
+ * run_decode takes this kernel when the chunk's blocks fill the GPU. Grid
+ * (row blocks of a KV head, B Hkv); q, out (B, T, H, D). */
+constexpr int CH_BK = 64; /* keys a tile */
+/* shared memory: K and V tiles in f16 (2 x CH_BK D halves), the codes' staging (2 x CH_BK D bytes), the
+ * staged scales (2 x CH_BK) and the keys' scales of the converted tile (CH_BK) */
+constexpr int chunk_smem(int D) { return CH_BK * D * 2 * 2 + CH_BK * D * 2 + CH_BK * 4 * 3; }
+
+template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_attn_chunk_sm(DecP P) {
+  static_assert(FMT != 0, "chunk: codes only");
+  constexpr int KS = D / 16, NT = D / 8; /* k-steps of S; n-tiles of O */
+  constexpr int PIECES = CH_BK * D / 16 / 128; /* 16-byte pieces of codes a thread copies a tile, K and V each */
+  extern __shared__ __align__(16) char ch_smem[];
+  __half *sk = (__half *)ch_smem, *sv = sk + CH_BK * D;
+  uint8_t *stk = (uint8_t *)(sv + CH_BK * D), *stv = stk + CH_BK * D;
+  float *sts = (float *)(stv + CH_BK * D), *sks = sts + 2 * CH_BK; /* sts: ks then vs of the staged tile */
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, t = lane & 3, g = lane >> 2;
+  const int bkv = blockIdx.y, b = bkv / P.Hkv, hk = bkv % P.Hkv, GT = P.G * P.T;
+  const int ib = blockIdx.x * 64, i0 = ib + warp * 16; /* the block's and the warp's first rows */
+  const int len = dec_len(P, b);
+  auto nv_of = [&](int i) { return max(0, len - (P.T - 1 - i / P.G)); }; /* keys row i sees */
+  int qrow[2], nv[2];
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    const int i = min(i0 + g + 8 * h, GT - 1), tq = i / P.G;
+    qrow[h] = (b * P.T + tq) * P.H + hk * P.G + (i - tq * P.G);
+    nv[h] = nv_of(i);
+  }
+  const float sl2 = P.scale * LOG2E;
+  constexpr float unit = FMT == GP_KV_FP8 ? FP8_UNIT : 1.f;
+  uint32_t qa[KS][4];
+  {
+    const T *q0 = (const T *)P.q + (int64_t)qrow[0] * D, *q1 = (const T *)P.q + (int64_t)qrow[1] * D;
+#pragma unroll
+    for (int s = 0; s < KS; s++) {
+      const int c = 16 * s + 2 * t;
+      qa[s][0] = pack2<__half>(ld(q0[c]), ld(q0[c + 1]));
+      qa[s][1] = pack2<__half>(ld(q1[c]), ld(q1[c + 1]));
+      qa[s][2] = pack2<__half>(ld(q0[c + 8]), ld(q0[c + 9]));
+      qa[s][3] = pack2<__half>(ld(q1[c + 8]), ld(q1[c + 9]));
+    }
+  }
+  float o[NT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < NT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  const uint8_t *kc = (const uint8_t *)P.kc + (int64_t)bkv * P.C * D, *vc = (const uint8_t *)P.vc + (int64_t)bkv * P.C * D;
+  const float *ks = P.ks + (int64_t)bkv * P.C, *vs = P.vs + (int64_t)bkv * P.C;
+  const uint32_t stk_u = smem_u32(stk), stv_u = smem_u32(stv);
+  const uint32_t sts_u = smem_u32(sts);
+  /* a tile's codes and scales into the staging (piece p: key p / (D/16), 16 codes at (p % (D/16)) 16), zeros past hi */
+  auto stage = [&](int w0, int hi) {
+#pragma unroll
+    for (int e = 0; e < PIECES; e++) {
+      const int p = tid + 128 * e, j = w0 + p / (D / 16), c = p % (D / 16);
+      const bool ok = j < hi;
+      const int64_t off = (int64_t)(ok ? j : 0) * D + c * 16;
+      cp_async16(stk_u + p * 16, kc + off, ok ? 16 : 0);
+      cp_async16(stv_u + p * 16, vc + off, ok ? 16 : 0);
+    }
+    {
+      const int j = w0 + (tid & (CH_BK - 1));
+      const bool ok = j < hi;
+      cp_async4(sts_u + tid * 4, (tid < CH_BK ? ks : vs) + (ok ? j : 0), ok ? 4 : 0);
+    }
+    cp_async_commit();
+  };
+  /* the staged codes to f16 (V times its scale) in the swizzled tiles: piece (key, c) -> f16 pieces 2c, 2c + 1 */
+  auto convert = [&]() {
+#pragma unroll
+    for (int e = 0; e < PIECES; e++) {
+      const int p = tid + 128 * e, key = p / (D / 16), c = p % (D / 16);
+      const uint4 kq = *(const uint4 *)(stk + p * 16), vq = *(const uint4 *)(stv + p * 16);
+      const uint32_t *kw = (const uint32_t *)&kq, *vw = (const uint32_t *)&vq;
+      uint32_t hk8[8], hv8[8];
+      const __half2 s2 = __float2half2_rn(sts[CH_BK + key] * unit);
+#pragma unroll
+      for (int w = 0; w < 4; w++) {
+        codes_h2<FMT>(kw[w], hk8[2 * w], hk8[2 * w + 1]);
+        codes_h2<FMT>(vw[w], hv8[2 * w], hv8[2 * w + 1]);
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+          __half2 h = __hmul2(*(__half2 *)&hv8[2 * w + u], s2);
+          hv8[2 * w + u] = *(uint32_t *)&h;
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 2; u++) {
+        const int off = key * D + (((2 * c + u) ^ (key & 7)) << 3);
+        *(uint4 *)(sk + off) = make_uint4(hk8[4 * u], hk8[4 * u + 1], hk8[4 * u + 2], hk8[4 * u + 3]);
+        *(uint4 *)(sv + off) = make_uint4(hv8[4 * u], hv8[4 * u + 1], hv8[4 * u + 2], hv8[4 * u + 3]);
+      }
+    }
+    if (tid < CH_BK) sks[tid] = sts[tid] * (sl2 * unit);
+  };
+  const uint32_t skb = smem_u32(sk), svb = smem_u32(sv);
+  const bool active = i0 < GT; /* a warp past the rows still copies and converts (the barriers) */
+  const int whi = nv_of(min(i0 + 15, GT - 1)), wnf = nv_of(min(i0, GT - 1));
+  /* the block's keys [lo, hi): the union of its rows' */
+  auto run = [&](int lo, int hi) {
+    if (lo >= hi) return; /* block-uniform */
+    stage(lo, hi);
+    for (int w0 = lo; w0 < hi; w0 += CH_BK) {
+      cp_async_wait<0>();
+      __syncthreads(); /* the tile is staged; the last tile's products are done */
+      convert();
+      __syncthreads();
+      if (w0 + CH_BK < hi) stage(w0 + CH_BK, hi); /* in flight during the products */
+      if (!active) continue;
+      /* S = Q K^T: 8 n-tiles of 8 keys */
+      float sc[CH_BK / 8][4];
+#pragma unroll
+      for (int c = 0; c < CH_BK / 8; c++) {
+        sc[c][0] = sc[c][1] = sc[c][2] = sc[c][3] = 0.f;
+#pragma unroll
+        for (int s = 0; s < KS; s += 2) {
+          uint32_t r[4];
+          const int key = 8 * c + (lane & 7), pc = 2 * s + (lane >> 3);
+          ldsm_x4(r, skb + 2 * (key * D + ((pc ^ (key & 7)) << 3)));
+          mma16816<__half>(sc[c], qa[s], r[0], r[1]);
+          mma16816<__half>(sc[c], qa[s + 1], r[2], r[3]);
+        }
+      }
+      const int w1 = w0 + CH_BK;
+      const bool whole = w1 <= min(hi, wnf) && (P.win <= 0 || w0 > whi - 1 - P.win || w1 <= P.ng);
+      float mx[2] = {m[0], m[1]};
+#pragma unroll
+      for (int c = 0; c < CH_BK / 8; c++) {
+        const float2 kk = *(const float2 *)&sks[8 * c + 2 * t];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int h = e >> 1, j = w0 + 8 * c + 2 * t + (e & 1);
+          const bool ok = whole || (j < hi && j < nv[h] && (P.win <= 0 || j < P.ng || j > nv[h] - 1 - P.win));
+          sc[c][e] = ok ? sc[c][e] * ((e & 1) ? kk.y : kk.x) : -INFINITY;
+          mx[h] = fmaxf(mx[h], sc[c][e]);
+        }
+      }
+      float ms[2];
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL, mx[h], 1));
+        mx[h] = fmaxf(mx[h], __shfl_xor_sync(FULL, mx[h], 2));
+        ms[h] = mx[h] == -INFINITY ? 0.f : mx[h];
+        const float alpha = ex2(m[h] - ms[h]);
+        m[h] = mx[h];
+        l[h] *= alpha;
+#pragma unroll
+        for (int i = 0; i < NT; i++) o[i][2 * h] *= alpha, o[i][2 * h + 1] *= alpha;
+      }
+      /* O += P V: 4 k-steps of 16 keys, P's A fragment from S's accumulators */
+#pragma unroll
+      for (int kk = 0; kk < CH_BK / 16; kk++) {
+        uint32_t pa[4];
+#pragma unroll
+        for (int u = 0; u < 2; u++)
+#pragma unroll
+          for (int h = 0; h < 2; h++) {
+            const float p0 = ex2(sc[2 * kk + u][2 * h] - ms[h]), p1 = ex2(sc[2 * kk + u][2 * h + 1] - ms[h]);
+            l[h] += p0 + p1;
+            pa[2 * u + h] = pack2<__half>(p0, p1);
+          }
+#pragma unroll
+        for (int i = 0; i < NT; i += 2) {
+          uint32_t r[4];
+          const int key = 16 * kk + (lane & 7) + 8 * ((lane >> 3) & 1), pc = i + (lane >> 4);
+          ldsm_x4_t(r, svb + 2 * (key * D + ((pc ^ (key & 7)) << 3)));
+          mma16816<__half>(o[i], pa, r[0], r[1]);
+          mma16816<__half>(o[i + 1], pa, r[2], r[3]);
+        }
+      }
+    }
+  };
+  const int bhi = nv_of(min(ib + 63, GT - 1)), bnf = nv_of(ib);
+  if (P.win > 0) {
+    run(0, min(bhi, P.ng));
+    run(max(P.ng, bnf - P.win), bhi);
+  } else {
+    run(0, bhi);
+  }
+  if (!active) return;
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    l[h] += __shfl_xor_sync(FULL, l[h], 1);
+    l[h] += __shfl_xor_sync(FULL, l[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    if (i0 + g + 8 * h >= GT) continue;
+    const float inv = l[h] > 0.f ? 1.f / l[h] : 0.f;
+    T *orow = (T *)P.out + (int64_t)qrow[h] * D;
+#pragma unroll
+    for (int i = 0; i < NT; i++) {
+      orow[8 * i + 2 * t] = st<T>(o[i][2 * h] * inv);
+      orow[8 * i + 2 * t + 1] = st<T>(o[i][2 * h + 1] * inv);
+    }
+  }
+}
+
 /* the split kernel for P, or (per_sm not null) only the blocks of it an SM holds at once */
 template <typename T, int D, bool VEC, int FMT, int NQ> void launch_split(const DecP &P, int64_t BH, int *per_sm) {
   if (per_sm) {
@@ -565,7 +777,47 @@ template <int FMT> void decode_fmt(const DecP &P, int64_t BH, int dtype, int D, 
   }
 }
 
+/* the many-row kernel for P (B sequences); false when it cannot run (f32 queries, its shared memory refused) */
+template <typename T, int D, int FMT> bool launch_chunk(const DecP &P, int64_t B) {
+  if constexpr (std::is_same<T, float>::value || FMT == 0) {
+    return false;
+  } else {
+    static int ready_by_dev[8]; /* the shared memory attribute by device: 1 set, -1 refused */
+    constexpr int smem = chunk_smem(D);
+    int dev = 0;
+    cudaGetDevice(&dev);
+    int &ready = ready_by_dev[dev >= 0 && dev < 8 ? dev : 0];
+    if (!ready)
+      ready = cudaFuncSetAttribute(k_attn_chunk_sm<T, D, FMT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ==
+                      cudaSuccess
+                  ? 1
+                  : (cudaGetLastError(), -1);
+    if (ready < 0) return false;
+    const dim3 grid((unsigned)((P.G * P.T + 63) / 64), (unsigned)(B * P.Hkv));
+    GP_NOTE_LAUNCH((k_attn_chunk_sm<T, D, FMT>), 128, smem);
+    k_attn_chunk_sm<T, D, FMT><<<grid, 128, smem, gp_cuda_stream()>>>(P);
+    return true;
+  }
+}
+template <int FMT> bool chunk_fmt(const DecP &P, int64_t B, int dtype, int D) {
+  bool ok = false;
+  if (D == 64) {
+    GP_FLOAT_SWITCH(dtype, T, ok = (launch_chunk<T, 64, FMT>(P, B)));
+  } else {
+    GP_FLOAT_SWITCH(dtype, T, ok = (launch_chunk<T, 128, FMT>(P, B)));
+  }
+  return ok;
+}
+
 } // namespace
+
+/* a prefill chunk of P.T queries a sequence (B sequences) over codes (fmt 1, 2) with the many-row kernel:
+ * bf16/f16 queries, 16-byte aligned operands; false: launched nothing (take the decode kernels) */
+bool chunk_tc(const DecP &P, int64_t B, int dtype, int D, int fmt) {
+  if (fmt == GP_KV_INT8) return chunk_fmt<GP_KV_INT8>(P, B, dtype, D);
+  if (fmt == GP_KV_FP8) return chunk_fmt<GP_KV_FP8>(P, B, dtype, D);
+  return false;
+}
 
 /* fmt 0: a cache in q's dtype; 1, 2: int8 or fp8 codes with P.ks, P.vs; nq
  * query heads a block (decode_heads_per_block). per_sm not null: launch

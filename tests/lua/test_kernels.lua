@@ -372,11 +372,12 @@ KFILL.dequant = function(k, args)
   end
 end
 
--- attn_decode_q: codes are random bytes below 100; scales of about 0.03 keep the scores near
+-- attn_decode_q, attn_chunk_q: codes are random bytes below 100; scales of about 0.03 keep the scores near
 -- those of unit-scale keys (a softmax that is not one-hot: every key's value counts)
 KFILL.attn_decode_q = function(_, args)
   for i = 5, 6 do args[i]:copy_(args[i]:abs() * 0.02) end
 end
+KFILL.attn_chunk_q = KFILL.attn_decode_q -- the same arguments, q and out (B, T, H, D)
 
 -- titans_scan: small surprise rates (theta) and contracting chunk factors (p), as titans_coef gives them:
 -- random ones grow the state chunk after chunk past f16's range

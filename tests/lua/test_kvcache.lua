@@ -22,6 +22,16 @@ local function quantize(x, fmt, dev)
   gp.k.kv_quant_append(codes, scales, x:to(dev), gp.zeros({1}, {dtype = 'i64', device = dev}), fmt)
   return codes, scales
 end
+-- {int8 = {kcodes, vcodes, kscales, vscales}, fp8 = ...} of keys k and values v
+local function codes_of(k, v)
+  local codes = {}
+  for name, fmt in pairs(FMT) do
+    local kc, ks = quantize(k, fmt)
+    local vc, vs = quantize(v, fmt)
+    codes[name] = {kc, vc, ks, vs}
+  end
+  return codes
+end
 
 T.test('kv_quant_append: fp8 e4m3 codes rounded to nearest even and saturated; int8 codes to +-127', function()
   -- one row whose max |x| is 448 (the scale is 1: the codes are e4m3(x) itself)
@@ -286,7 +296,72 @@ T.test('Llama decode at device positions: q, k, v through one rope_kv_at a layer
   end
 end)
 
-T.test('Llama prefill in two chunks over a compressed cache: the second chunk reads the dequantized first', function()
+-- the layout of attn_chunk_q: q, out (B, T, H, D), query t of row b at position lens[b] - T + t
+local function chunk_q(q, c, lens, o, fmt, dev)
+  local out = gp.empty(q.shape, {dtype = q.dtype, device = dev or 'cpu'})
+  local function on(t) return dev and t:to(dev) or t end
+  gp.k.attn_chunk_q(out, on(q), on(c[1]), on(c[2]), on(c[3]), on(c[4]), on(lens), o.scale or 0, o.window or 0,
+    o.n_global or 0, fmt)
+  return out
+end
+
+T.test('attn_chunk_q (a prefill chunk over codes): each query as decode at its position, and as flash attention ' ..
+  'over the dequantized cache', function()
+  gp.manual_seed(41)
+  local B, Hkv, C, D, Tq = 2, 2, 40, 64, 6
+  for _, G in ipairs {1, 3} do
+    local H = Hkv * G
+    local k, v = rn {B, Hkv, C, D}, rn {B, Hkv, C, D}
+    local q = rn {B, Tq, H, D}
+    local all = codes_of(k, v)
+    for name, fmt in pairs(FMT) do
+      local c = all[name]
+      local kc, vc, ks, vs = unpack(c)
+      for _, o in ipairs {{}, {window = 7, n_global = 2, scale = 0.2}} do
+        local tag = string.format('%s G %d window %d', name, G, o.window or 0)
+        local lens = gp.tensor({C, 4}, {dtype = 'i64', device = 'cpu'}) -- row 2: queries 0, 1 before position 0
+        local got = chunk_q(q, c, lens, o, fmt)
+        for t = 1, Tq do
+          local n = gp.tensor({C - Tq + t, math.max(0, 4 - Tq + t)}, {dtype = 'i64', device = 'cpu'})
+          local want = gp.empty({B, H, D}, CPU)
+          gp.k.attn_decode_q(want, q:select(2, t):contiguous(), kc, vc, ks, vs, n, o.scale or 0, o.window or 0,
+            o.n_global or 0, fmt)
+          T.ok(T.relnorm(got:select(2, t):contiguous(), want) < 1e-6, tag .. ': query ' .. t .. ' as decode')
+        end
+        T.eq(got:narrow(1, 2, 1):narrow(2, 1, Tq - 4):abs():max():item(), 0, tag .. ': nothing visible gives 0')
+        -- row 1 through flash attention's reference over the dequantized cache (queries the last Tq of C keys)
+        local function deq(codes, scales)
+          local t = gp.empty({B, Hkv, C, D}, CPU)
+          gp.k.kv_dequant(t, codes, scales, fmt)
+          return t:narrow(1, 1, 1)
+        end
+        local ref = gp.attention(q:narrow(1, 1, 1):transpose(2, 3), deq(kc, ks), deq(vc, vs),
+          {causal = true, scale = o.scale, window = o.window, n_global = o.n_global})
+        T.ok(T.relnorm(got:narrow(1, 1, 1), ref:transpose(2, 3)) < 1e-5, tag .. ': as gp.attention, dequantized')
+      end
+    end
+  end
+  -- the cache's method: a chunk after its append, as the same kernel on the cache's tensors
+  local cache = gp.KVCache {batch = 1, heads = 2, capacity = 16, head_dim = D, device = 'cpu', kv_dtype = 'int8'}
+  cache:append(1, rn {1, 2, 9, D}, rn {1, 2, 9, D})
+  local q4 = rn {1, 3, 4, D}
+  local y = cache:attend_chunk(1, q4)
+  T.same(y.shape, {1, 3, 4, D})
+  local want = chunk_q(q4, {cache.k[1], cache.v[1], cache.ks[1], cache.vs[1]}, cache:lens(1), {}, FMT.int8)
+  T.ok(T.relnorm(y, want) == 0, 'attend_chunk is attn_chunk_q over the layer')
+  -- a cache in its own dtype: the same through attention over its keys and values
+  local plain = gp.KVCache {batch = 1, heads = 2, capacity = 16, head_dim = D, device = 'cpu'}
+  plain:append(1, cache:keys(1), cache:values(1))
+  T.ok(T.relnorm(plain:attend_chunk(1, q4), y) < 1e-5, 'a plain cache gives the same')
+  T.ok(T.relnorm(plain:attend_chunk(1, q4, {window = 3}), cache:attend_chunk(1, q4, {window = 3})) < 1e-5, 'with a window')
+  T.raises(function() cache:attend_chunk(1, rn {1, 3, 3, D}) end, 'KVCache:attend_chunk: q must be (1, T, Hq, 64) ' ..
+    'with Hq a multiple of the cache\'s 2 heads, got (1,3,3,64)')
+  T.raises(function() cache:attend_chunk(1, rn {1, 10, 2, D}) end, 'q holds 10 queries but layer 1 holds 9 positions')
+  T.raises(function() cache:attend_chunk(1, q4, {window = -1}) end, 'window must be an integer >= 0')
+  T.raises(function() cache:attend_chunk(1, q4:int()) end, 'q must be a float tensor')
+end)
+
+T.test('Llama prefill in two chunks over a compressed cache: the second chunk reads the codes of the first', function()
   local m = gp.models.load(root .. '/llama3_rope', {dtype = 'f32', device = 'cpu'})
   local ids = gp.tensor({{10, 16, 31, 11, 4, 7, 9, 3}, {5, 6, 7, 8, 9, 10, 11, 12}}, {dtype = 'i64', device = 'cpu'})
   local full = m(ids)
@@ -295,11 +370,21 @@ T.test('Llama prefill in two chunks over a compressed cache: the second chunk re
     T.eq(cache.kv_dtype, kvd)
     local a = m:forward_cached(ids:narrow(2, 1, 5), cache, 0)
     T.ok(T.relnorm(a, full:narrow(2, 1, 5)) < 1e-5, kvd .. ': the first chunk attends over its own keys and values')
+    local snap = {}
+    for l = 1, cache.layers do snap[l] = {cache.k[l]:clone(), cache.v[l]:clone(), cache.ks[l]:clone(), cache.vs[l]:clone()} end
     local b = m:forward_cached(ids:narrow(2, 6, 3), cache, 5)
     local rel = T.relnorm(b, full:narrow(2, 6, 3))
     -- (logits through 2 layers: int8 about 1e-2 here, fp8 about 5e-2)
     T.ok(rel > 0 and rel < (kvd == 'int8' and 2e-2 or 8e-2), kvd .. ': the second chunk ' .. rel)
     T.eq(cache:len(1), 8)
+    -- the same chunk through a dequantized copy of the first (the path of head dims decode does not take)
+    for l = 1, cache.layers do
+      for i, t in ipairs {cache.k[l], cache.v[l], cache.ks[l], cache.vs[l]} do t:copy_(snap[l][i]) end
+    end
+    cache:set_len(5)
+    cache.attend_chunk = false
+    local b2 = m:forward_cached(ids:narrow(2, 6, 3), cache, 5)
+    T.ok(T.relnorm(b, b2) < 1e-5, kvd .. ': codes read directly as the dequantized copy: ' .. T.relnorm(b, b2))
   end
 end)
 
@@ -337,12 +422,7 @@ T.test('grouped-query decode on the GPU: the tensor-core kernel equals the CPU (
       local H = Hkv * G
       for _, dt in ipairs {'bf16', 'f16'} do
         local q, kd, vd = rn({B, H, D}):to(dt), k:to(dt), v:to(dt)
-        local codes = {}
-        for name, fmt in pairs(FMT) do
-          local kc, ks = quantize(kd, fmt)
-          local vc, vs = quantize(vd, fmt)
-          codes[name] = {kc, vc, ks, vs}
-        end
+        local codes = codes_of(kd, vd)
         for _, o in ipairs {{}, {window = 200, n_global = 3}, {scale = 0.5}} do
           local name = string.format('%s D %d G %d window %d scale %g', dt, D, G, o.window or 0, o.scale or 0)
           local ref = gp.attention_decode(q:float(), kd:float(), vd:float(), lens, o)
@@ -364,6 +444,58 @@ T.test('grouped-query decode on the GPU: the tensor-core kernel equals the CPU (
       end
     end
   end
+end)
+
+T.test('attn_chunk_q on the GPU equals the CPU (G 1 to 8, D 64 and 128, bf16/f16/f32 queries, int8/fp8, windows)', function()
+  T.cuda()
+  gp.manual_seed(43)
+  local B, C = 2, 700
+  local lens = gp.tensor({C, 9}, {dtype = 'i32', device = 'cpu'})
+  for _, D in ipairs {64, 128} do
+    local codes = codes_of(rn {B, 1, C, D}, rn {B, 1, C, D})
+    for _, G in ipairs {1, 3, 8} do
+      for _, Tq in ipairs {4, 17} do
+        local q = rn {B, Tq, G, D}
+        for _, o in ipairs {{}, {window = 200, n_global = 3}} do
+          for cname, fmt in pairs(FMT) do
+            for _, dt in ipairs {'bf16', 'f16', 'f32'} do
+              local qd = q:to(dt)
+              local want = chunk_q(qd:float(), codes[cname], lens, o, fmt)
+              local got = chunk_q(qd, codes[cname], lens, o, fmt, 'cuda'):float():cpu()
+              local err = T.relnorm(got, want)
+              T.ok(err < 1e-2, string.format('%s %s D %d G %d T %d window %d: %.3g', cname, dt, D, G, Tq,
+                o.window or 0, err))
+            end
+          end
+        end
+      end
+    end
+  end
+  -- a chunk whose rows fill the GPU (4 x 8 KV heads x 80 x 4 rows: 160 blocks of 64): the many-row kernel by default
+  do
+    local kc, ks = quantize(rn {4, 8, 300, 64}, FMT.int8)
+    local vc, vs = quantize(rn {4, 8, 300, 64}, FMT.int8)
+    local q = rn({4, 80, 32, 64}):bf16()
+    local L = gp.tensor({300, 80, 200, 50}, {dtype = 'i64', device = 'cpu'})
+    local want = chunk_q(q:float(), {kc, vc, ks, vs}, L, {}, FMT.int8)
+    local got = chunk_q(q, {kc, vc, ks, vs}, L, {}, FMT.int8, 'cuda'):float():cpu()
+    T.ok(T.relnorm(got, want) < 1e-2, 'B 4 Hkv 8 G 4 T 80: ' .. T.relnorm(got, want))
+  end
+  -- every case above through the many-row kernel (GP_ATTN_CHUNK=rows: whenever the queries are bf16/f16)
+  if not os.getenv('GP_ATTN_CHUNK') then
+    local out, rc = T.sh('GP_ATTN_CHUNK=rows ' .. T.exe .. ' ' .. T.root .. '/tests/lua/run.lua "attn_chunk_q on the GPU"')
+    T.ok(rc == 0 and out:find('1 passed, 0 failed', 1, true), out)
+  end
+  -- more rows than one launch's grid (65535 blocks): the last queries equal the same queries as a chunk of their own
+  local n, D = 70000, 64
+  local kc, ks = quantize(rn {1, 1, n, D}, FMT.int8, 'cuda')
+  local vc, vs = quantize(rn {1, 1, n, D}, FMT.int8, 'cuda')
+  local c, o = {kc, vc, ks, vs}, {window = 16}
+  local q = rn({1, n, 1, D}, {device = 'cuda'})
+  local L = gp.tensor({n}, {dtype = 'i64', device = 'cuda'})
+  local all = chunk_q(q, c, L, o, FMT.int8, 'cuda')
+  local tail = chunk_q(q:narrow(2, n - 999, 1000):contiguous(), c, L, o, FMT.int8, 'cuda')
+  T.ok(T.relnorm(all:narrow(2, n - 999, 1000):cpu(), tail:cpu()) < 1e-6, 'rows past the first launch')
 end)
 
 T.test('compressed caches on the GPU: the kernels write the CPU\'s bytes; decode and generation match the CPU', function()

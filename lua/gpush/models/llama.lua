@@ -209,6 +209,9 @@ function Attention:forward(x, pos, inv_freq, cache, layer, at)
     elseif first and cache.kv_dtype then
       -- a prefill into an empty compressed cache attends over the chunk's own k, v (not their codes)
       y = self:attend(q, k, v)
+    elseif cache.kv_dtype and cache.attend_chunk and gp.attention_supported('decode', q.dtype, hd) then
+      -- a later chunk over a compressed cache: its codes read directly (q's (B, T, H, hd) layout in and out)
+      y = cache:attend_chunk(layer, q:transpose(2, 3), self:decode_opts()):transpose(2, 3)
     else
       y = self:attend(q, cache:keys(layer), cache:values(layer))
     end

@@ -164,9 +164,13 @@ function CausalSelfAttention:forward_cached(x, cache, layer, pos)
     if T == 1 then
       y = cache:attend(layer, q:reshape {B, H, hd}, {scale = 1 / math.sqrt(hd)}):reshape {B, H, 1, hd}
     else
-      local keys, vals = head(2), head(3)
-      if pos > 0 then keys, vals = cache:keys(layer), cache:values(layer) end
-      y = nn.attention(q, keys, vals, {causal = true})
+      if pos > 0 and gp.attention_supported('decode', q.dtype, hd) then -- the codes read directly
+        y = cache:attend_chunk(layer, q:transpose(2, 3), {scale = 1 / math.sqrt(hd)}):transpose(2, 3)
+      else
+        local keys, vals = head(2), head(3)
+        if pos > 0 then keys, vals = cache:keys(layer), cache:values(layer) end
+        y = nn.attention(q, keys, vals, {causal = true})
+      end
     end
     return self.proj(y:transpose(2, 3):reshape {B, T, C})
   end

@@ -449,6 +449,44 @@ function KVCache:attend_at(layer, q, lens, opts)
   end
   return gp.attention_decode(q, self.k[layer], self.v[layer], lens, opts)
 end
+-- a prefill chunk: q (B, T, Hq, D), the queries of the layer's last T
+-- positions (appended already), over every filled position up to each (causal;
+-- opts.scale, window, n_global as in gp.attention); returns (B, T, Hq, D), the
+-- model's layout. A compressed cache's codes are read directly
+-- (gp.k.attn_chunk_q: no dequantized copy); a cache in its dtype goes to
+-- nn.attention over keys/values (gp.attention where it applies)
+function KVCache:attend_chunk(layer, q, opts)
+  local op = 'KVCache:attend_chunk'
+  layer = self:_layer('attend_chunk', layer)
+  need(q, op, 'q')
+  opts = opts or {}
+  local s, n = q.shape, self.fill[layer]
+  if #s ~= 4 or s[1] ~= self.batch or s[4] ~= self.head_dim or s[3] < 1 or s[3] % self.heads ~= 0 then
+    raise(string.format('%s: q must be (%d, T, Hq, %d) with Hq a multiple of the cache\'s %d heads, got %s', op,
+      self.batch, self.head_dim, self.heads, shape_str(s)))
+  end
+  if s[2] > n then
+    raise(string.format('%s: q holds %d queries but layer %d holds %d positions (append the chunk\'s keys and ' ..
+      'values first)', op, s[2], layer, n))
+  end
+  same_dev(op, self.k[layer], 'the cache', q, 'q')
+  if not FLOAT[q.dtype] then raise(string.format('%s: q must be a float tensor, got %s', op, q.dtype)) end
+  local scale = opts.scale or 1 / math.sqrt(s[4])
+  local window, ng = nonneg_int(op, 'window', opts.window), nonneg_int(op, 'n_global', opts.n_global)
+  if not self.fmt or not gp.attention_supported('decode', q.dtype, s[4]) then
+    local keys, vals = tensor.to_dtype(self:keys(layer), q.dtype), tensor.to_dtype(self:values(layer), q.dtype)
+    local o = {causal = true, scale = scale, window = window, n_global = ng}
+    -- nn.attention (required here: gpush.nn is a layer above this file) takes no window: gp.attention then
+    local y = window > 0 and gp.attention(q:transpose(2, 3), keys, vals, o) or
+      require('gpush.nn').attention(q:transpose(2, 3), keys, vals, o)
+    return y:transpose(2, 3)
+  end
+  local qc = q:contiguous()
+  local out = empty(s, q.dtype, q.device, op)
+  K.attn_chunk_q(out, qc, self.k[layer], self.v[layer], self.ks[layer], self.vs[layer], self._lens[layer], scale,
+    window, ng, self.fmt)
+  return out
+end
 -- the lengths of a device-position decode step (one token per row at the
 -- position held by pos, for CUDA graphs): checks idx (B, 1) and pos (i64 [1]
 -- on idx's device) in the name of op and returns an i64 [B] tensor holding
@@ -523,6 +561,7 @@ D(KVCache.append, 'cache:append(layer, k, v)', 'write k, v (B, H, Tnew, D) at th
 D(KVCache.len, 'cache:len(layer=1)', 'positions filled in layer')
 D(KVCache.append_at, 'cache:append_at(layer, k, v, pos)', 'write k, v (B, H, Tnew, D) at the position held by the device tensor pos (i64 [1]); for CUDA graphs: nothing read on the host, len not advanced')
 D(KVCache.rope_append_at, 'cache:rope_append_at(layer, qkv, pos, inv_freq, H)', 'one decode token a row from its fused projection qkv (B, (H + 2 Hkv) D) = [q heads | k heads | v heads]: k turned by pos * inv_freq (gp.rope\'s layout) and written with v at the position held by the device tensor pos, in one kernel (gp.k.rope_kv_at; a compressed cache: gp.k.rope_kv_quant_at, k and v quantized as written); returns q (B, H, D) turned the same')
+D(KVCache.attend_chunk, 'cache:attend_chunk(layer, q, {scale=, window=0, n_global=0})', 'a prefill chunk after its append: q (B, T, Hq, D) holds the queries of layer\'s last T positions, each attending causally over the filled positions up to it; returns (B, T, Hq, D) (the model\'s layout). kv_dtype int8/fp8: the codes are read directly (gp.k.attn_chunk_q, no dequantized copy; head dims 64 and 128)')
 D(KVCache.attend_at, 'cache:attend_at(layer, q, lens, opts)', 'gp.attention_decode of q (B, Hq, D) over the first lens[b] positions of layer (lens a device tensor; Hq a multiple of the cache\'s heads)')
 D(KVCache.step_lens, 'cache:step_lens(op, idx, pos)', 'i64 [B] device lengths pos + 1 for a device-position decode step of idx (B, 1) at pos (i64 [1]); an error naming op otherwise')
 D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (after append_at)')
