@@ -359,6 +359,9 @@ T.test('attn_chunk_q (a prefill chunk over codes): each query as decode at its p
   T.raises(function() cache:attend_chunk(1, rn {1, 10, 2, D}) end, 'q holds 10 queries but layer 1 holds 9 positions')
   T.raises(function() cache:attend_chunk(1, q4, {window = -1}) end, 'window must be an integer >= 0')
   T.raises(function() cache:attend_chunk(1, q4:int()) end, 'q must be a float tensor')
+  local odd = gp.KVCache {batch = 1, heads = 1, capacity = 4, head_dim = 48, device = 'cpu'}
+  odd:append(1, rn {1, 1, 2, 48}, rn {1, 1, 2, 48})
+  T.raises(function() odd:attend_chunk(1, rn {1, 2, 1, 48}) end, 'KVCache:attend_chunk: head dim 48 is not supported')
 end)
 
 T.test('Llama prefill in two chunks over a compressed cache: the second chunk reads the codes of the first', function()

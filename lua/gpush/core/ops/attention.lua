@@ -454,7 +454,7 @@ end
 -- opts.scale, window, n_global as in gp.attention); returns (B, T, Hq, D), the
 -- model's layout. A compressed cache's codes are read directly
 -- (gp.k.attn_chunk_q: no dequantized copy); a cache in its dtype goes to
--- nn.attention over keys/values (gp.attention where it applies)
+-- gp.attention over keys/values (head dims 32, 64, 128)
 function KVCache:attend_chunk(layer, q, opts)
   local op = 'KVCache:attend_chunk'
   layer = self:_layer('attend_chunk', layer)
@@ -474,11 +474,13 @@ function KVCache:attend_chunk(layer, q, opts)
   local scale = opts.scale or 1 / math.sqrt(s[4])
   local window, ng = nonneg_int(op, 'window', opts.window), nonneg_int(op, 'n_global', opts.n_global)
   if not self.fmt or not gp.attention_supported('decode', q.dtype, s[4]) then
+    -- a cache in its dtype (or a head dim the decode kernels do not take): flash attention over keys/values
+    if not gp.attention_supported('fwd', q.dtype, s[4]) then
+      raise(string.format('%s: head dim %d is not supported (supported: %s); nn.attention over cache:keys(layer), ' ..
+        'cache:values(layer) takes any', op, s[4], head_dims('fwd')))
+    end
     local keys, vals = tensor.to_dtype(self:keys(layer), q.dtype), tensor.to_dtype(self:values(layer), q.dtype)
-    local o = {causal = true, scale = scale, window = window, n_global = ng}
-    -- nn.attention (required here: gpush.nn is a layer above this file) takes no window: gp.attention then
-    local y = window > 0 and gp.attention(q:transpose(2, 3), keys, vals, o) or
-      require('gpush.nn').attention(q:transpose(2, 3), keys, vals, o)
+    local y = gp.attention(q:transpose(2, 3), keys, vals, {causal = true, scale = scale, window = window, n_global = ng})
     return y:transpose(2, 3)
   end
   local qc = q:contiguous()
