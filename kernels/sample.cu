@@ -1,15 +1,25 @@
 /* sample.cu: token sampling on the GPU, sort-free. One block per row; the row
- * is re-read from L1/L2 on every pass (it is not copied):
+ * is re-read from L1/L2 on every pass (it is not copied), 16 bytes a load
+ * when the row is aligned to them:
  *   1. max key (order-preserving 32-bit key of the float logit);
- *   2. top-k: bisection over keys on the count of {key >= t} (<= 32 passes);
- *   3. min-p: a threshold from the max; top-p: bisection over keys on the
- *      mass of {key >= t} (<= 32 passes);
- *   4. one pass that writes probs and finds the draw: tiles of blockDim
- *      elements in index order, a block scan per tile, the first element whose
- *      running mass exceeds u * (kept mass).
- * Every reduction is a fixed-order block reduction whose result is the same
- * in every thread, so the bisections stay uniform across the block and a
- * rerun gives the same bits. Semantics and the CPU reference: sample.c. */
+ *   2. top-k: the k-th largest key by radix select: 4 passes, each a 256-bin
+ *      histogram of the next byte among the keys that share the bytes chosen
+ *      so far, then the bin where the count from the top reaches k;
+ *   3. min-p: a threshold from the max; top-p: the largest key t whose mass
+ *      of {key >= t} reaches top_p of the kept mass, by the same radix select
+ *      over masses (4 passes);
+ *   4. two passes for the draw: each warp sums the kept mass of its
+ *      contiguous segment of the row, a scan over the warps gives the total
+ *      and every segment's start; then each warp writes its probs and the
+ *      warp whose segment holds u * (kept mass) finds the first element
+ *      whose running mass exceeds it.
+ * The histograms add integers (counts; masses in 32-bit fixed point) into
+ * histograms private to pairs of warps, so their sums do not depend on the
+ * order of the atomics; every other reduction has a fixed order: a rerun
+ * gives the same bits. The radix select replaced bisections over the keys (about 32 passes
+ * for top-k and 32 for top-p, each element loaded alone: 450 us a row of
+ * 49,152 with top-p on the H200). Semantics and the CPU reference
+ * (bisection in double): sample.c. */
 #include "gp_hd.h"
 #include "rows.cuh"
 
@@ -41,27 +51,10 @@ template <bool MAX, typename V> __device__ __forceinline__ V block_ext(V v, V *s
   return v;
 }
 
-/* inclusive scan over the block in thread order; *tot gets the block total (the same in every thread) */
-__device__ __forceinline__ float block_scan(float v, float *sh, float *tot) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    float t = __shfl_up_sync(0xffffffffu, v, d);
-    if (lane >= d) v += t;
-  }
-  if (lane == 31) sh[warp] = v;
-  __syncthreads();
-  float before = 0.f, all = 0.f;
-  for (int w = 0; w < nw; w++) {
-    if (w == warp) before = all;
-    all += sh[w];
-  }
-  __syncthreads();
-  *tot = all;
-  return before + v;
-}
-
-template <typename T> struct SampleRow {
+/* a row of logits: its elements visited 16 bytes a load (VEC: the row starts 16-byte aligned and V is a
+ * multiple of E), else one at a time; NaN reads as -inf */
+template <typename T, bool VEC> struct SampleRow {
+  static constexpr int E = 16 / (int)sizeof(T);
   const T *x;
   int64_t V;
   float m, inv_t;
@@ -69,93 +62,237 @@ template <typename T> struct SampleRow {
     float v = ld(x[j]);
     return v == v ? v : -INFINITY;
   }
-  __device__ float count_ge(uint32_t t, float *sh) const {
-    float c = 0.f;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) c += fkey(val(j)) >= t ? 1.f : 0.f;
-    return block_sum(c, sh);
-  }
-  __device__ float mass_ge(uint32_t t, float *sh) const {
-    float s = 0.f;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) {
-      float v = val(j);
-      if (fkey(v) >= t) s += expf((v - m) * inv_t);
+  /* f(j, v) for every element, thread by thread (strided: a warp's loads are contiguous) */
+  template <typename F> __device__ __forceinline__ void each(F f) const {
+    if constexpr (VEC) {
+      const uint4 *p = reinterpret_cast<const uint4 *>(x);
+#pragma unroll 4
+      for (int64_t i = threadIdx.x; i < V / E; i += blockDim.x) {
+        const uint4 u = p[i];
+        const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+          const float v = ld(e[k]);
+          f(i * E + k, v == v ? v : -INFINITY);
+        }
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) f(j, val(j));
     }
-    return block_sum(s, sh);
+  }
+  /* the kept weight of v (key >= tau): exp((v - m) / T), else 0 */
+  __device__ __forceinline__ float weight(float v, uint32_t tau) const {
+    return fkey(v) >= tau ? expf((v - m) * inv_t) : 0.f;
   }
 };
 
-template <typename T>
-__global__ void __launch_bounds__(512) k_sample(int64_t *out, T *probs, const T *logits, int64_t V, uint64_t seed,
+/* radix select over the row's keys >= lo: the largest key t such that the
+ * weight of {key >= t} reaches need, weights being counts (MASS false) or
+ * masses (MASS: need = frac of the total, set by the first pass). Masses are
+ * fixed point (2^-32 units, 2^-(32 - fs) past 2^19 elements; the total is at
+ * least 1, the max's own weight) in two 16-bit halves, so that HN private
+ * histograms (warps w, w + HN, ... share one) add plain 32-bit integers
+ * without overflow (a histogram sees about V / HN <= 2^15 elements, or
+ * each weight is shifted right by fs). hist: HN x 2 x 256 words; sel: 3 */
+constexpr int HN = 8;
+template <bool MASS, typename R>
+__device__ uint32_t radix_select(const R &row, uint32_t lo, double frac, unsigned long long need, uint32_t *hist,
+                                 unsigned long long *sel) {
+  const int lane = threadIdx.x & 31;
+  uint32_t *mine = hist + ((threadIdx.x >> 5) % HN) * 512; /* [0, 256): low halves (or counts), [256, 512): high */
+  int fs = 0; /* the masses' shift: a histogram's (about V / HN) 16-bit halves, with room, fit 32 bits */
+  while ((row.V >> fs) > (int64_t)HN << 15) fs++;
+  uint32_t prefix = 0;
+  unsigned long long above = 0;
+  for (int d = 3; d >= 0; d--) {
+    const uint32_t hmask = d == 3 ? 0u : 0xFFFFFFFFu << (8 * (d + 1));
+    for (int i = threadIdx.x; i < HN * 512; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+    row.each([&](int64_t, float v) {
+      const uint32_t key = fkey(v);
+      if (key < lo || (key & hmask) != prefix) return;
+      const uint32_t bin = (key >> (8 * d)) & 255u;
+      if constexpr (MASS) {
+        const uint32_t f = (uint32_t)fminf(expf((v - row.m) * row.inv_t) * 4294967296.f, 4294967295.f) >> fs;
+        atomicAdd(mine + bin, f & 0xFFFFu);
+        atomicAdd(mine + 256 + bin, f >> 16);
+      } else {
+        atomicAdd(mine + bin, 1u);
+      }
+    });
+    __syncthreads();
+    if (threadIdx.x < 32) { /* warp 0: the bin where the weight from the top reaches need */
+      unsigned long long part = 0; /* lane l holds bins 8 l .. 8 l + 7 */
+      unsigned long long bins[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) {
+        const int b = 8 * lane + i;
+        unsigned long long w = 0;
+        for (int h = 0; h < HN; h++) w += hist[h * 512 + b] + ((unsigned long long)hist[h * 512 + 256 + b] << 16);
+        bins[i] = w;
+        part += w;
+      }
+      if (MASS && d == 3) {
+        unsigned long long total = part;
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1) total += __shfl_xor_sync(0xffffffffu, total, m);
+        need = (unsigned long long)(frac * (double)total);
+        if (need == 0) need = 1;
+      }
+      unsigned long long suf = part; /* this lane's bins and every higher lane's */
+#pragma unroll
+      for (int m = 1; m < 32; m <<= 1) {
+        const unsigned long long o = __shfl_down_sync(0xffffffffu, suf, m);
+        if (lane + m < 32) suf += o;
+      }
+      const unsigned ok = __ballot_sync(0xffffffffu, above + suf >= need);
+      if (lane == (ok ? 31 - __clz(ok) : 0)) { /* the highest lane whose bins reach it */
+        unsigned long long cum = above + suf - part;
+        int i = 7;
+        for (; i > 0 && cum + bins[i] < need; i--) cum += bins[i];
+        sel[0] = (unsigned long long)(8 * lane + i);
+        sel[1] = cum;
+        sel[2] = need;
+      }
+    }
+    __syncthreads();
+    prefix |= (uint32_t)sel[0] << (8 * d);
+    above = sel[1];
+    need = sel[2];
+    __syncthreads();
+  }
+  return prefix;
+}
+
+template <typename T, bool VEC>
+__global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T *logits, int64_t V, uint64_t seed,
                                                 uint64_t offset, float inv_t, int greedy, int64_t top_k, float top_p,
                                                 double lmin, const unsigned long long *rng) {
   gp_rng_resolve(rng, seed, offset);
   __shared__ float shf[32];
   __shared__ uint32_t shu[32];
   __shared__ long long shi[32];
+  __shared__ uint32_t hist[HN * 512];
+  __shared__ unsigned long long sel[3];
   const int64_t r = blockIdx.x;
-  SampleRow<T> row{logits + r * V, V, 0.f, inv_t};
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  SampleRow<T, VEC> row{logits + r * V, V, 0.f, inv_t};
   T *p = probs + r * V;
   uint32_t hi = 0;
-  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) hi = max(hi, fkey(row.val(j)));
+  row.each([&](int64_t, float v) { hi = max(hi, fkey(v)); });
   hi = block_ext<true>(hi, shu);
   row.m = unkey(hi);
   if (greedy || !(row.m > -INFINITY && row.m < INFINITY)) {
     long long am = V;
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x)
-      if (fkey(row.val(j)) == hi && j < am) am = j;
+    row.each([&](int64_t j, float v) {
+      if (fkey(v) == hi && j < am) am = j;
+    });
     am = block_ext<false>(am, shi);
     for (int64_t j = threadIdx.x; j < V; j += blockDim.x) p[j] = st<T>(j == am ? 1.f : 0.f);
     if (threadIdx.x == 0) out[r] = am < V ? am : 0;
     return;
   }
   uint32_t tau = 0;
-  if (top_k > 0 && top_k < V) {
-    uint32_t lo = 0, h = hi;
-    while (lo < h) {
-      uint32_t mid = lo + (uint32_t)(((uint64_t)h - lo + 1) / 2);
-      if (row.count_ge(mid, shf) >= (float)top_k) lo = mid;
-      else h = mid - 1;
-    }
-    tau = lo;
-  }
+  if (top_k > 0 && top_k < V) tau = radix_select<false>(row, 0u, -1.0, (unsigned long long)top_k, hist, sel);
   if (lmin > -INFINITY) {
     uint32_t t = fkey((float)((double)row.m + lmin));
     if (t > hi) t = hi;
     if (t > tau) tau = t;
   }
-  if (top_p < 1.f) {
-    const float target = top_p * row.mass_ge(tau, shf);
-    uint32_t lo = tau, h = hi;
-    while (lo < h) {
-      uint32_t mid = lo + (uint32_t)(((uint64_t)h - lo + 1) / 2);
-      if (row.mass_ge(mid, shf) >= target) lo = mid;
-      else h = mid - 1;
+  if (top_p < 1.f) tau = radix_select<true>(row, tau, (double)top_p, 0ull, hist, sel);
+  /* the draw: warp w owns elements [w seg, (w + 1) seg) (seg a multiple of 32 E), read 16 bytes a lane */
+  constexpr int E = VEC ? SampleRow<T, VEC>::E : 1;
+  const int64_t tiles = (V + 32 * E - 1) / (32 * E), seg = (tiles + nw - 1) / nw * (32 * E);
+  const int64_t s0 = warp * seg, s1 = s0 + seg < V ? s0 + seg : V;
+  auto lane_w = [&](int64_t base, float *w) { /* the lane's E weights of the tile at base; 0 past V */
+    const int64_t j0 = base + (int64_t)lane * E;
+    if constexpr (VEC) {
+      if (j0 < s1) {
+        const uint4 u = reinterpret_cast<const uint4 *>(row.x)[j0 / E];
+        const T *e = reinterpret_cast<const T *>(&u);
+#pragma unroll
+        for (int k = 0; k < E; k++) {
+          const float v = ld(e[k]);
+          w[k] = row.weight(v == v ? v : -INFINITY, tau);
+        }
+      } else {
+#pragma unroll
+        for (int k = 0; k < E; k++) w[k] = 0.f;
+      }
+    } else {
+      w[0] = j0 < s1 ? row.weight(row.val(j0), tau) : 0.f;
     }
-    tau = lo;
+  };
+  float mine = 0.f; /* the warp's segment: its kept mass */
+  for (int64_t base = s0; base < s1; base += 32 * E) {
+    float w[E];
+    lane_w(base, w);
+#pragma unroll
+    for (int k = 0; k < E; k++) mine += w[k];
   }
-  const float s = row.mass_ge(tau, shf), rs = 1.f / s;
+#pragma unroll
+  for (int m = 16; m >= 1; m >>= 1) mine += __shfl_xor_sync(0xffffffffu, mine, m);
+  if (lane == 0) shf[warp] = mine;
+  __syncthreads();
+  float before = 0.f, s = 0.f; /* the mass of the segments before this warp's; the kept mass */
+  for (int i = 0; i < nw; i++) {
+    if (i == warp) before = s;
+    s += shf[i];
+  }
+  const float rs = 1.f / s;
   const float thr = gp_u01(gp_philox(seed, offset + (uint64_t)r / 4).v[r % 4]) * s;
-  float acc = 0.f;
-  long long pick = -1, last = -1;
-  for (int64_t base = 0; base < V; base += blockDim.x) {
-    const int64_t j = base + threadIdx.x;
-    float w = 0.f;
-    if (j < V) {
-      float v = row.val(j);
-      if (fkey(v) >= tau) w = expf((v - row.m) * inv_t);
-      p[j] = st<T>(w * rs);
-      if (w > 0.f) last = j;
+  long long pick = V, last = -1;
+  const bool mine_has = before <= thr && thr < before + mine; /* warp-uniform; rounding: the last kept below */
+  float acc = before;
+  for (int64_t base = s0; base < s1; base += 32 * E) {
+    float w[E];
+    lane_w(base, w);
+    const int64_t j0 = base + (int64_t)lane * E;
+    float ls = 0.f;
+#pragma unroll
+    for (int k = 0; k < E; k++) {
+      if (w[k] > 0.f) last = j0 + k;
+      ls += w[k];
     }
-    float tot, incl = block_scan(w, shf, &tot);
-    if (pick < 0 && acc + tot > thr) { /* uniform: acc, tot and thr are the same in every thread */
-      long long c = (w > 0.f && acc + incl > thr) ? j : (long long)V;
-      c = block_ext<false>(c, shi);
-      if (c < V) pick = c;
+    if constexpr (VEC) {
+      if (j0 < s1) {
+        uint4 u;
+        T *e = reinterpret_cast<T *>(&u);
+#pragma unroll
+        for (int k = 0; k < E; k++) e[k] = st<T>(w[k] * rs);
+        reinterpret_cast<uint4 *>(p)[j0 / E] = u;
+      }
+    } else {
+      if (j0 < s1) p[j0] = st<T>(w[0] * rs);
     }
-    acc += tot;
+    if (mine_has && pick == V) {
+      float incl = ls; /* inclusive scan of the lanes' sums */
+#pragma unroll
+      for (int m = 1; m < 32; m <<= 1) {
+        const float o = __shfl_up_sync(0xffffffffu, incl, m);
+        if (lane >= m) incl += o;
+      }
+      const float tile = __shfl_sync(0xffffffffu, incl, 31);
+      if (acc + tile > thr) { /* the crossing is in this tile: the first lane, then its element */
+        float run = acc + incl - ls;
+        long long c = V;
+        for (int k = 0; k < E && c == V; k++) {
+          run += w[k];
+          if (w[k] > 0.f && run > thr) c = j0 + k;
+        }
+#pragma unroll
+        for (int m = 16; m >= 1; m >>= 1) {
+          const long long o = __shfl_xor_sync(0xffffffffu, c, m);
+          c = o < c ? o : c;
+        }
+        pick = c;
+      }
+      acc += tile;
+    }
   }
+  pick = block_ext<false>(pick, shi);
   last = block_ext<true>(last, shi);
-  if (threadIdx.x == 0) out[r] = pick >= 0 ? pick : (last >= 0 ? last : 0);
+  if (threadIdx.x == 0) out[r] = pick < V ? pick : (last >= 0 ? last : 0);
 }
 
 extern "C" int gp_cuda_sample(gp_tensor *out, gp_tensor *probs, const gp_tensor *logits, uint64_t seed, uint64_t offset,
@@ -164,13 +301,25 @@ extern "C" int gp_cuda_sample(gp_tensor *out, gp_tensor *probs, const gp_tensor 
   int64_t n = logits->shape[0], v = logits->shape[1];
   if (n == 0) return GP_OK;
   if (n > 2147483647) return gp_error("sample: %lld rows is more than one launch handles", (long long)n);
-  const int block = v >= 8192 ? 512 : v >= 1024 ? 256 : 128;
+  const int block = v >= 32768 ? 1024 : v >= 8192 ? 512 : v >= 1024 ? 256 : 128;
   const int greedy = temperature == 0;
   const float inv_t = greedy ? 1.f : (float)(1.0 / temperature);
-  GP_FLOAT_SWITCH(logits->dtype, T, GP_NOTE_LAUNCH(k_sample<T>, block, 0);
-                  k_sample<T><<<(unsigned)n, block, 0, gp_cuda_stream()>>>(
-                      (int64_t *)gp_ptr(out), (T *)gp_ptr(probs), (const T *)gp_ptr(logits), v, seed, offset, inv_t,
-                      greedy, top_k, (float)top_p, lmin, gp_cuda_rng_slot()));
+  const int es = gp_elsize(logits->dtype);
+  const bool vec = v % (16 / es) == 0 && (((uintptr_t)gp_ptr(logits) | (uintptr_t)gp_ptr(probs)) & 15) == 0;
+  int64_t *po = (int64_t *)gp_ptr(out);
+  GP_FLOAT_SWITCH(logits->dtype, T, {
+    const T *px = (const T *)gp_ptr(logits);
+    T *pp = (T *)gp_ptr(probs);
+    if (vec) {
+      GP_NOTE_LAUNCH((k_sample<T, true>), block, 0);
+      k_sample<T, true><<<(unsigned)n, block, 0, gp_cuda_stream()>>>(po, pp, px, v, seed, offset, inv_t, greedy, top_k,
+                                                                     (float)top_p, lmin, gp_cuda_rng_slot());
+    } else {
+      GP_NOTE_LAUNCH((k_sample<T, false>), block, 0);
+      k_sample<T, false><<<(unsigned)n, block, 0, gp_cuda_stream()>>>(po, pp, px, v, seed, offset, inv_t, greedy, top_k,
+                                                                      (float)top_p, lmin, gp_cuda_rng_slot());
+    }
+  });
   return gp_cuda_check_launch("sample");
 }
 

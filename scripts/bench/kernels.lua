@@ -87,6 +87,13 @@ local BENCH = {
   {'scatter_add', {'f32'}, syms = {A = S(64, 4), B = S(4096, 64), K = S(2048, 32), C = S(512, 16)}},
   {'cross_entropy', {'bf16', 'f32'}, syms = {N = S(2048, 16), V = S(50304, 1000)}},
   {'cross_entropy_fwd_bwd', {'bf16', 'f32'}, syms = {N = S(2048, 16), V = S(50304, 1000)}},
+  -- a decode step's draw: one row (batch 1) and 32 rows of SmolLM2's and Llama 3's vocabularies, top-p 0.9 (one
+  -- block a row: latency, not bandwidth, bounds it; GB/s is the logits read and probs written once)
+  {'sample', {'bf16'}, syms = {N = 1, V = S(49152, 1000)}, scalars = {top_p = 0.9}, label = 'sample N1 top-p'},
+  {'sample', {'bf16'}, syms = {N = 32, V = S(49152, 1000)}, scalars = {top_p = 0.9}, label = 'sample N32 top-p'},
+  {'sample', {'bf16'}, syms = {N = 32, V = S(49152, 1000)}, scalars = {top_k = 50, top_p = 0.9},
+   label = 'sample N32 top-k top-p'},
+  {'sample', {'bf16'}, syms = {N = 1, V = S(128256, 1000)}, scalars = {top_p = 0.9}, label = 'sample N1 V128K top-p'},
   {'distill_loss', {'bf16', 'f32'}, syms = {N = S(8192, 16), V = S(49152, 1000)}},
   {'distill_fwd_bwd', {'bf16', 'f32'}, syms = {N = S(8192, 16), V = S(49152, 1000)}},
   {'loss_reduce', {'f32'}, syms = {N = NMEM}},
