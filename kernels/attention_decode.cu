@@ -529,7 +529,7 @@ constexpr int CH_BK = 64; /* keys a tile */
  * staged scales (2 x CH_BK) and the keys' scales of the converted tile (CH_BK) */
 constexpr int chunk_smem(int D) { return CH_BK * D * 2 * 2 + CH_BK * D * 2 + CH_BK * 4 * 3; }
 
-template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_attn_chunk_sm(DecP P) {
+template <typename T, int D, int FMT> __global__ void __launch_bounds__(128, D == 64 ? 3 : 1) k_attn_chunk_sm(DecP P) {
   static_assert(FMT != 0, "chunk: codes only");
   constexpr int KS = D / 16, NT = D / 8; /* k-steps of S; n-tiles of O */
   constexpr int PIECES = CH_BK * D / 16 / 128; /* 16-byte pieces of codes a thread copies a tile, K and V each */
