@@ -89,7 +89,7 @@ template <typename T, bool VEC> struct SampleRow {
 /* radix select over the row's keys >= lo: the largest key t such that the
  * weight of {key >= t} reaches need, weights being counts (MASS false) or
  * masses (MASS: need = frac of the total, set by the first pass). Masses are
- * fixed point (2^-32 units, 2^-(32 - fs) past 2^19 elements; the total is at
+ * fixed point (2^-32 units, 2^-(32 - fs) past 2^18 elements; the total is at
  * least 1, the max's own weight) in two 16-bit halves, so that HN private
  * histograms (warps w, w + HN, ... share one) add plain 32-bit integers
  * without overflow (a histogram sees about V / HN <= 2^15 elements, or
