@@ -409,6 +409,25 @@ T.test('nn.GPT generates through a compressed cache: device positions and host p
   end
 end)
 
+T.test('nn.GPT prefill in two chunks over a compressed cache: the second chunk reads the codes (attend_chunk)', function()
+  gp.manual_seed(19)
+  local m = gp.nn.GPT {vocab_size = 40, block_size = 32, n_embd = 128, n_layer = 2, n_head = 2, device = 'cpu'}
+  m:eval()
+  local ids = gp.tensor({{1, 5, 9, 3, 7, 2, 8, 4, 6}, {11, 12, 13, 14, 15, 16, 17, 18, 19}}, {dtype = 'i64', device = 'cpu'})
+  local full = m(ids)
+  for _, kvd in ipairs {'int8', 'fp8'} do
+    local cache = gp.KVCache {batch = 2, heads = 2, capacity = 16, head_dim = 64, layers = 2, device = 'cpu', kv_dtype = kvd}
+    m:forward_cached(ids:narrow(2, 1, 4), cache, 0)
+    local calls = 0
+    local orig = cache.attend_chunk
+    cache.attend_chunk = function(...) calls = calls + 1; return orig(...) end
+    local b = m:forward_cached(ids:narrow(2, 5, 5), cache, 4)
+    T.eq(calls, 2, kvd .. ': one attend_chunk a layer')
+    local rel = T.relnorm(b, full:narrow(2, 5, 5))
+    T.ok(rel > 0 and rel < (kvd == 'int8' and 2e-2 or 8e-2), kvd .. ': the second chunk ' .. rel)
+  end
+end)
+
 -- grouped-query heads of bf16/f16 queries take the tensor-core decode kernel
 -- (kernels/attention_decode.cu; GP_ATTN_DECODE=cores: the CUDA-core one):
 -- every group size up to 8 heads a block (16: two blocks), both head dims,
