@@ -19,19 +19,15 @@ local a = gp.args.parse(arg, {
   {'batch', 1, 'rows decoded together'}, {'context', 128, 'cached positions before the step'},
   {'kv-dtype', '', 'the KV cache stored as int8 or fp8 (default: the model\'s dtype)'},
   {'top', 20, 'kernels listed'},
-  {'random', '', 'smollm2 or a config.json: that model\'s shapes with random weights (no checkpoint)'},
+  {'random', '', 'smollm2, llama1024 or a config.json: that model\'s shapes with random weights (no checkpoint)'},
   {'layers', 0, 'with --random: keep this many layers (0: the config\'s)'},
 }, {usage = 'gpush scripts/bench/profile_decode.lua [flags]', description = 'A decode step, kernel by kernel.'})
 
 local dev = gp.device()
 local dtype = a.dtype ~= '' and a.dtype or (dev == 'cuda' and 'bf16' or 'f32')
--- SmolLM2-135M-Instruct's config.json (the fields the Llama module reads)
-local SMOLLM2 = {hidden_size = 576, intermediate_size = 1536, num_hidden_layers = 30, num_attention_heads = 9,
-  num_key_value_heads = 3, vocab_size = 49152, rms_norm_eps = 1e-5, rope_theta = 100000, tie_word_embeddings = true,
-  max_position_embeddings = 8192, hidden_act = 'silu', model_type = 'llama'}
 local model
 if a.random ~= '' then
-  local cfg = a.random == 'smollm2' and SMOLLM2 or require('gpush.models.hf').read_json(a.random)
+  local cfg = gp.models.SHAPES[a.random] or require('gpush.models.hf').read_json(a.random)
   if a.layers > 0 then
     local c2 = {}
     for k, v in pairs(cfg) do c2[k] = v end

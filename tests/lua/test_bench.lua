@@ -155,6 +155,26 @@ T.test('lora launches (scripts/bench/lora_launches.lua) counts an update\'s kern
   T.ok(rc ~= 0 and out:find('--layers needs a number', 1, true), out)
 end)
 
+T.test('decode bench (scripts/bench/decode.lua): GPT and Llama shapes, tokens/s beside the floor', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/decode.lua --model smollm2 --layers 1 ' ..
+    '--batches 1,2 --max-new 2 --prompt-len 2 --reps 1 --top-p 0.9')
+  T.eq(rc, 0, out)
+  T.ok(out:find('smollm2 (random weights) d576, 1 layers, 9 heads (3 KV), vocab 49152', 1, true), out)
+  T.ok(out:find('sampling (top-p 0.9)', 1, true), out)
+  for _, B in ipairs {1, 2} do
+    local tps, floor, frac = out:match('"batch": ' .. B .. ', "graph_tokens_per_s": ([%d.]+).-"floor_tokens_per_s": ([%d.]+), ' ..
+      '"graph_of_floor": ([%d.]+)')
+    T.ok(tonumber(tps) and tonumber(floor) > 0, 'batch ' .. B .. ' in\n' .. out)
+    T.near(tonumber(frac), tonumber(tps) / tonumber(floor), 2e-3 + 1e-2 * tonumber(frac), 'batch ' .. B .. ' of floor')
+  end
+  out, rc = T.sh(timeout(60) .. exe .. ' ' .. root .. '/scripts/bench/decode.lua --n-embd 32 --n-layer 1 --n-head 2 ' ..
+    '--batches 1 --max-new 2 --reps 1 --no-torch')
+  T.eq(rc, 0, out)
+  T.ok(out:find('gpt d32, 1 layers, 2 heads, vocab 256', 1, true) and out:find('"graph_of_floor"', 1, true), out)
+  out, rc = T.sh(exe .. ' ' .. root .. '/scripts/bench/decode.lua --model nope')
+  T.ok(rc ~= 0 and out:find('--model must be gpt, gpt2, llama1024, smollm2; got "nope"', 1, true), out)
+end)
+
 T.test('kv decode bench (scripts/bench/kv_decode.lua) prints a row per cache dtype', function()
   local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/kv_decode.lua --len 64 --batch 1 ' ..
     '--heads 4 --kv-heads 2 --head-dim 64 --iters 1')

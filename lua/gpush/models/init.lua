@@ -21,6 +21,18 @@ local M = {
 M.NAMES = {smollm2 = 'smollm2/SmolLM2-135M-Instruct.Q4_1.gguf', ['all-minilm-l6-v2'] = 'all-minilm-l6-v2',
            shakespeare = 'shakespeare/shakespeare.txt'} -- the last a text, not a model (gp.models.path only)
 
+-- config.json fields of model shapes the benchmarks build with random weights
+-- (gp.models.Llama(gp.models.SHAPES.smollm2)): SmolLM2-135M-Instruct's, and
+-- issue 23's d1024 Llama (8 layers, 8 heads of 128, SwiGLU 2816, vocabulary 32,000)
+M.SHAPES = {
+  smollm2 = {hidden_size = 576, intermediate_size = 1536, num_hidden_layers = 30, num_attention_heads = 9,
+    num_key_value_heads = 3, vocab_size = 49152, rms_norm_eps = 1e-5, rope_theta = 100000, tie_word_embeddings = true,
+    max_position_embeddings = 8192, hidden_act = 'silu', model_type = 'llama'},
+  llama1024 = {hidden_size = 1024, intermediate_size = 2816, num_hidden_layers = 8, num_attention_heads = 8,
+    num_key_value_heads = 8, vocab_size = 32000, rms_norm_eps = 1e-5, rope_theta = 10000, tie_word_embeddings = false,
+    max_position_embeddings = 4096, hidden_act = 'silu', model_type = 'llama'},
+}
+
 -- $GPUSH_CACHE/models (default ~/.cache/gpush/models)
 function M.dir() return (rt.cache_dir() or '.') .. '/models' end
 gp.doc(M.dir, 'gp.models.dir()', 'where `make models` puts what it fetches: $GPUSH_CACHE/models (default ~/.cache/gpush/models)')
