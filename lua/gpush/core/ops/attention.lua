@@ -356,10 +356,11 @@ gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, d
   'preallocated keys and values per layer (B, H, capacity, D), H the KV heads (grouped-query attention: fewer than ' ..
   'the query heads, which attend and attend_at take as they are): cache:append(layer, k, v) writes (B, H, Tnew, D) ' ..
   'in place (no device allocation), cache:len(), cache:reset(), cache:keys(layer), cache:values(layer) (views of ' ..
-  'the filled part), cache:lens(layer) (i32 [B] on the device), cache:attend(layer, q, opts) (decode attention); ' ..
-  'never grows: going past capacity is an error. kv_dtype = \'int8\' or \'fp8\' (e4m3) stores keys and values as ' ..
-  'one-byte codes with an f32 scale per position and head (quantized on append, read by decode attention directly; ' ..
-  'keys/values return dequantized copies in dtype); cache:nbytes() is the device memory it holds')
+  'the filled part), cache:lens(layer) (i32 [B] on the device), cache:attend(layer, q, opts) (decode attention), ' ..
+  'cache:attend_chunk(layer, q, opts) (a prefill chunk after its append); never grows: going past capacity is an ' ..
+  'error. kv_dtype = \'int8\' or \'fp8\' (e4m3) stores keys and values as one-byte codes with an f32 scale per ' ..
+  'position and head (quantized on append, read directly by decode attention and attend_chunk; keys/values return ' ..
+  'dequantized copies in dtype); cache:nbytes() is the device memory it holds')
 
 function KVCache:_layer(op, layer)
   if type(layer) ~= 'number' or layer ~= math.floor(layer) or layer < 1 or layer > self.layers then
