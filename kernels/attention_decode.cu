@@ -307,18 +307,10 @@ template <int FMT> __device__ __forceinline__ void codes_h2(uint32_t w, uint32_t
     h23 = (b & 0x80008000u) | ((b >> 1) & 0x3F803F80u);
   }
 }
+/* mma16816 with rows 8..15 of A zero: a holds rows 0..7 (a[0], a[1]) */
 template <typename M> __device__ __forceinline__ void mma_dec(float *c, const uint32_t *a, uint32_t b0, uint32_t b1) {
-  /* rows 8..15 of A are zero: a[1], a[3] pass as 0 */
-  if constexpr (std::is_same<M, __nv_bfloat16>::value)
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(0u), "r"(a[1]), "r"(0u), "r"(b0), "r"(b1));
-  else
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(0u), "r"(a[1]), "r"(0u), "r"(b0), "r"(b1));
+  const uint32_t a4[4] = {a[0], 0u, a[1], 0u};
+  mma16816<M>(c, a4, b0, b1);
 }
 
 template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_attn_decode_tc(DecP P, int nq) {
@@ -652,7 +644,7 @@ template <typename T, int D, int FMT> __global__ void __launch_bounds__(128, D =
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const int h = e >> 1, j = w0 + 8 * c + 2 * t + (e & 1);
-          const bool ok = whole || (j < hi && j < nv[h] && (P.win <= 0 || j < P.ng || j > nv[h] - 1 - P.win));
+          const bool ok = whole || (j < hi && vis(nv[h] - 1, j, P.win, P.ng, 1));
           sc[c][e] = ok ? sc[c][e] * ((e & 1) ? kk.y : kk.x) : -INFINITY;
           mx[h] = fmaxf(mx[h], sc[c][e]);
         }
