@@ -1,14 +1,17 @@
 -- Decode benchmark: tokens/s of gp.generate for a model of random weights
 -- at batch 1 and 16, 200 new tokens after a short prompt, with the decode
 -- step captured as a CUDA graph (graph on) and run eagerly (graph off),
--- beside a PyTorch loop with a KV cache (scripts/bench/torch_decode.py, GPT
--- models) when python3 has torch.
---   gpush scripts/bench/decode.lua [--model gpt] [--batches 1,16] [--max-new 200] [--bf16] [--greedy] [--top-p 1]
+-- beside PyTorch loops of the same model shape with a static KV cache, eager
+-- and compiled with torch.compile(mode="reduce-overhead")
+-- (scripts/bench/torch_decode.py) when python3 has torch.
+--   gpush scripts/bench/decode.lua [--model gpt] [--batches 1,16] [--max-new 200] [--bf16] [--nf4] [--greedy] [--top-p 1]
 -- --model: gpt (nn.GPT of --n-embd, --n-layer, --n-head, --vocab, --block;
 -- default d768, 12 layers, 12 heads, byte vocabulary), gpt2 (GPT-2 small:
 -- d768, 12 layers, vocabulary 50,257), or a Llama of gp.models.SHAPES
 -- (llama1024: issue 23's d1024 8-layer model; smollm2: SmolLM2-135M's
--- shapes); --layers N keeps the first N layers of a Llama.
+-- shapes); --layers N keeps the first N layers of a Llama. --nf4 (with
+-- --bf16) quantizes the attention and MLP Linears to NF4 (gp.nn.quantize_linears;
+-- decode runs the fused dequant-GEMV); the PyTorch peer stays bf16.
 -- tokens/s counts every row's new tokens over the whole generate call
 -- (prefill included), median of --reps calls after one warm-up call. "of
 -- floor" is that over the floor of a step: the weights and the KV cache's
@@ -23,9 +26,9 @@ local a = gp.args.parse(arg, {
   {'layers', 0, 'keep this many layers of a Llama (0: all)'},
   {'batches', '1,16', 'batch sizes (rows generated together)'}, {'max-new', 200, 'new tokens per row'},
   {'prompt-len', 8, 'prompt tokens'}, {'reps', 3, 'timed generate calls per setting'},
-  {'bf16', false, 'bf16 model'}, {'greedy', false, 'argmax instead of sampling (temperature 1, top-k 50)'},
+  {'bf16', false, 'bf16 model'}, {'nf4', false, 'NF4 attention and MLP weights (needs --bf16)'}, {'greedy', false, 'argmax instead of sampling (temperature 1, top-k 50)'},
   {'top-p', 1, 'top-p of the sampling (1: off; with top-k 50)'},
-  {'no-torch', false, 'skip the PyTorch peer'},
+  {'no-torch', false, 'skip the PyTorch peer'}, {'torch-modes', 'eager,compile', 'PyTorch loops to run'},
 }, {usage = 'gpush scripts/bench/decode.lua [flags]'})
 
 local dev = gp.device()
@@ -48,7 +51,9 @@ elseif gp.models.SHAPES[a.model] then
   desc = string.format('%s (random weights) d%d, %d layers, %d heads (%d KV), vocab %d', a.model, cfg.hidden_size,
     cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size)
   kv = {cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size / cfg.num_attention_heads}
-  a.no_torch = true -- torch_decode.py is GPT-shaped
+  a.peer = string.format('--arch llama --hidden %d --inter %d --layers %d --heads %d --kv-heads %d --theta %g --vocab %d%s',
+    cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
+    cfg.rope_theta, cfg.vocab_size, cfg.tie_word_embeddings and ' --tied' or '')
 else
   local names = {}
   for k in pairs(gp.models.SHAPES) do names[#names + 1] = k end
@@ -57,10 +62,22 @@ else
   os.exit(2)
 end
 if a.bf16 then model:to('bf16') end
+if a.nf4 then
+  if not a.bf16 then
+    io.stderr:write('decode.lua: --nf4 needs --bf16 (NF4 products compute in bf16)\n')
+    os.exit(2)
+  end
+  gp.nn.quantize_linears(model, {kind = 'nf4', block = 64})
+  desc = desc .. ', NF4 attention and MLP weights'
+end
 model:eval()
 local esize = a.bf16 and 2 or 4
-local wbytes = 0
+local wbytes = 0 -- every weight byte a step reads: parameters and quantized weights (codes and scales)
 for _, p in ipairs(model:parameters()) do wbytes = wbytes + p:numel() * p:element_size() end
+for _, m in ipairs(model:modules()) do
+  local w = rawget(m, 'weight')
+  if gp.is_quantized(w) then wbytes = wbytes + w.nbytes end
+end
 local copy_bw
 do
   local n = dev == 'cuda' and 128 * 2 ^ 20 or 2 ^ 20
@@ -109,22 +126,34 @@ for b in tostring(a.batches):gmatch('%d+') do
 end
 
 if dev == 'cuda' and not a.no_torch then
-  local cmd = string.format('python3 scripts/bench/torch_decode.py --n-embd %d --n-layer %d --n-head %d --block %d ' ..
-    '--vocab %d --batches %s --max-new %d --prompt-len %d%s%s 2>&1', a.n_embd, a.n_layer, a.n_head, a.block, a.vocab,
-    a.batches, a.max_new, a.prompt_len, a.bf16 and ' --bf16' or '', a.greedy and ' --greedy' or '')
+  local arch = a.peer or string.format('--arch gpt --hidden %d --layers %d --heads %d --block %d --vocab %d', a.n_embd,
+    a.n_layer, a.n_head, a.block, a.vocab)
+  local cmd = string.format('python3 scripts/bench/torch_decode.py %s --batches %s --max-new %d --prompt-len %d ' ..
+    '--top-p %g --modes %s --reps %d%s%s 2>&1', arch, a.batches, a.max_new, a.prompt_len, a.top_p, a.torch_modes, a.reps,
+    a.bf16 and ' --bf16' or '', a.greedy and ' --greedy' or '')
   local p = io.popen(cmd)
   local txt = p and p:read('*a') or ''
   if p then p:close() end
   local peer = {}
-  for B, tps in txt:gmatch('"batch": (%d+), "torch_tokens_per_s": ([%d%.]+)') do peer[tonumber(B)] = tonumber(tps) end
+  for line in txt:gmatch('[^\n]+') do
+    local B = tonumber(line:match('^{"batch": (%d+)'))
+    if B then
+      peer[B] = {eager = tonumber(line:match('"torch_tokens_per_s": ([%d%.]+)')),
+                 compile = tonumber(line:match('"compile_tokens_per_s": ([%d%.]+)'))}
+    end
+  end
   if next(peer) == nil then
-    print('pytorch peer: not run (' .. (txt:gsub('%s+$', ''):sub(-300)) .. ')')
+    print('pytorch peer: not run (' .. (txt:gsub('%s+$', ''):sub(-600)) .. ')')
   else
+    print('pytorch: ' .. (txt:match('{"torch":[^\n]*') or '?'))
+    local function f(v) return v and string.format('%8.1f', v) or '       -' end
+    local function x(u, v) return v and string.format('%.2fx', u / v) or '-' end
     for _, r in ipairs(rows) do
       local t = peer[r.B]
       if t then
-        print(string.format('batch %2d: gpush graph %8.1f tok/s | gpush eager %8.1f tok/s | pytorch %8.1f tok/s | graph/pytorch %.2fx',
-          r.B, r.on, r.off, t, r.on / t))
+        print(string.format('batch %2d: gpush graph %8.1f tok/s | gpush eager %8.1f | torch eager %s | torch compile ' ..
+          '(reduce-overhead) %s | graph/eager %s | graph/compile %s', r.B, r.on, r.off, f(t.eager), f(t.compile),
+          x(r.on, t.eager), x(r.on, t.compile)))
       end
     end
   end

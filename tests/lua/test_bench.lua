@@ -171,6 +171,19 @@ T.test('decode bench (scripts/bench/decode.lua): GPT and Llama shapes, tokens/s 
     '--batches 1 --max-new 2 --reps 1 --no-torch')
   T.eq(rc, 0, out)
   T.ok(out:find('gpt d32, 1 layers, 2 heads, vocab 256', 1, true) and out:find('"graph_of_floor"', 1, true), out)
+  -- NF4 weights: the step reads fewer bytes (codes and scales counted), and --nf4 needs --bf16
+  local mb = {}
+  for _, f in ipairs {'', ' --nf4'} do
+    out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/decode.lua --model smollm2 --layers 1 --bf16' .. f ..
+      ' --batches 1 --max-new 2 --prompt-len 2 --reps 1')
+    T.eq(rc, 0, out)
+    mb[#mb + 1] = tonumber(out:match('; ([%d.]+) MB of weights'))
+  end
+  T.ok(out:find('NF4 attention and MLP weights', 1, true), out)
+  -- one layer's Linears: 3,538,944 bf16 weights (7.08 MB) become 1.77 MB of codes + 0.22 MB of f32 absmax
+  T.near(mb[1] - mb[2], 7.078 - 1.769 - 0.221, 0.05, 'MB saved by NF4')
+  out, rc = T.sh(exe .. ' ' .. root .. '/scripts/bench/decode.lua --model smollm2 --nf4')
+  T.ok(rc ~= 0 and out:find('--nf4 needs --bf16', 1, true), out)
   out, rc = T.sh(exe .. ' ' .. root .. '/scripts/bench/decode.lua --model nope')
   T.ok(rc ~= 0 and out:find('--model must be gpt, gpt2, llama1024, smollm2; got "nope"', 1, true), out)
 end)
