@@ -97,11 +97,32 @@ T.test('models: LoRA on a Llama: unmerged, the adapters count without autograd t
   T.eq(c3.group, 2 * L)
   T.ok(T.relnorm(after, without) < 1e-6, 'unmerged again ' .. T.relnorm(after, without))
   T.eq(T.relnorm(gp.lora.without(m, function() return gp.no_grad(m.forward, m, e.ids) end), base), 0, 'disabled: the base')
-  -- NF4 quantization replaces the modules: the record is dropped (its tensor can be freed)
+  -- NF4 quantization replaces the modules: the record is dropped (its tensor can be freed); without
+  -- autograd the Linear4s share a stacked quantized weight instead (one NF4 product for q/k/v, one for gate/up)
   local q = gp.models.load(root .. '/llama_gqa', {dtype = 'f32', device = 'cpu'})
   gp.nn.quantize_linears(q, {kind = 'nf4', block = 32})
-  gp.no_grad(q.forward, q, e.ids)
-  T.eq(rawget(q.model.layers[1].self_attn, '_qkv'), nil)
+  local core = require 'gpush.core'
+  local function nf4_counted(f) local r, n = T.counted(f, {nf4 = {core, 'nf4_linear'}}); return r, n.nf4 end
+  local alone, k1 = nf4_counted(function() return q(e.ids) end) -- autograd on: each projection alone
+  local stacked, k2 = nf4_counted(function() return gp.no_grad(q.forward, q, e.ids) end)
+  local at = q.model.layers[1].self_attn
+  T.eq(rawget(at, '_qkv'), nil)
+  T.eq(k1, 7 * L, 'NF4 products a forward with autograd')
+  T.eq(k2, 4 * L, 'NF4 products without: q/k/v and gate/up stacked')
+  T.ok(T.relnorm(stacked, alone) < 1e-6, 'NF4 stacked ' .. T.relnorm(stacked, alone))
+  local st = rawget(at, '_qkv4').q
+  T.eq(st.shape[1], (m.config.num_attention_heads + 2 * m.config.num_key_value_heads) * m.config.head_dim)
+  T.eq(st.shape[2], m.config.hidden_size)
+  T.ok(at.q_proj.weight.data.c.data == st.data.c.data and at.v_proj.weight.absmax.c.data == st.absmax.c.data,
+    'the Linear4s hold views of the stack')
+  local sd = q:state_dict()
+  local kn = sd['model.layers.0.self_attn.k_proj.weight.nf4']
+  T.ok(kn:size(1) == m.config.num_key_value_heads * m.config.head_dim and kn:size(2) == m.config.hidden_size / 2, 'k_proj.weight.nf4')
+  -- a LoRA over the quantized projections runs them alone again, with the same base
+  gp.lora.apply(q, {rank = 4})
+  local _, k3 = nf4_counted(function() return gp.no_grad(q.forward, q, e.ids) end)
+  T.eq(k3, 7 * L, 'NF4 products under LoRA')
+  T.ok(T.relnorm(gp.no_grad(q.forward, q, e.ids), stacked) < 1e-6, 'LoRA (B = 0) over the stacked views')
 end)
 
 -- a Llama fixture with LoRA on every projection (B random: the adapters count), over an NF4 base with nf4

@@ -296,6 +296,32 @@ T.test('nf4: the chunked product uses a bounded scratch, never a whole dequantiz
 end)
 
 ---------------------------------------------------------------------------
+T.test('gp.quantized_cat: row blocks stacked equal the parts, one product equals the parts\' products; views, errors', function()
+  gp.manual_seed(9)
+  for _, dev in ipairs(gp.cuda_available() and {'cpu', 'cuda'} or {'cpu'}) do
+    local ws = {gp.randn({6, 64}, {device = dev}), gp.randn({2, 64}, {device = dev}), gp.randn({4, 64}, {device = dev})}
+    local qs = {}
+    for i, w in ipairs(ws) do qs[i] = gp.quantize(w, {block = 32}) end
+    local all, parts = gp.quantized_cat(qs)
+    T.eq(all.shape[1], 12); T.eq(all.shape[2], 64); T.eq(all.block, 32)
+    T.eq(all.nbytes, qs[1].nbytes + qs[2].nbytes + qs[3].nbytes)
+    T.eq(T.relnorm(all:dequantize(), gp.cat({qs[1]:dequantize(), qs[2]:dequantize(), qs[3]:dequantize()}, 1)), 0, dev)
+    local x = gp.randn({3, 64}, {device = dev})
+    local y = gp.nf4_linear(x, all)
+    for i, p in ipairs(parts) do
+      T.ok(p.data.c.data == all.data.c.data, 'a view of the stack')
+      T.eq(T.relnorm(p:dequantize(), qs[i]:dequantize()), 0)
+      local r0 = i == 1 and 1 or i == 2 and 7 or 9
+      T.ok(T.relnorm(y:narrow(2, r0, p.shape[1]), gp.nf4_linear(x, qs[i])) < 1e-6, dev .. ' part ' .. i)
+    end
+  end
+  T.raises(function() gp.quantized_cat({gp.quantize(gp.randn({4, 64}, {device = 'cpu'}), {block = 32}),
+      gp.quantize(gp.randn({4, 64}, {device = 'cpu'}), {block = 64})}) end,
+    'quantized_cat: item 2 is nf4 (4,64) block 64 f32 on cpu but item 1 is nf4 (4,64) block 32 f32 on cpu')
+  T.raises(function() gp.quantized_cat({gp.quantize(gp.randn {4, 64}), gp.randn {4, 64}}) end, 'quantized_cat: item 2 is not a quantized weight')
+  T.raises(function() gp.quantized_cat({}) end, 'quantized_cat: needs a list of quantized weights')
+end)
+
 -- nn: Linear4, quantize_linears, QLoRA
 
 local function tiny_gpt(dtype)

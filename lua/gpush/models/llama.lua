@@ -65,7 +65,9 @@ end
 -- decode step launches one GEMM for q, k and v instead of three, one for gate
 -- and up instead of two). Checkpoints load into the blocks in place
 -- (load_state_dict copies); anything that replaces a weight (:to, NF4
--- quantization) ends the sharing and the Linears run alone (fused_weight).
+-- quantization) ends the sharing and the Linears run alone (fused_weight);
+-- NF4-quantized projections share a stacked quantized weight instead
+-- (fused_quant).
 local function fuse(owner, names)
   local ls = {}
   for i, name in ipairs(names) do ls[i] = owner[name] end
@@ -113,6 +115,30 @@ local function fused_weight(owner, key)
   end
   if alone or autograd.enabled then return nil end
   return W, B
+end
+
+-- the same for projections quantized to NF4 (nn.quantize_linears): when each
+-- of owner's `names` is a bias-free nn.Linear4 and nothing records gradients,
+-- their weights stacked row-wise (gp.quantized_cat; built on first use, the
+-- Linear4s then hold views of it, so no second copy stays); nil otherwise (a
+-- LoRA over them, a bias, autograd on)
+local function fused_quant(owner, key, names)
+  if autograd.enabled or not nn.Linear4 then return nil end
+  local f = rawget(owner, key)
+  for i, name in ipairs(names) do
+    local m = rawget(owner, name)
+    if getmetatable(m) ~= nn.Linear4._imt or rawget(m, 'bias') ~= nil then return nil end
+    if f and rawget(m, 'weight') ~= f.parts[i] then f = nil end
+  end
+  if not f then
+    local qs = {}
+    for i, name in ipairs(names) do qs[i] = rawget(owner, name).weight end
+    local all, parts = gp.quantized_cat(qs)
+    for i, name in ipairs(names) do rawset(rawget(owner, name), 'weight', parts[i]) end
+    f = {q = all, parts = parts}
+    rawset(owner, key, f)
+  end
+  return f.q
 end
 
 -- the outputs of sibling LoRA projections of x as one node (nn.LoRA.forward_group), or nil
@@ -171,6 +197,7 @@ function Attention:forward(x, pos, inv_freq, cache, layer, at)
   local p = at and at.pos or pos
   local q, k, v
   local W, Wb = fused_weight(self, '_qkv')
+  if not W then W = fused_quant(self, '_qkv4', {'q_proj', 'k_proj', 'v_proj'}) end
   if W then -- one product, then row blocks of its output (rope and the cache take strided views)
     local y = gp.linear(x, W, Wb)
     local nq, nkv = H * hd, Hkv * hd
@@ -232,7 +259,7 @@ function MLP:init(cfg, o)
   rawset(self, '_gate_up', fuse(self, {'gate_proj', 'up_proj'}))
 end
 function MLP:forward(x)
-  local W = fused_weight(self, '_gate_up')
+  local W = fused_weight(self, '_gate_up') or fused_quant(self, '_gate_up4', {'gate_proj', 'up_proj'})
   if W then
     local y, h = gp.linear(x, W), self.gate_proj.out_features
     local n = y:dim()

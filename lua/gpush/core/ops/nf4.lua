@@ -114,6 +114,34 @@ end
 doc(gp.quantize, "gp.quantize(w, {kind='nf4', block=64})",
   "a quantized copy of the 2-d float weight w (out, in): NF4 as bitsandbytes defines it (blocks of `block` values of a row, a power of two >= 16 dividing in; absmax per block, the nearest of 16 codes, two a byte); q.shape, q.kind, q.block, q.dtype (w's), q.device, q.nbytes (0.5 + 4/block a parameter), q:dequantize(), q:to(device)")
 
+-- quantized weights of the same in-features stacked row-wise: blocks run along
+-- a row, so the codes and scales of the stack are the parts' rows one after
+-- another. Returns the stacked weight and, per part, a weight over its row
+-- block of the stack (views: no copy of the parts is kept)
+function gp.quantized_cat(qs)
+  if type(qs) ~= 'table' or #qs == 0 then raise('quantized_cat: needs a list of quantized weights') end
+  local q1 = qs[1]
+  local datas, maxes, O = {}, {}, 0
+  for i, q in ipairs(qs) do
+    if not is_quantized(q) then raise(string.format('quantized_cat: item %d is not a quantized weight (gp.quantize), got %s', i, type(q))) end
+    if q.kind ~= q1.kind or q.block ~= q1.block or q.shape[2] ~= q1.shape[2] or q.dtype ~= q1.dtype or q.device ~= q1.device then
+      raise(string.format('quantized_cat: item %d is %s %s block %d %s on %s but item 1 is %s %s block %d %s on %s', i, q.kind,
+        shape_str(q.shape), q.block, q.dtype, q.device, q1.kind, shape_str(q1.shape), q1.block, q1.dtype, q1.device))
+    end
+    datas[i], maxes[i], O = q.data, q.absmax, O + q.shape[1]
+  end
+  local all = new(q1.kind, q1.block, {O, q1.shape[2]}, q1.dtype, gp.cat(datas, 1), gp.cat(maxes, 1))
+  local parts, r0 = {}, 1
+  for i, q in ipairs(qs) do
+    local n = q.shape[1]
+    parts[i] = new(q.kind, q.block, q.shape, q.dtype, all.data:narrow(1, r0, n), all.absmax:narrow(1, r0, n))
+    r0 = r0 + n
+  end
+  return all, parts
+end
+doc(gp.quantized_cat, 'gp.quantized_cat({q1, q2, ...})',
+  "quantized weights of one kind, block, dtype, device and in-features stacked row-wise (one product for projections of the same input): returns the stacked weight and a list of weights over its row blocks (views, equal to the parts)")
+
 function Q:numel() return self.shape[1] * self.shape[2] end
 function Q:dim() return 2 end
 function Q:size(d)
