@@ -29,10 +29,11 @@
  * transposes, M, N, K, batch, leading dims, batch strides, epilogue, bias,
  * aux's leading dim and batch stride, the alignments al_a/al_b/al_c, beta == 0
  * or not, and the workspace size. On a miss the heuristic's first 8 results
- * (and cublasGemmEx, for a plain product) are each run once, probed, then run
- * back to back for about 1 ms (3 to 32 runs) between two CUDA events on the
- * current stream, writing a scratch output laid out like C (zeroed when
- * beta != 0: the real output is never written by the timing). The untuned
+ * (and cublasGemmEx, for a plain product) are each run once, then take turns
+ * for 3 rounds, each turn about 1 ms of runs back to back (2 to 16) between
+ * two CUDA events on the current stream (the fastest turn's mean counts),
+ * writing a scratch output laid out like C (zeroed when beta != 0: the real
+ * output is never written by the timing). The untuned
  * path's candidate (cublasGemmEx; the heuristic's first for an epilogue)
  * stays unless another is faster by more than 2%; the choice is stored and
  * the product runs once with it. A hit runs cublasLtMatmul with the stored
@@ -368,9 +369,11 @@ struct mm_choice {
 static std::map<mm_key, mm_choice, mm_key_less> g_tune;
 static gp_matmul_tunestats g_tstats;
 #define MM_TUNE_ALGOS 8      /* heuristic results timed */
-#define MM_TUNE_MS 1.0f      /* each candidate run back to back for about this long (3 to 32 runs) */
+#define MM_TUNE_CANDS (MM_TUNE_ALGOS + 1) /* and cublasGemmEx */
+#define MM_TUNE_ROUNDS 3     /* the candidates take turns, this many rounds */
+#define MM_TUNE_MS 1.0f      /* each candidate's turn: run back to back for about this long (2 to 16 runs) */
 #define MM_TUNE_MARGIN 0.98f /* another candidate replaces the default only when this much faster */
-static cudaEvent_t g_tev[3];
+static cudaEvent_t g_tev[2 * MM_TUNE_CANDS];
 static int g_tev_made;
 
 static void mm_tune_release(void) {
@@ -403,42 +406,57 @@ static bool mm_capturing(void) {
   return cs != cudaStreamCaptureStatusNone;
 }
 
-/* the mean ms of call run back to back, after a warm-up and a probe run that
- * sets the count (about MM_TUNE_MS in all, 3 to 32 runs); *ok false (and
- * GP_OK) when the call itself refuses; GP_ERR on a CUDA error */
-template <typename F> static int mm_time(const char *op, F call, float *ms, bool *ok) {
-  *ok = false;
+/* ms[c]: candidate c's time, call(c) for c < nc: each runs once (a warm-up;
+ * ok[c] false, and not timed, when it refuses), then in each of
+ * MM_TUNE_ROUNDS rounds the candidates take turns, each run n times back to
+ * back between two CUDA events (n from one probe run: about MM_TUNE_MS a
+ * turn); a turn's mean, the fastest of the rounds, counts. Turns, not one
+ * candidate after another, so that clocks drifting while they run favour
+ * none. GP_ERR on a CUDA error. */
+template <typename F> static int mm_time(const char *op, int nc, F call, float *ms, bool *ok) {
   cudaStream_t st = gp_cuda_stream();
   cudaError_t e = cudaSuccess;
-  float probe = 0, total = 0;
-  int n;
+  float probe = 0;
+  int n, first = -1, last = -1;
   if (!g_tev_made) {
     int k = 0;
-    for (; k < 3 && e == cudaSuccess; k++) e = cudaEventCreate(&g_tev[k]);
+    for (; k < 2 * MM_TUNE_CANDS && e == cudaSuccess; k++) e = cudaEventCreate(&g_tev[k]);
     if (e != cudaSuccess) {
       for (int i = 0; i < k - 1; i++) cudaEventDestroy(g_tev[i]);
       return gp_error("%s: cudaEventCreate (matmul tune): %s", op, cudaGetErrorString(e));
     }
     g_tev_made = 1;
   }
-  if (call() != CUBLAS_STATUS_SUCCESS) return GP_OK; /* the warm-up: not a candidate */
+  for (int c = 0; c < nc; c++) {
+    ms[c] = INFINITY;
+    ok[c] = call(c) == CUBLAS_STATUS_SUCCESS;
+    if (ok[c] && first < 0) first = c;
+  }
+  if (first < 0) return GP_OK;
   if ((e = cudaEventRecord(g_tev[0], st)) != cudaSuccess) goto cuda_fail;
-  if (call() != CUBLAS_STATUS_SUCCESS) return GP_OK;
+  call(first);
   if ((e = cudaEventRecord(g_tev[1], st)) != cudaSuccess) goto cuda_fail;
   if ((e = cudaEventSynchronize(g_tev[1])) != cudaSuccess) goto cuda_fail;
   if ((e = cudaEventElapsedTime(&probe, g_tev[0], g_tev[1])) != cudaSuccess) goto cuda_fail;
-  n = probe > 0 ? (int)std::min(32.0f, MM_TUNE_MS / probe) : 32;
-  n = std::max(n, 3);
-  for (int r = 0; r < n; r++)
-    if (call() != CUBLAS_STATUS_SUCCESS) { /* cannot happen after two that ran; not a candidate then */
-      cudaEventSynchronize(g_tev[1]);
-      return GP_OK;
+  n = probe > 0 ? (int)std::min(16.0f, MM_TUNE_MS / probe) : 16;
+  n = std::max(n, 2); /* steady state: a run after one of its own */
+  for (int round = 0; round < MM_TUNE_ROUNDS; round++) {
+    for (int c = 0; c < nc; c++) {
+      if (!ok[c]) continue;
+      if ((e = cudaEventRecord(g_tev[2 * c], st)) != cudaSuccess) goto cuda_fail;
+      for (int r = 0; r < n && ok[c]; r++) ok[c] = call(c) == CUBLAS_STATUS_SUCCESS;
+      if ((e = cudaEventRecord(g_tev[2 * c + 1], st)) != cudaSuccess) goto cuda_fail;
+      last = c;
     }
-  if ((e = cudaEventRecord(g_tev[2], st)) != cudaSuccess) goto cuda_fail;
-  if ((e = cudaEventSynchronize(g_tev[2])) != cudaSuccess) goto cuda_fail;
-  if ((e = cudaEventElapsedTime(&total, g_tev[1], g_tev[2])) != cudaSuccess) goto cuda_fail;
-  *ms = total / n;
-  *ok = true;
+    if (last < 0) break;
+    if ((e = cudaEventSynchronize(g_tev[2 * last + 1])) != cudaSuccess) goto cuda_fail;
+    for (int c = 0; c < nc; c++) {
+      float t = 0;
+      if (!ok[c]) continue;
+      if ((e = cudaEventElapsedTime(&t, g_tev[2 * c], g_tev[2 * c + 1])) != cudaSuccess) goto cuda_fail;
+      ms[c] = std::min(ms[c], t / n);
+    }
+  }
   return GP_OK;
 cuda_fail:
   return gp_error("%s: timing a matmul candidate (option tune): %s", op, cudaGetErrorString(e));
@@ -619,10 +637,10 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, bool *done) {
        * faster by more than the noise (MM_TUNE_MARGIN) */
       int64_t span = (j.batch - 1) * j.C.bs + (j.M - 1) * j.C.ld + j.N;
       mm_job jt = j;
-      float def_ms = INFINITY;
-      mm_choice other;
-      other.use = MM_USE_LT;
-      other.ms = INFINITY;
+      const cublasLtMatmulAlgo_t *cand[MM_TUNE_CANDS]; /* nullptr: cublasGemmEx */
+      float ms[MM_TUNE_CANDS];
+      bool ok[MM_TUNE_CANDS];
+      int nc = 0, other = -1;
       rc = gp_tensor_scratch(&scratch, j.to->dtype, GP_CUDA, 1, &span);
       if (rc == GP_OK && j.beta != 0) { /* finite values to accumulate into */
         cudaError_t e = cudaMemsetAsync(gp_ptr(scratch), 0, (size_t)span * es, gp_cuda_stream());
@@ -630,37 +648,28 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, bool *done) {
       }
       if (rc != GP_OK) goto out;
       jt.C.p = (const char *)gp_ptr(scratch);
-      void *sp = gp_ptr(scratch);
-      if (plain) {
-        float ms;
-        bool ok;
+      if (plain) cand[nc++] = nullptr;
+      for (int i = 0; i < nres; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS) cand[nc++] = &res[i].algo;
+      {
+        void *sp = gp_ptr(scratch);
         const char *gcall;
-        rc = mm_time(j.op, [&]() { return mm_gemm_call(jt, &gcall); }, &ms, &ok);
-        if (rc != GP_OK) goto out;
-        if (ok) def_ms = ms;
+        rc = mm_time(j.op, nc, [&](int c) {
+          if (!cand[c]) return mm_gemm_call(jt, &gcall);
+          return cublasLtMatmul(g_lt, g.desc, &j.alpha, j.B.p, g.la, j.A.p, g.lb, &j.beta, sp, g.lc, sp, g.lc,
+                                cand[c], g_cur_ws, g_cur_ws_bytes, g_bound);
+        }, ms, ok);
       }
-      for (int i = 0; i < nres; i++) {
-        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        float ms;
-        bool ok;
-        const cublasLtMatmulAlgo_t *algo = &res[i].algo;
-        rc = mm_time(j.op, [&]() {
-          return cublasLtMatmul(g_lt, g.desc, &j.alpha, j.B.p, g.la, j.A.p, g.lb, &j.beta, sp, g.lc, sp, g.lc, algo,
-                                g_cur_ws, g_cur_ws_bytes, g_bound);
-        }, &ms, &ok);
-        if (rc != GP_OK) goto out;
-        if (!ok) continue;
-        if (!plain && i == 0) {
-          best.use = MM_USE_LT;
-          best.algo = *algo;
-          best.ms = def_ms = ms;
-        } else if (ms < other.ms) {
-          other.algo = *algo;
-          other.ms = ms;
-        }
+      if (rc != GP_OK) goto out;
+      /* candidate 0 is the default; another replaces it when faster by more than the noise */
+      for (int c = 1; c < nc; c++)
+        if (ok[c] && (other < 0 || ms[c] < ms[other])) other = c;
+      if (nc > 0 && ok[0] && (other < 0 || !(ms[other] < MM_TUNE_MARGIN * ms[0]))) other = 0;
+      if (other >= 0) {
+        best.use = cand[other] ? MM_USE_LT : MM_USE_FALLBACK;
+        if (cand[other]) best.algo = *cand[other];
+        best.ms = ms[other];
       }
-      if (plain) best.ms = def_ms;
-      if (other.ms < MM_TUNE_MARGIN * def_ms) best = other;
       gp_tensor_free(scratch);
       scratch = nullptr;
     }
