@@ -1,6 +1,7 @@
 /* matmul.c: matrix products: argument checks, dispatch, options, and the CPU
  * reference, a blocked i-k-j loop that accumulates in double. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "gp_hd.h"
@@ -12,6 +13,8 @@ extern "C" {
 int gp_cuda_matmul(const char *op, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, const gp_tensor *bias,
                    double alpha, double beta, int act, gp_tensor *aux);
 int gp_cuda_bench_cublas_gemm(double *ms, gp_tensor *out, const gp_tensor *a, const gp_tensor *b, int iters);
+void gp_cuda_matmul_tune_stats(gp_matmul_tunestats *out);
+void gp_cuda_matmul_tune_clear(void);
 #ifdef __cplusplus
 }
 #endif
@@ -20,15 +23,45 @@ int gp_cuda_bench_cublas_gemm(double *ms, gp_tensor *out, const gp_tensor *a, co
 int gp_matmul_tf32 = 0;
 int gp_matmul_gemv = 0;
 int gp_matmul_lt = 1;
+/* -1 until first read: then GPUSH_MATMUL_TUNE=1 in the environment turns it on */
+static int gp_matmul_tune = -1;
+
+int gp_matmul_tune_on(void) {
+  if (gp_matmul_tune < 0) {
+    const char *e = getenv("GPUSH_MATMUL_TUNE");
+    gp_matmul_tune = e && strcmp(e, "1") == 0;
+  }
+  return gp_matmul_tune;
+}
 
 int gp_matmul_option(const char *name, int value, int *old) {
   int *opt;
   if (name && strcmp(name, "tf32") == 0) opt = &gp_matmul_tf32;
   else if (name && strcmp(name, "gemv") == 0) opt = &gp_matmul_gemv;
   else if (name && strcmp(name, "lt") == 0) opt = &gp_matmul_lt;
-  else return gp_error("matmul_option: unknown option '%s' (tf32, gemv or lt)", name ? name : "(null)");
+  else if (name && strcmp(name, "tune") == 0) {
+    gp_matmul_tune_on();
+    opt = &gp_matmul_tune;
+  } else return gp_error("matmul_option: unknown option '%s' (tf32, gemv, lt or tune)", name ? name : "(null)");
+  if (value < -1 || value > 1) return gp_error("matmul_option: %s must be 0 or 1 (-1 only reads), got %d", name, value);
   if (old) *old = *opt;
-  if (value >= 0) *opt = value ? 1 : 0;
+  if (value >= 0) *opt = value;
+  return GP_OK;
+}
+
+int gp_matmul_tune_stats(gp_matmul_tunestats *out) {
+  if (!out) return gp_error("matmul_tune_stats: null argument");
+  memset(out, 0, sizeof *out);
+#if GP_HAVE_CUDA
+  gp_cuda_matmul_tune_stats(out);
+#endif
+  return GP_OK;
+}
+
+int gp_matmul_tune_clear(void) {
+#if GP_HAVE_CUDA
+  gp_cuda_matmul_tune_clear();
+#endif
   return GP_OK;
 }
 

@@ -22,6 +22,29 @@
  * use and bound to the current stream (gp_cuda_stream()), with a 32 MiB
  * workspace per stream.
  *
+ * Option "tune" (gp_matmul_option("tune", 1), or GPUSH_MATMUL_TUNE=1 in the
+ * environment; off by default): every product cuBLASLt can run, plain ones
+ * too (the DEFAULT epilogue), looks its algorithm up in a process-wide cache
+ * keyed by what decides the choice: dtype, compute type (TF32 or not),
+ * transposes, M, N, K, batch, leading dims, batch strides, epilogue, bias,
+ * aux's leading dim and batch stride, the alignments al_a/al_b/al_c, beta == 0
+ * or not, and the workspace size. On a miss the heuristic's first 8 results
+ * (and cublasGemmEx, for a plain product) are each run once, then take turns
+ * for 3 rounds, each turn about 1 ms of runs back to back (2 to 16) between
+ * two CUDA events on the current stream (the fastest turn's mean counts),
+ * writing a scratch output laid out like C (zeroed when beta != 0: the real
+ * output is never written by the timing). The untuned
+ * path's candidate (cublasGemmEx; the heuristic's first for an epilogue)
+ * stays unless another is faster by more than 2%; the choice is stored and
+ * the product runs once with it. A hit runs cublasLtMatmul with the stored
+ * algorithm (or the untuned path, when that won). During a CUDA graph
+ * capture nothing can be timed: a miss runs the untuned path and stores
+ * nothing; a hit is captured with the stored algorithm (so a warm-up step
+ * before gp.graph captures tuned products). Tuned half-precision products
+ * allow split-K reductions in f32 only (CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE),
+ * as cublasGemmEx does here. gp_matmul_tune_stats and _clear read and empty
+ * the cache. Options "gemv" and "lt" 0 keep their paths (untuned).
+ *
  * With GPUSH_SANITIZER=initcheck in the environment (tests/sanitize/compute.sh
  * sets it) each output is zeroed with cudaMemset before cuBLAS writes it:
  * cuBLAS's kernels store their tiles with TMA, which compute-sanitizer's
@@ -35,6 +58,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <map>
 #include <vector>
 
 #include "../src/cuda_internal.h"
@@ -44,6 +68,7 @@
 extern "C" int gp_matmul_tf32; /* matmul.c */
 extern "C" int gp_matmul_gemv;
 extern "C" int gp_matmul_lt;
+extern "C" int gp_matmul_tune_on(void);
 
 static cublasHandle_t g_blas;
 static cublasLtHandle_t g_lt;
@@ -88,7 +113,9 @@ static int mm_workspace(const char *op, cudaStream_t st, void **ws, size_t *byte
 
 /* the handles and workspaces back to the driver (gp_shutdown, at exit: a leak
  * check then sees no block still held) */
+static void mm_tune_release(void);
 extern "C" void gp_matmul_release(void) {
+  mm_tune_release();
   if (g_blas) cublasDestroy(g_blas);
   if (g_lt) cublasLtDestroy(g_lt);
   g_blas = nullptr;
@@ -247,21 +274,26 @@ struct mm_job {
   float alpha, beta;
 };
 
-static int mm_gemm(const mm_job &j) {
+/* the plain GEMM into j.C; *call names the cuBLAS function */
+static cublasStatus_t mm_gemm_call(const mm_job &j, const char **call) {
   cublasOperation_t opa = j.B.col ? CUBLAS_OP_T : CUBLAS_OP_N; /* cuBLAS's first operand is our b */
   cublasOperation_t opb = j.A.col ? CUBLAS_OP_T : CUBLAS_OP_N;
-  cublasStatus_t s;
   if (j.batch == 1) {
-    s = cublasGemmEx(g_blas, opa, opb, (int)j.N, (int)j.M, (int)j.K, &j.alpha, j.B.p, j.ty, (int)j.B.ld, j.A.p, j.ty,
-                     (int)j.A.ld, &j.beta, (void *)j.C.p, j.ty, (int)j.C.ld, j.ct, CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) return mm_fail(j.op, "cublasGemmEx", s, j.out, j.a, j.b);
-  } else {
-    s = cublasGemmStridedBatchedEx(g_blas, opa, opb, (int)j.N, (int)j.M, (int)j.K, &j.alpha, j.B.p, j.ty, (int)j.B.ld,
-                                   (long long)j.B.bs, j.A.p, j.ty, (int)j.A.ld, (long long)j.A.bs, &j.beta,
-                                   (void *)j.C.p, j.ty, (int)j.C.ld, (long long)j.C.bs, (int)j.batch, j.ct,
-                                   CUBLAS_GEMM_DEFAULT);
-    if (s != CUBLAS_STATUS_SUCCESS) return mm_fail(j.op, "cublasGemmStridedBatchedEx", s, j.out, j.a, j.b);
+    *call = "cublasGemmEx";
+    return cublasGemmEx(g_blas, opa, opb, (int)j.N, (int)j.M, (int)j.K, &j.alpha, j.B.p, j.ty, (int)j.B.ld, j.A.p,
+                        j.ty, (int)j.A.ld, &j.beta, (void *)j.C.p, j.ty, (int)j.C.ld, j.ct, CUBLAS_GEMM_DEFAULT);
   }
+  *call = "cublasGemmStridedBatchedEx";
+  return cublasGemmStridedBatchedEx(g_blas, opa, opb, (int)j.N, (int)j.M, (int)j.K, &j.alpha, j.B.p, j.ty,
+                                    (int)j.B.ld, (long long)j.B.bs, j.A.p, j.ty, (int)j.A.ld, (long long)j.A.bs,
+                                    &j.beta, (void *)j.C.p, j.ty, (int)j.C.ld, (long long)j.C.bs, (int)j.batch, j.ct,
+                                    CUBLAS_GEMM_DEFAULT);
+}
+
+static int mm_gemm(const mm_job &j) {
+  const char *call;
+  cublasStatus_t s = mm_gemm_call(j, &call);
+  if (s != CUBLAS_STATUS_SUCCESS) return mm_fail(j.op, call, s, j.out, j.a, j.b);
   return GP_OK;
 }
 
@@ -314,6 +346,122 @@ static int mm_gemv(const mm_job &j, bool *done) {
   return GP_OK;
 }
 
+/* ---- option "tune": cuBLASLt algorithms chosen by measurement ----
+ * A product's key holds everything the choice depends on; its entry, the
+ * fastest candidate timed once, serves every later product of that key. */
+struct mm_key {
+  int32_t ty, ct, opa, opb, epi, has_bias, beta0, dt;
+  uint32_t al_a, al_b, al_c, pad;
+  int64_t M, N, K, batch, lda, ldb, ldc, bsa, bsb, bsc, ldx, bsx;
+  uint64_t ws;
+};
+struct mm_key_less {
+  bool operator()(const mm_key &x, const mm_key &y) const { return memcmp(&x, &y, sizeof x) < 0; }
+};
+/* MM_USE_LT: cublasLtMatmul with algo; MM_USE_FALLBACK: the untuned path
+ * (cublasGemmEx won for a plain product, or cuBLASLt offered no algorithm) */
+enum { MM_USE_LT, MM_USE_FALLBACK };
+struct mm_choice {
+  int use;
+  cublasLtMatmulAlgo_t algo;
+  float ms;
+};
+static std::map<mm_key, mm_choice, mm_key_less> g_tune;
+static gp_matmul_tunestats g_tstats;
+#define MM_TUNE_ALGOS 8      /* heuristic results timed */
+#define MM_TUNE_CANDS (MM_TUNE_ALGOS + 1) /* and cublasGemmEx */
+#define MM_TUNE_ROUNDS 3     /* the candidates take turns, this many rounds */
+#define MM_TUNE_MS 1.0f      /* each candidate's turn: run back to back for about this long (2 to 16 runs) */
+#define MM_TUNE_MARGIN 0.98f /* another candidate replaces the default only when this much faster */
+static cudaEvent_t g_tev[2 * MM_TUNE_CANDS];
+static int g_tev_made;
+
+static void mm_tune_release(void) {
+  g_tune.clear();
+  memset(&g_tstats, 0, sizeof g_tstats);
+  if (g_tev_made)
+    for (cudaEvent_t &e : g_tev) cudaEventDestroy(e);
+  g_tev_made = 0;
+}
+
+extern "C" void gp_cuda_matmul_tune_stats(gp_matmul_tunestats *out) {
+  *out = g_tstats;
+  out->entries = (int64_t)g_tune.size();
+}
+
+extern "C" void gp_cuda_matmul_tune_clear(void) {
+  g_tune.clear();
+  memset(&g_tstats, 0, sizeof g_tstats);
+}
+
+/* true when the current stream is being captured into a CUDA graph (or its
+ * state cannot be read): nothing may be timed then */
+static bool mm_capturing(void) {
+  if (gp_cuda_capturing()) return true;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(gp_cuda_stream(), &cs) != cudaSuccess) {
+    cudaGetLastError();
+    return true;
+  }
+  return cs != cudaStreamCaptureStatusNone;
+}
+
+/* ms[c]: candidate c's time, call(c) for c < nc: each runs once (a warm-up;
+ * ok[c] false, and not timed, when it refuses), then in each of
+ * MM_TUNE_ROUNDS rounds the candidates take turns, each run n times back to
+ * back between two CUDA events (n from one probe run: about MM_TUNE_MS a
+ * turn); a turn's mean, the fastest of the rounds, counts. Turns, not one
+ * candidate after another, so that clocks drifting while they run favour
+ * none. GP_ERR on a CUDA error. */
+template <typename F> static int mm_time(const char *op, int nc, F call, float *ms, bool *ok) {
+  cudaStream_t st = gp_cuda_stream();
+  cudaError_t e = cudaSuccess;
+  float probe = 0;
+  int n, first = -1, last = -1;
+  if (!g_tev_made) {
+    int k = 0;
+    for (; k < 2 * MM_TUNE_CANDS && e == cudaSuccess; k++) e = cudaEventCreate(&g_tev[k]);
+    if (e != cudaSuccess) {
+      for (int i = 0; i < k - 1; i++) cudaEventDestroy(g_tev[i]);
+      return gp_error("%s: cudaEventCreate (matmul tune): %s", op, cudaGetErrorString(e));
+    }
+    g_tev_made = 1;
+  }
+  for (int c = 0; c < nc; c++) {
+    ms[c] = INFINITY;
+    ok[c] = call(c) == CUBLAS_STATUS_SUCCESS;
+    if (ok[c] && first < 0) first = c;
+  }
+  if (first < 0) return GP_OK;
+  if ((e = cudaEventRecord(g_tev[0], st)) != cudaSuccess) goto cuda_fail;
+  call(first);
+  if ((e = cudaEventRecord(g_tev[1], st)) != cudaSuccess) goto cuda_fail;
+  if ((e = cudaEventSynchronize(g_tev[1])) != cudaSuccess) goto cuda_fail;
+  if ((e = cudaEventElapsedTime(&probe, g_tev[0], g_tev[1])) != cudaSuccess) goto cuda_fail;
+  n = probe > 0 ? (int)std::min(16.0f, MM_TUNE_MS / probe) : 16;
+  n = std::max(n, 2); /* steady state: a run after one of its own */
+  for (int round = 0; round < MM_TUNE_ROUNDS; round++) {
+    for (int c = 0; c < nc; c++) {
+      if (!ok[c]) continue;
+      if ((e = cudaEventRecord(g_tev[2 * c], st)) != cudaSuccess) goto cuda_fail;
+      for (int r = 0; r < n && ok[c]; r++) ok[c] = call(c) == CUBLAS_STATUS_SUCCESS;
+      if ((e = cudaEventRecord(g_tev[2 * c + 1], st)) != cudaSuccess) goto cuda_fail;
+      last = c;
+    }
+    if (last < 0) break;
+    if ((e = cudaEventSynchronize(g_tev[2 * last + 1])) != cudaSuccess) goto cuda_fail;
+    for (int c = 0; c < nc; c++) {
+      float t = 0;
+      if (!ok[c]) continue;
+      if ((e = cudaEventElapsedTime(&t, g_tev[2 * c], g_tev[2 * c + 1])) != cudaSuccess) goto cuda_fail;
+      ms[c] = std::min(ms[c], t / n);
+    }
+  }
+  return GP_OK;
+cuda_fail:
+  return gp_error("%s: timing a matmul candidate (option tune): %s", op, cudaGetErrorString(e));
+}
+
 /* cuBLASLt descriptors, destroyed on every return */
 struct lt_guard {
   cublasLtMatmulDesc_t desc = nullptr;
@@ -328,12 +476,17 @@ struct lt_guard {
   }
 };
 
-/* the bias, GELU and aux epilogues fused by cuBLASLt (bias may be null for
- * DGELU only); *done = false when cuBLASLt has no algorithm for it, or aux's
- * leading dim, batch stride or address do not meet its rules (multiples of 8
- * elements; 16-byte aligned) */
+/* Products through cuBLASLt: the bias, GELU and aux epilogues (bias may be
+ * null for DGELU only), and with option "tune" plain products too (act
+ * GP_MM_NONE, no bias: the DEFAULT epilogue). *done = false when the caller
+ * should take its own path: cuBLASLt has no algorithm for it, aux's leading
+ * dim, batch stride or address do not meet its rules (multiples of 8
+ * elements; 16-byte aligned), a plain product without tune (or tuned to
+ * cublasGemmEx, or missed during a capture). */
 static int mm_lt(const mm_job &j, const gp_tensor *bias, bool *done) {
   *done = false;
+  bool plain = !bias && j.act == GP_MM_NONE, tune = gp_matmul_tune_on() != 0;
+  if (plain && !tune) return GP_OK;
   const void *bp = bias ? gp_ptr(bias) : nullptr;
   if ((uintptr_t)bp % 16 != 0) return GP_OK;
   bool has_aux = j.act == GP_MM_GELU_AUX || j.act == GP_MM_DGELU;
@@ -343,6 +496,8 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, bool *done) {
   lt_guard g;
   cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
   const char *call = "cublasLtMatmulDescCreate";
+  gp_tensor *scratch = nullptr;
+  int rc = GP_OK;
 #define LT(x)                                                            \
   do {                                                                   \
     call = #x;                                                           \
@@ -353,7 +508,8 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, bool *done) {
     cublasLtEpilogue_t epi = j.act == GP_MM_GELU       ? CUBLASLT_EPILOGUE_GELU_BIAS
                              : j.act == GP_MM_GELU_AUX ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS
                              : j.act == GP_MM_DGELU    ? CUBLASLT_EPILOGUE_DGELU
-                                                       : CUBLASLT_EPILOGUE_BIAS;
+                             : bias                    ? CUBLASLT_EPILOGUE_BIAS
+                                                       : CUBLASLT_EPILOGUE_DEFAULT;
     const void *xp = j.X.p;
     int64_t x_ld = j.X.ld, x_bs = j.X.bs;
     int32_t bias_ty = (int32_t)j.ty;
@@ -363,8 +519,12 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, bool *done) {
     uint32_t al_a = mm_align((uintptr_t)j.B.p | (uintptr_t)(j.B.bs * es));
     uint32_t al_b = mm_align((uintptr_t)j.A.p | (uintptr_t)(j.A.bs * es));
     uint32_t al_c = mm_align((uintptr_t)j.C.p | (uintptr_t)(j.C.bs * es));
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[MM_TUNE_ALGOS];
     int nres = 0;
+    mm_key key;
+    mm_choice best;
+    double t0 = 0;
+    bool capture_miss = false;
     LT(cublasLtMatmulDescCreate(&g.desc, j.ct, CUDA_R_32F));
     LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
     LT(cublasLtMatmulDescSetAttribute(g.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
@@ -396,21 +556,137 @@ static int mm_lt(const mm_job &j, const gp_tensor *bias, bool *done) {
       LT(cublasLtMatrixLayoutSetAttribute(g.lc, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &bc, sizeof bc));
       LT(cublasLtMatrixLayoutSetAttribute(g.lc, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &j.C.bs, sizeof j.C.bs));
     }
+    if (tune) { /* the cache first: a hit needs no heuristic */
+      memset(&key, 0, sizeof key);
+      key.ty = (int32_t)j.ty;
+      key.ct = (int32_t)j.ct;
+      key.opa = (int32_t)opa;
+      key.opb = (int32_t)opb;
+      key.epi = (int32_t)epi;
+      key.has_bias = bias != nullptr;
+      key.beta0 = j.beta == 0;
+      key.dt = j.to->dtype;
+      key.al_a = al_a;
+      key.al_b = al_b;
+      key.al_c = al_c;
+      key.M = j.M;
+      key.N = j.N;
+      key.K = j.K;
+      key.batch = j.batch;
+      key.lda = j.B.ld;
+      key.ldb = j.A.ld;
+      key.ldc = j.C.ld;
+      if (j.batch > 1) {
+        key.bsa = j.B.bs;
+        key.bsb = j.A.bs;
+        key.bsc = j.C.bs;
+      }
+      if (has_aux) {
+        key.ldx = x_ld;
+        key.bsx = j.batch > 1 ? x_bs : 0;
+      }
+      key.ws = ws;
+      auto it = g_tune.find(key);
+      if (it != g_tune.end()) {
+        g_tstats.hits++;
+        if (it->second.use != MM_USE_LT) return GP_OK; /* the caller's path */
+        LT(cublasLtMatmul(g_lt, g.desc, &j.alpha, j.B.p, g.la, j.A.p, g.lb, &j.beta, j.C.p, g.lc, (void *)j.C.p, g.lc,
+                          &it->second.algo, g_cur_ws, g_cur_ws_bytes, g_bound));
+        *done = true;
+        return GP_OK;
+      }
+      capture_miss = mm_capturing();
+      if (capture_miss) { /* nothing can be timed during a capture: the untuned path, not stored */
+        g_tstats.uncached++;
+        if (plain) return GP_OK;
+        tune = false;
+      }
+    }
     LT(cublasLtMatmulPreferenceCreate(&g.pref));
     LT(cublasLtMatmulPreferenceSetAttribute(g.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     LT(cublasLtMatmulPreferenceSetAttribute(g.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
     LT(cublasLtMatmulPreferenceSetAttribute(g.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
     LT(cublasLtMatmulPreferenceSetAttribute(g.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c));
     LT(cublasLtMatmulPreferenceSetAttribute(g.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c));
-    s = cublasLtMatmulAlgoGetHeuristic(g_lt, g.desc, g.la, g.lb, g.lc, g.lc, g.pref, 1, &res, &nres);
-    if (s != CUBLAS_STATUS_SUCCESS || nres < 1) return GP_OK; /* not supported: the caller falls back */
+    if (tune && es < 4) {
+      /* split-K partial sums in f32 (compute type) only, never in bf16/f16 (in place in the output or in its type):
+       * what CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION asks of cublasGemmEx */
+      uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      LT(cublasLtMatmulPreferenceSetAttribute(g.pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask));
+    }
+    if (!tune) {
+      s = cublasLtMatmulAlgoGetHeuristic(g_lt, g.desc, g.la, g.lb, g.lc, g.lc, g.pref, 1, res, &nres);
+      if (s != CUBLAS_STATUS_SUCCESS || nres < 1) return GP_OK; /* not supported: the caller falls back */
+      LT(cublasLtMatmul(g_lt, g.desc, &j.alpha, j.B.p, g.la, j.A.p, g.lb, &j.beta, j.C.p, g.lc, (void *)j.C.p, g.lc,
+                        &res[0].algo, g_cur_ws, g_cur_ws_bytes, g_bound));
+      *done = true;
+      return GP_OK;
+    }
+    /* a miss: time the candidates into a scratch output shaped like C (the real
+     * output, read when beta != 0, stays untouched), pick the fastest, store it */
+    g_tstats.misses++;
+    t0 = gp_wall_ms();
+    best.use = MM_USE_FALLBACK;
+    best.ms = INFINITY;
+    memset(&best.algo, 0, sizeof best.algo);
+    s = cublasLtMatmulAlgoGetHeuristic(g_lt, g.desc, g.la, g.lb, g.lc, g.lc, g.pref, MM_TUNE_ALGOS, res, &nres);
+    if (s != CUBLAS_STATUS_SUCCESS) nres = 0;
+    if (nres > 0 || plain) {
+      /* the default (the untuned path: cublasGemmEx for a plain product, the
+       * heuristic's first for an epilogue) stays unless another candidate is
+       * faster by more than the noise (MM_TUNE_MARGIN) */
+      int64_t span = (j.batch - 1) * j.C.bs + (j.M - 1) * j.C.ld + j.N;
+      mm_job jt = j;
+      const cublasLtMatmulAlgo_t *cand[MM_TUNE_CANDS]; /* nullptr: cublasGemmEx */
+      float ms[MM_TUNE_CANDS];
+      bool ok[MM_TUNE_CANDS];
+      int nc = 0, other = -1;
+      rc = gp_tensor_scratch(&scratch, j.to->dtype, GP_CUDA, 1, &span);
+      if (rc == GP_OK && j.beta != 0) { /* finite values to accumulate into */
+        cudaError_t e = cudaMemsetAsync(gp_ptr(scratch), 0, (size_t)span * es, gp_cuda_stream());
+        if (e != cudaSuccess) rc = gp_error("%s: cudaMemsetAsync (matmul tune): %s", j.op, cudaGetErrorString(e));
+      }
+      if (rc != GP_OK) goto out;
+      jt.C.p = (const char *)gp_ptr(scratch);
+      if (plain) cand[nc++] = nullptr;
+      for (int i = 0; i < nres; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS) cand[nc++] = &res[i].algo;
+      {
+        void *sp = gp_ptr(scratch);
+        const char *gcall;
+        rc = mm_time(j.op, nc, [&](int c) {
+          if (!cand[c]) return mm_gemm_call(jt, &gcall);
+          return cublasLtMatmul(g_lt, g.desc, &j.alpha, j.B.p, g.la, j.A.p, g.lb, &j.beta, sp, g.lc, sp, g.lc,
+                                cand[c], g_cur_ws, g_cur_ws_bytes, g_bound);
+        }, ms, ok);
+      }
+      if (rc != GP_OK) goto out;
+      /* candidate 0 is the default; another replaces it when faster by more than the noise */
+      for (int c = 1; c < nc; c++)
+        if (ok[c] && (other < 0 || ms[c] < ms[other])) other = c;
+      if (nc > 0 && ok[0] && (other < 0 || !(ms[other] < MM_TUNE_MARGIN * ms[0]))) other = 0;
+      if (other >= 0) {
+        best.use = cand[other] ? MM_USE_LT : MM_USE_FALLBACK;
+        if (cand[other]) best.algo = *cand[other];
+        best.ms = ms[other];
+      }
+      gp_tensor_free(scratch);
+      scratch = nullptr;
+    }
+    g_tune[key] = best;
+    g_tstats.tuned_ms += gp_wall_ms() - t0;
+    if (best.use != MM_USE_LT) return GP_OK;
     LT(cublasLtMatmul(g_lt, g.desc, &j.alpha, j.B.p, g.la, j.A.p, g.lb, &j.beta, j.C.p, g.lc, (void *)j.C.p, g.lc,
-                      &res.algo, g_cur_ws, g_cur_ws_bytes, g_bound));
+                      &best.algo, g_cur_ws, g_cur_ws_bytes, g_bound));
   }
 #undef LT
   *done = true;
   return GP_OK;
+out:
+  gp_tensor_free(scratch);
+  return rc;
 fail:
+  gp_tensor_free(scratch);
   return mm_fail(j.op, call, s, j.out, j.a, j.b);
 }
 
@@ -478,6 +754,7 @@ static int mm_run(mm_job &j, const gp_tensor *bias, gp_tensor **tmp) {
       }
     } else {
       if (gp_matmul_gemv && (j.M == 1 || j.N == 1)) GP_TRY(mm_gemv(j, &done));
+      if (!done) GP_TRY(mm_lt(j, nullptr, &done)); /* option "tune" only */
       if (!done) GP_TRY(mm_gemm(j));
     }
   }

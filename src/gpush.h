@@ -285,10 +285,25 @@ int gp_multi_sgd(gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, d
 int gp_multi_sumsq(gp_tensor *out, gp_tlist *l);
 
 /* ---- matrix products (kernels/matmul.c) ---- */
-/* Options: "tf32" (1: f32 GEMMs may use TF32 tensor cores; default 0) and
- * "gemv" (how a product with m == 1 or n == 1 runs: 0 GEMM, the default, 1
- * cuBLAS gemv). A value < 0 only reads; *old (may be NULL) gets the previous. */
+/* Options, each 0 or 1: "tf32" (1: f32 GEMMs may use TF32 tensor cores;
+ * default 0), "gemv" (how a product with m == 1 or n == 1 runs: 0 GEMM, the
+ * default, 1 cuBLAS gemv), "lt" (1, the default: bias/GELU epilogues through
+ * cuBLASLt; 0: a GEMM and an epilogue kernel) and "tune" (1: cuBLASLt
+ * algorithms chosen by timing the candidates once per shape and cached
+ * process-wide, kernels/matmul.cu; default 0, or 1 when GPUSH_MATMUL_TUNE=1 is
+ * in the environment). value -1 only reads; other values are an error. *old
+ * (may be NULL) gets the previous. */
 int gp_matmul_option(const char *name, int value, int *old);
+/* the algorithm cache of option "tune": entries held; products that found
+ * their entry (hits) or tuned and stored one (misses); misses during a CUDA
+ * graph capture, run untuned and not stored (uncached); host ms spent tuning */
+typedef struct gp_matmul_tunestats {
+  int64_t entries, hits, misses, uncached;
+  double tuned_ms;
+} gp_matmul_tunestats;
+int gp_matmul_tune_stats(gp_matmul_tunestats *out);
+/* empty the cache and zero its counters */
+int gp_matmul_tune_clear(void);
 /* cuBLAS called directly, without gpush's dispatch: the median ms of `iters`
  * calls of out = a @ b (cublasGemmEx or cublasGemmStridedBatchedEx), each
  * timed with CUDA events. Contiguous 2-D or 3-D tensors on the GPU. */

@@ -46,6 +46,7 @@ static const char *usage =
     "  GP_NCCL_LIB         the NCCL library to load (docs/training.md)\n"
     "  GP_ATTN_IMPL, GP_ATTN_DETERMINISTIC\n"
     "                      the attention kernels to use (docs/attention.md)\n"
+    "  GPUSH_MATMUL_TUNE   1: cuBLASLt algorithms chosen by timing, cached per shape (gp.matmul_option('tune'))\n"
     "\n";
 
 #if GP_LUA_SYSTEM_ALLOC

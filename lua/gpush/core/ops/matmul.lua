@@ -19,14 +19,30 @@ local Tensor, empty, is_tensor, shape_str = tensor.Tensor, tensor.empty, tensor.
 local doc = gp.doc
 local old = ffi.new('int[1]')
 
--- set a matmul option (value >= 0) and return its previous value; value -1 only reads
+-- set a matmul option (value 0 or 1) and return its previous value; value -1 (or nil) only reads
 local function option(name, value)
+  if value == nil then value = -1 end
+  if value ~= -1 and value ~= 0 and value ~= 1 then
+    raise(string.format('matmul_option: %s must be 0 or 1 (-1 only reads), got %s', tostring(name), tostring(value)))
+  end
   rt.call(C.gp_matmul_option, name, value, old)
   return old[0]
 end
 gp.matmul_option = option
-doc(option, "gp.matmul_option('tf32'|'gemv'|'lt', value)",
-  'set a matmul option (value -1 only reads) and return the previous value: tf32 (1: f32 GEMMs may use TF32), gemv (1: m == 1 or n == 1 through cuBLAS gemv instead of GEMM), lt (1, the default: bias/GELU epilogues through cuBLASLt where it has an algorithm; 0: always a GEMM and an epilogue kernel)')
+doc(option, "gp.matmul_option('tf32'|'gemv'|'lt'|'tune', value)",
+  'set a matmul option to 0 or 1 (value -1 or nil only reads) and return the previous value: tf32 (1: f32 GEMMs may use TF32), gemv (1: m == 1 or n == 1 through cuBLAS gemv instead of GEMM), lt (1, the default: bias/GELU epilogues through cuBLASLt where it has an algorithm; 0: always a GEMM and an epilogue kernel), tune (1: each product shape\'s cuBLASLt algorithm chosen by timing up to 8 candidates (and cublasGemmEx for plain products) once, then cached for the process; a miss during gp.graph capture runs untuned and is not cached; default 0, or 1 with GPUSH_MATMUL_TUNE=1 in the environment)')
+
+local tune_box = ffi.new('gp_matmul_tunestats[1]')
+function gp.matmul_tune_stats()
+  rt.call(C.gp_matmul_tune_stats, tune_box)
+  local t = tune_box[0]
+  return {entries = tonumber(t.entries), hits = tonumber(t.hits), misses = tonumber(t.misses),
+          uncached = tonumber(t.uncached), tuned_ms = tonumber(t.tuned_ms)}
+end
+doc(gp.matmul_tune_stats, 'gp.matmul_tune_stats()',
+  "the algorithm cache of gp.matmul_option('tune', 1): {entries=, hits=, misses= (tuned and stored), uncached= (misses during a CUDA graph capture, run untuned), tuned_ms= (host ms spent timing candidates)}")
+function gp.matmul_tune_clear() rt.call(C.gp_matmul_tune_clear) end
+doc(gp.matmul_tune_clear, 'gp.matmul_tune_clear()', "empty the algorithm cache of gp.matmul_option('tune', 1) and zero its counters (the next product of each shape is timed again)")
 
 function gp.set_tf32(on) option('tf32', on and 1 or 0) end
 doc(gp.set_tf32, 'gp.set_tf32(true|false)', 'let f32 matrix products use TF32 tensor cores (off by default; ~1e-3 relative error)')
