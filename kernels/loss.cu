@@ -224,36 +224,14 @@ static bool cross_entropy_rows(int *rc, gp_tensor *loss, gp_tensor *dlogits, con
   const int64_t nvec = v / C / W, nk = (nvec + NT - 1) / NT;
   const size_t smem = (size_t)nk * NT * 16;
   auto fn = k_cross_entropy_rows<T, I, NT, C>;
-  if (C > 1) {
-    /* clusters: the kernel's code must be PTX 9.0 or later (the Makefile's
-     * GENCODE_EACH; a GPU running PTX of 8.0 gets the streaming kernel) */
-    static int ptx90[8]; /* by device: 1 yes, -1 no */
-    int dev = 0;
-    cudaGetDevice(&dev);
-    int &ok = ptx90[dev >= 0 && dev < 8 ? dev : 0];
-    if (ok == 0) {
-      cudaFuncAttributes fa;
-      ok = cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
-      cudaGetLastError();
-    }
-    if (ok < 0) return false;
-  }
+  static int ptx90[8];
+  if (C > 1 && !gp_cuda_ptx90((const void *)fn, ptx90)) return false; /* PTX of 8.0: the streaming kernel */
   static OnchipCache cache;
   const int64_t slots = nk > 32 ? 0 : onchip_slots(fn, NT, smem, C, cache);
   if (slots == 0 || (two && slots < 2 * (int64_t)gp_cuda_sm_count() * 15 / 16)) return false;
-  cudaLaunchConfig_t cfg = {};
   cudaLaunchAttribute at[1];
-  cfg.blockDim = dim3(NT);
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = gp_cuda_stream();
-  at[0].id = cudaLaunchAttributeClusterDimension;
-  at[0].val.clusterDim.x = C;
-  at[0].val.clusterDim.y = 1;
-  at[0].val.clusterDim.z = 1;
-  cfg.attrs = at;
-  cfg.numAttrs = C > 1 ? 1 : 0;
   const int64_t want = n * C;
-  cfg.gridDim = dim3((unsigned)(want < slots ? want : slots));
+  cudaLaunchConfig_t cfg = gp_cluster_cfg(dim3((unsigned)(want < slots ? want : slots)), dim3(NT), smem, C, at);
   GP_NOTE_LAUNCH(fn, NT, smem);
   cudaLaunchKernelEx(&cfg, fn, (float *)gp_ptr(loss), (T *)gp_ptr(dlogits), (const T *)gp_ptr(logits),
                      (const I *)gp_ptr(targets), cnt, n, v, (int)nk, ign, scale, bad);

@@ -13,6 +13,14 @@
  *      and every segment's start; then each warp writes its probs and the
  *      warp whose segment holds u * (kept mass) finds the first element
  *      whose running mass exceeds it.
+ * Few rows (at most SMs / 8, rows of 4,096 or more, compute capability 9.0):
+ * a row is split over a cluster of 8 blocks (Hopper's thread block
+ * clusters), each block a contiguous slice: every pass runs over an eighth
+ * of the row, and each block's histogram, maximum, mass, pick is read by its
+ * peers through distributed shared memory after a cluster barrier, combined
+ * in rank order, so that every block makes the same choices (a batch-1
+ * decode step's sampling ran on one SM; GPUSH_SAMPLE_CLUSTER=1 or 8 forces
+ * either).
  * The histograms add integers (counts; masses in 32-bit fixed point) into
  * histograms private to pairs of warps, so their sums do not depend on the
  * order of the atomics; every other reduction has a fixed order: a rerun
@@ -20,8 +28,39 @@
  * for top-k and 32 for top-p, each element loaded alone: 450 us a row of
  * 49,152 with top-p on the H200). Semantics and the CPU reference
  * (bisection in double): sample.c. */
+#include <cooperative_groups.h>
+
 #include "gp_hd.h"
 #include "rows.cuh"
+
+/* a cluster barrier (CL > 1; code of compute capability 9.0 and up: the host launches clusters only there) */
+template <int CL> __device__ __forceinline__ void cl_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CL > 1) cooperative_groups::this_cluster().sync();
+#else
+  if constexpr (CL > 1) __trap();
+#endif
+}
+/* peer block k's copy of the shared variable at p (CL > 1) */
+template <int CL, typename V> __device__ __forceinline__ V *cl_peer(V *p, int k) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if constexpr (CL > 1) return cooperative_groups::this_cluster().map_shared_rank(p, k);
+#endif
+  return p;
+}
+/* the block-uniform v combined over the cluster's blocks in rank order (every block gets the same);
+ * slot: shared memory of this use alone (rewritten only after a later barrier) */
+template <int CL, typename V, typename F> __device__ __forceinline__ V cl_all(V v, V *slot, F op) {
+  if constexpr (CL == 1) {
+    return v;
+  } else {
+    if (threadIdx.x == 0) *slot = v;
+    cl_sync<CL>();
+    V r = *cl_peer<CL>(slot, 0);
+    for (int k = 1; k < CL; k++) r = op(r, *cl_peer<CL>(slot, k));
+    return r;
+  }
+}
 
 __device__ __forceinline__ uint32_t fkey(float f) {
   uint32_t u = __float_as_uint(f);
@@ -58,6 +97,7 @@ template <typename T, bool VEC> struct SampleRow {
   const T *x;
   int64_t V;
   float m, inv_t;
+  int64_t lo, hi; /* this block's slice of the row (multiples of E with VEC) */
   __device__ __forceinline__ float val(int64_t j) const {
     float v = ld(x[j]);
     return v == v ? v : -INFINITY;
@@ -67,7 +107,7 @@ template <typename T, bool VEC> struct SampleRow {
     if constexpr (VEC) {
       const uint4 *p = reinterpret_cast<const uint4 *>(x);
 #pragma unroll 4
-      for (int64_t i = threadIdx.x; i < V / E; i += blockDim.x) {
+      for (int64_t i = lo / E + threadIdx.x; i < hi / E; i += blockDim.x) {
         const uint4 u = p[i];
         const T *e = reinterpret_cast<const T *>(&u);
 #pragma unroll
@@ -77,7 +117,7 @@ template <typename T, bool VEC> struct SampleRow {
         }
       }
     } else {
-      for (int64_t j = threadIdx.x; j < V; j += blockDim.x) f(j, val(j));
+      for (int64_t j = lo + threadIdx.x; j < hi; j += blockDim.x) f(j, val(j));
     }
   }
   /* the kept weight of v (key >= tau): exp((v - m) / T), else 0 */
@@ -95,9 +135,9 @@ template <typename T, bool VEC> struct SampleRow {
  * without overflow (a histogram sees about V / HN <= 2^15 elements, or
  * each weight is shifted right by fs). hist: HN x 2 x 256 words; sel: 3 */
 constexpr int HN = 8;
-template <bool MASS, typename R>
+template <bool MASS, int CL, typename R>
 __device__ uint32_t radix_select(const R &row, uint32_t lo, double frac, unsigned long long need, uint32_t *hist,
-                                 unsigned long long *sel) {
+                                 unsigned long long *sel, unsigned long long (*xb)[256], unsigned long long *xt) {
   const int lane = threadIdx.x & 31;
   uint32_t *mine = hist + ((threadIdx.x >> 5) % HN) * 512; /* [0, 256): low halves (or counts), [256, 512): high */
   int fs = 0; /* the masses' shift: a histogram's (about V / HN) 16-bit halves, with room, fit 32 bits */
@@ -121,16 +161,33 @@ __device__ uint32_t radix_select(const R &row, uint32_t lo, double frac, unsigne
       }
     });
     __syncthreads();
+    /* the block's bins, a thread a bin over the HN histograms, into xb[d & 1] (the peers read it: by pass
+     * parity, it is rewritten only after the next pass's cluster barrier) */
+    unsigned long long *bn = xb[d & 1];
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+      unsigned long long w = 0;
+#pragma unroll
+      for (int h = 0; h < HN; h++) w += hist[h * 512 + b] + ((unsigned long long)hist[h * 512 + 256 + b] << 16);
+      bn[b] = w;
+    }
+    if constexpr (CL > 1) { /* the cluster's bins: every block's, in rank order */
+      cl_sync<CL>();
+      for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+        unsigned long long w = 0;
+#pragma unroll
+        for (int k = 0; k < CL; k++) w += cl_peer<CL>(bn, k)[b];
+        xt[b] = w;
+      }
+      bn = xt;
+    }
+    __syncthreads();
+    unsigned long long bins[8]; /* warp 0: lane l holds bins 8 l .. 8 l + 7 */
     if (threadIdx.x < 32) { /* warp 0: the bin where the weight from the top reaches need */
-      unsigned long long part = 0; /* lane l holds bins 8 l .. 8 l + 7 */
-      unsigned long long bins[8];
+      unsigned long long part = 0;
 #pragma unroll
       for (int i = 0; i < 8; i++) {
-        const int b = 8 * lane + i;
-        unsigned long long w = 0;
-        for (int h = 0; h < HN; h++) w += hist[h * 512 + b] + ((unsigned long long)hist[h * 512 + 256 + b] << 16);
-        bins[i] = w;
-        part += w;
+        bins[i] = bn[8 * lane + i];
+        part += bins[i];
       }
       if (MASS && d == 3) {
         unsigned long long total = part;
@@ -164,7 +221,7 @@ __device__ uint32_t radix_select(const R &row, uint32_t lo, double frac, unsigne
   return prefix;
 }
 
-template <typename T, bool VEC>
+template <typename T, bool VEC, int CL>
 __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T *logits, int64_t V, uint64_t seed,
                                                 uint64_t offset, float inv_t, int greedy, int64_t top_k, float top_p,
                                                 double lmin, const unsigned long long *rng) {
@@ -174,13 +231,24 @@ __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T
   __shared__ long long shi[32];
   __shared__ uint32_t hist[HN * 512];
   __shared__ unsigned long long sel[3];
-  const int64_t r = blockIdx.x;
+  /* the merged histograms by pass parity (the cluster's blocks read them: CL > 1), their sum over the cluster,
+   * then a slot a use for what else the blocks exchange */
+  __shared__ unsigned long long xb[2][256], xt[CL > 1 ? 256 : 1];
+  __shared__ uint32_t x_hi;
+  __shared__ long long x_am, x_pick, x_last;
+  __shared__ float x_mass;
+  const int64_t r = blockIdx.x / CL;
+  const int q = (int)(blockIdx.x % CL); /* the rank in the cluster: clusters are CL consecutive blocks */
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-  SampleRow<T, VEC> row{logits + r * V, V, 0.f, inv_t};
+  constexpr int E = VEC ? SampleRow<T, VEC>::E : 1;
+  const int64_t units = V / E, per = (units + CL - 1) / CL; /* the slice: whole 16-byte units (VEC) */
+  const int64_t lo = (q * per < units ? q * per : units) * E, hi_j = ((q + 1) * per < units ? (q + 1) * per : units) * E;
+  SampleRow<T, VEC> row{logits + r * V, V, 0.f, inv_t, lo, hi_j};
   T *p = probs + r * V;
   uint32_t hi = 0;
   row.each([&](int64_t, float v) { hi = max(hi, fkey(v)); });
   hi = block_ext<true>(hi, shu);
+  hi = cl_all<CL>(hi, &x_hi, [](uint32_t a, uint32_t b) { return a > b ? a : b; });
   row.m = unkey(hi);
   if (greedy || !(row.m > -INFINITY && row.m < INFINITY)) {
     long long am = V;
@@ -188,22 +256,24 @@ __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T
       if (fkey(v) == hi && j < am) am = j;
     });
     am = block_ext<false>(am, shi);
-    for (int64_t j = threadIdx.x; j < V; j += blockDim.x) p[j] = st<T>(j == am ? 1.f : 0.f);
-    if (threadIdx.x == 0) out[r] = am < V ? am : 0;
+    am = cl_all<CL>(am, &x_am, [](long long a, long long b) { return a < b ? a : b; });
+    for (int64_t j = lo + threadIdx.x; j < hi_j; j += blockDim.x) p[j] = st<T>(j == am ? 1.f : 0.f);
+    if (q == 0 && threadIdx.x == 0) out[r] = am < V ? am : 0;
+    cl_sync<CL>(); /* no block leaves while a peer may read it */
     return;
   }
   uint32_t tau = 0;
-  if (top_k > 0 && top_k < V) tau = radix_select<false>(row, 0u, -1.0, (unsigned long long)top_k, hist, sel);
+  if (top_k > 0 && top_k < V) tau = radix_select<false, CL>(row, 0u, -1.0, (unsigned long long)top_k, hist, sel, xb, xt);
   if (lmin > -INFINITY) {
     uint32_t t = fkey((float)((double)row.m + lmin));
     if (t > hi) t = hi;
     if (t > tau) tau = t;
   }
-  if (top_p < 1.f) tau = radix_select<true>(row, tau, (double)top_p, 0ull, hist, sel);
-  /* the draw: warp w owns elements [w seg, (w + 1) seg) (seg a multiple of 32 E), read 16 bytes a lane */
-  constexpr int E = VEC ? SampleRow<T, VEC>::E : 1;
-  const int64_t tiles = (V + 32 * E - 1) / (32 * E), seg = (tiles + nw - 1) / nw * (32 * E);
-  const int64_t s0 = warp * seg, s1 = s0 + seg < V ? s0 + seg : V;
+  if (top_p < 1.f) tau = radix_select<true, CL>(row, tau, (double)top_p, 0ull, hist, sel, xb, xt);
+  /* the draw: warp w owns elements [lo + w seg, lo + (w + 1) seg) of the slice (seg a multiple of 32 E), read 16
+   * bytes a lane */
+  const int64_t tiles = (hi_j - lo + 32 * E - 1) / (32 * E), seg = (tiles + nw - 1) / nw * (32 * E);
+  const int64_t s0 = lo + warp * seg, s1 = s0 + seg < hi_j ? s0 + seg : hi_j;
   auto lane_w = [&](int64_t base, float *w) { /* the lane's E weights of the tile at base; 0 past V */
     const int64_t j0 = base + (int64_t)lane * E;
     if constexpr (VEC) {
@@ -238,6 +308,17 @@ __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T
   for (int i = 0; i < nw; i++) {
     if (i == warp) before = s;
     s += shf[i];
+  }
+  if constexpr (CL > 1) { /* the blocks' masses in rank order: the lower ranks' before this block's */
+    if (threadIdx.x == 0) x_mass = s;
+    cl_sync<CL>();
+    float all = 0.f, pre = 0.f;
+    for (int k = 0; k < CL; k++) {
+      if (k == q) pre = all;
+      all += *cl_peer<CL>(&x_mass, k);
+    }
+    before += pre;
+    s = all;
   }
   const float rs = 1.f / s;
   const float thr = gp_u01(gp_philox(seed, offset + (uint64_t)r / 4).v[r % 4]) * s;
@@ -292,7 +373,32 @@ __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T
   }
   pick = block_ext<false>(pick, shi);
   last = block_ext<true>(last, shi);
-  if (threadIdx.x == 0) out[r] = pick < V ? pick : (last >= 0 ? last : 0);
+  pick = cl_all<CL>(pick, &x_pick, [](long long a, long long b) { return a < b ? a : b; });
+  last = cl_all<CL>(last, &x_last, [](long long a, long long b) { return a > b ? a : b; });
+  if (q == 0 && threadIdx.x == 0) out[r] = pick < V ? pick : (last >= 0 ? last : 0);
+  cl_sync<CL>(); /* no block leaves while a peer may read it */
+}
+
+/* rows split over clusters of 8 blocks (1: one block a row): few rows of 4,096 or more on compute
+ * capability 9.0 whose kernel is PTX 9.0 or later; GPUSH_SAMPLE_CLUSTER=1|8 forces the choice (8 still needs
+ * the hardware) */
+template <typename T> static int sample_cluster(int64_t n, int64_t v) {
+  const char *e = getenv("GPUSH_SAMPLE_CLUSTER");
+  const int want = e && *e ? atoi(e) : (n * 8 <= gp_cuda_sm_count() && v >= 4096 ? 8 : 1);
+  static int ptx90[8];
+  return want == 8 && gp_cuda_cc() >= 90 && gp_cuda_ptx90((const void *)k_sample<T, true, 8>, ptx90) ? 8 : 1;
+}
+
+template <typename T, bool VEC, int CL>
+static void sample_launch(int64_t n, int64_t v, int64_t *po, T *pp, const T *px, uint64_t seed, uint64_t offset,
+                          float inv_t, int greedy, int64_t top_k, float top_p, double lmin) {
+  const int64_t vs = (v + CL - 1) / CL; /* a block's slice */
+  const int block = vs >= 32768 ? 1024 : vs >= 4096 ? 512 : vs >= 1024 ? 256 : 128;
+  cudaLaunchAttribute at[1];
+  cudaLaunchConfig_t cfg = gp_cluster_cfg(dim3((unsigned)(n * CL)), dim3(block), 0, CL, at);
+  GP_NOTE_LAUNCH((k_sample<T, VEC, CL>), block, 0);
+  cudaLaunchKernelEx(&cfg, k_sample<T, VEC, CL>, po, pp, px, v, seed, offset, inv_t, greedy, top_k, top_p, lmin,
+                     gp_cuda_rng_slot());
 }
 
 extern "C" int gp_cuda_sample(gp_tensor *out, gp_tensor *probs, const gp_tensor *logits, uint64_t seed, uint64_t offset,
@@ -301,7 +407,6 @@ extern "C" int gp_cuda_sample(gp_tensor *out, gp_tensor *probs, const gp_tensor 
   int64_t n = logits->shape[0], v = logits->shape[1];
   if (n == 0) return GP_OK;
   if (n > 2147483647) return gp_error("sample: %lld rows is more than one launch handles", (long long)n);
-  const int block = v >= 32768 ? 1024 : v >= 8192 ? 512 : v >= 1024 ? 256 : 128;
   const int greedy = temperature == 0;
   const float inv_t = greedy ? 1.f : (float)(1.0 / temperature);
   const int es = gp_elsize(logits->dtype);
@@ -310,15 +415,15 @@ extern "C" int gp_cuda_sample(gp_tensor *out, gp_tensor *probs, const gp_tensor 
   GP_FLOAT_SWITCH(logits->dtype, T, {
     const T *px = (const T *)gp_ptr(logits);
     T *pp = (T *)gp_ptr(probs);
-    if (vec) {
-      GP_NOTE_LAUNCH((k_sample<T, true>), block, 0);
-      k_sample<T, true><<<(unsigned)n, block, 0, gp_cuda_stream()>>>(po, pp, px, v, seed, offset, inv_t, greedy, top_k,
-                                                                     (float)top_p, lmin, gp_cuda_rng_slot());
-    } else {
-      GP_NOTE_LAUNCH((k_sample<T, false>), block, 0);
-      k_sample<T, false><<<(unsigned)n, block, 0, gp_cuda_stream()>>>(po, pp, px, v, seed, offset, inv_t, greedy, top_k,
-                                                                      (float)top_p, lmin, gp_cuda_rng_slot());
-    }
+    const int cl = sample_cluster<T>(n, v);
+    if (vec && cl == 8)
+      sample_launch<T, true, 8>(n, v, po, pp, px, seed, offset, inv_t, greedy, top_k, (float)top_p, lmin);
+    else if (cl == 8)
+      sample_launch<T, false, 8>(n, v, po, pp, px, seed, offset, inv_t, greedy, top_k, (float)top_p, lmin);
+    else if (vec)
+      sample_launch<T, true, 1>(n, v, po, pp, px, seed, offset, inv_t, greedy, top_k, (float)top_p, lmin);
+    else
+      sample_launch<T, false, 1>(n, v, po, pp, px, seed, offset, inv_t, greedy, top_k, (float)top_p, lmin);
   });
   return gp_cuda_check_launch("sample");
 }

@@ -38,6 +38,36 @@ __device__ __forceinline__ void gp_rng_resolve(const unsigned long long *rng, ui
   }
 }
 
+/* Thread block clusters (compute capability 9.0; kernels/loss.cu, kernels/sample.cu). A cluster kernel's code
+ * must be PTX 9.0 or later (the Makefile's GENCODE_EACH: a build whose PTX is 8.0 has the cluster code compiled
+ * out): true when fn's is, asked once a device (ptx90: 8 entries, 0 unknown, 1 yes, -1 no). */
+static inline bool gp_cuda_ptx90(const void *fn, int *ptx90) {
+  int dev = 0;
+  cudaGetDevice(&dev);
+  int &ok = ptx90[dev >= 0 && dev < 8 ? dev : 0];
+  if (ok == 0) {
+    cudaFuncAttributes fa;
+    ok = cudaFuncGetAttributes(&fa, fn) == cudaSuccess && fa.ptxVersion >= 90 ? 1 : -1;
+    cudaGetLastError();
+  }
+  return ok > 0;
+}
+/* a launch on the current stream in clusters of C blocks along x (C 1: no cluster); at: the attribute's storage */
+static inline cudaLaunchConfig_t gp_cluster_cfg(dim3 grid, dim3 block, size_t smem, int C, cudaLaunchAttribute *at) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = gp_cuda_stream();
+  at[0].id = cudaLaunchAttributeClusterDimension;
+  at[0].val.clusterDim.x = C;
+  at[0].val.clusterDim.y = 1;
+  at[0].val.clusterDim.z = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = C > 1 ? 1 : 0;
+  return cfg;
+}
+
 /* a grid for n items, capped so that grid-stride loops cover the rest */
 static inline unsigned gp_grid(int64_t n, int block) {
   int64_t g = (n + block - 1) / block, cap = (int64_t)gp_cuda_sm_count() * 32;
