@@ -72,12 +72,7 @@ if a.nf4 then
 end
 model:eval()
 local esize = a.bf16 and 2 or 4
-local wbytes = 0 -- every weight byte a step reads: parameters and quantized weights (codes and scales)
-for _, p in ipairs(model:parameters()) do wbytes = wbytes + p:numel() * p:element_size() end
-for _, m in ipairs(model:modules()) do
-  local w = rawget(m, 'weight')
-  if gp.is_quantized(w) then wbytes = wbytes + w.nbytes end
-end
+local wbytes = gp.nn.weight_bytes(model) -- parameters and quantized weights (codes and scales)
 local copy_bw
 do
   local n = dev == 'cuda' and 128 * 2 ^ 20 or 2 ^ 20

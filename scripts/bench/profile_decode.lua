@@ -7,7 +7,8 @@
 -- --random smollm2 builds a Llama of SmolLM2-135M's shapes (or of a
 -- config.json's) with random weights instead of loading a checkpoint: the
 -- kernels and their times are the same, and nothing needs `make models`
--- (--layers N keeps the first N layers).
+-- (--layers N keeps the first N layers). --nf4 quantizes the attention and
+-- MLP Linears to NF4 first (the step then runs the NF4 GEMV).
 -- The floor printed is the bytes a step reads, the weights' and the KV
 -- cache's (every layer's keys and values; --kv-dtype int8 / fp8: codes and
 -- scales), over the copy bandwidth measured in the same run (gp.k.copy of
@@ -21,6 +22,7 @@ local a = gp.args.parse(arg, {
   {'top', 20, 'kernels listed'},
   {'random', '', 'smollm2, llama1024 or a config.json: that model\'s shapes with random weights (no checkpoint)'},
   {'layers', 0, 'with --random: keep this many layers (0: the config\'s)'},
+  {'nf4', false, 'quantize the attention and MLP Linears to NF4 (gp.nn.quantize_linears, blocks of 64)'},
 }, {usage = 'gpush scripts/bench/profile_decode.lua [flags]', description = 'A decode step, kernel by kernel.'})
 
 local dev = gp.device()
@@ -38,6 +40,7 @@ if a.random ~= '' then
 else
   model = gp.models.load(a.model, {dtype = dtype})
 end
+if a.nf4 then gp.nn.quantize_linears(model, {kind = 'nf4', block = 64}) end
 local c, B = model.config, a.batch
 local cache = model:new_cache(B, a.context + 1, dtype, dev, a.kv_dtype ~= '' and a.kv_dtype or nil)
 local pos = gp.full({1}, a.context, {dtype = 'i64', device = dev})
@@ -47,8 +50,7 @@ gp.no_grad(function()
 end)
 local function step() gp.no_grad(function() model:forward_cached(nxt, cache, pos) end) end
 
-local bytes = 0
-for _, p in ipairs(model:parameters()) do bytes = bytes + p:numel() * p:element_size() end
+local bytes = gp.nn.weight_bytes(model)
 local wbytes, kvbytes = bytes, cache:nbytes() * a.context / (a.context + 1) -- the filled positions
 bytes = bytes + kvbytes
 local copy_bw
@@ -57,9 +59,10 @@ do
   local s, d = gp.empty({n}, {device = dev}), gp.empty({n}, {device = dev})
   copy_bw = 2 * 4 * n / (gp.time(function() gp.k.copy(d, s) end, {warmup = 2, iters = 10}) * 1e6)
 end
-print(string.format('decode step profile: %s %s on %s, batch %d after %d cached positions (%s cache); %.1f MB of weights + ' ..
+print(string.format('decode step profile: %s %s%s on %s, batch %d after %d cached positions (%s cache); %.1f MB of weights + ' ..
   '%.3f MB of KV cache, copy %.0f GB/s: floor %.1f us',
-  a.random ~= '' and ('random ' .. a.random .. (a.layers > 0 and (', ' .. a.layers .. ' layers') or '')) or a.model, dtype, dev, B,
+  a.random ~= '' and ('random ' .. a.random .. (a.layers > 0 and (', ' .. a.layers .. ' layers') or '')) or a.model, dtype,
+  a.nf4 and ' (NF4 Linears)' or '', dev, B,
   a.context, a.kv_dtype ~= '' and a.kv_dtype or dtype, wbytes / 1e6, kvbytes / 1e6, copy_bw, bytes / copy_bw / 1e3))
 local p = gp.profile(step, {warmup = 2, iters = 5})
 print(string.format('%d kernels a step, %.1f us of kernel time a step (events around each)', p.calls / p.iters,

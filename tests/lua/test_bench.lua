@@ -220,6 +220,15 @@ T.test('decode step profile with --random: SmolLM2\'s shapes, random weights, no
   T.ok(tonumber(out:match('(%d+) kernels a step')) < 20, out)
   T.ok(out:find('\n  rope_kv_at%s+1 '), out)
   T.ok(out:find('\n  swiglu_linear%s+1 '), out)
+  -- --nf4: q/k/v and gate/up stacked, so 4 NF4 GEMVs a layer; the weights counted as codes and scales
+  local mb = tonumber(out:match('; ([%d.]+) MB of weights'))
+  out, rc = T.sh(timeout(120) .. exe .. ' ' .. root ..
+    '/scripts/bench/profile_decode.lua --random smollm2 --layers 1 --context 4 --top 12 --nf4')
+  T.eq(rc, 0, out)
+  T.ok(out:find('(NF4 Linears)', 1, true), out)
+  T.ok(out:find('\n  nf4_gemv%s+4 '), out)
+  -- one layer's Linears in f32 (14.16 MB) become 1.77 MB of codes + 0.22 MB of absmax
+  T.near(mb - tonumber(out:match('; ([%d.]+) MB of weights')), 14.156 - 1.769 - 0.221, 0.05, 'MB saved by NF4')
 end)
 
 T.test('decode step profile with --kv-dtype int8: the step reads the codes (attn_decode_q), the floor counts the cache', function()

@@ -469,6 +469,9 @@ T.test('nn.quantize_embeddings: q:rows, nn.Embedding4 and the tied head on one q
   T.ok(getmetatable(m.model.embed_tokens) == nn.Embedding4._imt)
   T.ok(getmetatable(m.lm_head) == nn.Linear4._imt)
   T.ok(m.lm_head.weight == m.model.embed_tokens.weight, 'the tied head shares the quantized weight')
+  -- gp.nn.weight_bytes: the norms in f32, the embedding (and its tied head) once, 7 projections, all at 0.75 bytes
+  T.eq(nn.weight_bytes(m), 96 * 4 + 10752 * 0.75)
+  T.raises(function() nn.weight_bytes({}) end, 'weight_bytes: needs a module')
   T.eq(T.relnorm(m.model.embed_tokens(ids), ref), 0)
   -- the model equals the dense model over the dequantized weights
   local d = gp.models.Llama(cfg, cpu)

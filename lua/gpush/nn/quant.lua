@@ -153,4 +153,24 @@ end
 doc(nn.quantize_linears, "gp.nn.quantize_linears(model, {kind='nf4', block=64, targets={'attn%.qkv$', ...}})",
   "replace the model's nn.Linear modules whose dotted names match a target pattern (default: gp.lora's, the attention and MLP Linears) by frozen nn.Linear4 over their quantized weights; returns the model. QLoRA: this, then gp.lora.apply(model)")
 
+
+-- every weight byte a forward reads: the parameters (each tensor once) and
+-- the quantized weights' codes and scales (each once: a tied head shares its
+-- embedding's)
+function nn.weight_bytes(model)
+  if not nn.is_module(model) then raise('weight_bytes: needs a module, got ' .. type(model)) end
+  local n, seen = 0, {}
+  for _, p in ipairs(model:parameters()) do n = n + p:numel() * p:element_size() end
+  for _, m in ipairs(model:modules()) do
+    local w = rawget(m, 'weight')
+    if gp.is_quantized(w) and not seen[w] then
+      seen[w] = true
+      n = n + w.nbytes
+    end
+  end
+  return n
+end
+doc(nn.weight_bytes, 'gp.nn.weight_bytes(model)',
+  "the bytes of the model's weights: its parameters (each once) and its quantized weights' codes and scales (each once); what a decode step reads besides the KV cache")
+
 return nn
