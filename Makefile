@@ -30,9 +30,10 @@ endif
 # target: with 90 in the list that file is compiled for sm_90a alone, and
 # GP_SM90A tells the dispatch that they exist (it runs them on compute
 # capability 9.0 only). kernels/loss.cu's and kernels/sample.cu's cluster
-# kernels (distributed shared memory, compute capability 9.0 and up) need PTX
-# of 9.0 for the Hopper code: those files are compiled once an arch
-# (GENCODE_EACH).
+# kernels (distributed shared memory, compute capability 9.0 and up) and the
+# decode step's chain kernels (programmatic dependent launch: fused.cu,
+# rope.cu, attention_decode.cu) need PTX of 9.0 for the Hopper code: those
+# files are compiled once an arch (GENCODE_EACH).
 comma   := ,
 ARCH_LO := $(firstword $(CUDA_ARCH))
 GENCODE := -gencode 'arch=compute_$(ARCH_LO),code=[$(subst $(eval) ,$(comma),$(strip $(CUDA_ARCH:%=sm_%) compute_$(ARCH_LO)))]'
@@ -114,6 +115,9 @@ $(BUILD)/obj/%.cu.o: %.cu $(BUILD)/flags.nv
 $(BUILD)/obj/kernels/attention_wg.cu.o: GENCODE := $(GENCODE_SM90A)
 $(BUILD)/obj/kernels/loss.cu.o: GENCODE := $(GENCODE_EACH)
 $(BUILD)/obj/kernels/sample.cu.o: GENCODE := $(GENCODE_EACH)
+$(BUILD)/obj/kernels/fused.cu.o: GENCODE := $(GENCODE_EACH)
+$(BUILD)/obj/kernels/rope.cu.o: GENCODE := $(GENCODE_EACH)
+$(BUILD)/obj/kernels/attention_decode.cu.o: GENCODE := $(GENCODE_EACH)
 
 # The header as LuaJIT's ffi.cdef will read it: preprocessed, then quoted.
 $(BUILD)/gen/cdef.inc: src/gpush.h $(wildcard kernels/*.def)

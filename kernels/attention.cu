@@ -189,6 +189,7 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   P.vs = fmt ? (const float *)gp_ptr(vs) : nullptr;
   P.lens = gp_ptr(lens);
   P.out = gp_ptr(out);
+  P.out_n = gp_span_of(out).n;
   P.lens64 = lens->dtype == GP_I64;
   P.H = (int)H;
   P.T = (int)T;
@@ -232,6 +233,7 @@ static int run_decode(const char *op, gp_tensor *out, const gp_tensor *q, const 
   int64_t pn = BH * nsplit * (D + 2);
   if (nsplit > 1) GP_TRY(gp_tensor_scratch(&part, GP_F32, GP_CUDA, 1, &pn));
   P.part = part ? (float *)gp_ptr(part) : nullptr;
+  P.part_n = (size_t)pn * sizeof(float);
   /* launches of at most 65535 blocks of rows (the grid's y) */
   int rc = GP_OK;
   for (int64_t r0 = 0; r0 < BH && rc == GP_OK; r0 += 65535LL * nq) {

@@ -65,6 +65,7 @@ struct DecP {
   int T, row0; /* T queries a sequence (rows b, t, h; the last at lens[b] - 1); the launch's first row */
   float scale;
   int win, ng;
+  size_t out_n, part_n; /* the bytes of out and part (the host's launch records them) */
 };
 
 /* element offset of head bh = b * H + h */

@@ -129,6 +129,8 @@ __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
   using R = uint4;                          /* a lane's part of a cache row */
   static_assert(LPK <= 32 && 32 % LPK == 0 && EPL % QV == 0, "decode: a key's row is 16-byte vectors of one warp");
   __shared__ float sm_m[NPART][NQ], sm_l[NPART][NQ], sm_acc[NPART][NQ][D];
+  gp_pdl_trigger(); /* chain kernels (cuda_internal.h): nothing read before the wait */
+  gp_pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, sub = lane % LPK;
   const int gi = warp * KPW + lane / LPK; /* the lane group */
   const int bh0 = P.row0 + blockIdx.y * NQ, split = blockIdx.x;
@@ -240,6 +242,8 @@ __global__ void __launch_bounds__(128) k_attn_decode_split(DecP P) {
 
 /* the splits' partials of one (b, h): weights 2^(m_s - M) */
 template <typename T, int D> __global__ void __launch_bounds__(D) k_attn_decode_combine(DecP P) {
+  gp_pdl_trigger();
+  gp_pdl_wait();
   const int bh = P.row0 + blockIdx.x, d = threadIdx.x;
   const float *part = P.part + (int64_t)bh * P.nsplit * (D + 2);
   float M = -INFINITY;
@@ -322,6 +326,8 @@ template <typename T, int D, int FMT> __global__ void __launch_bounds__(128) k_a
   constexpr int KW = D / 4 * (int)sizeof(C) / 4;  /* words of a key row a lane reads */
   constexpr int VW = D / 8 * (int)sizeof(C) / 4;  /* words of a value row a lane reads */
   __shared__ float sm_m[4][8], sm_l[4][8], sm_acc[4][8][D];
+  gp_pdl_trigger(); /* chain kernels (cuda_internal.h): nothing read before the wait */
+  gp_pdl_wait();
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3, r = lane >> 2;
   const int bh0 = P.row0 + blockIdx.y * nq, split = blockIdx.x;
   int b;
@@ -710,6 +716,11 @@ template <typename T, int D, int FMT> __global__ void __launch_bounds__(128, D =
   }
 }
 
+/* the spans the decode kernels write: out and the partials */
+inline gp_spans dec_writes(const DecP &P) {
+  return {gp_span{P.out, P.out_n}, gp_span{P.part, P.part ? P.part_n : 0}};
+}
+
 /* the split kernel for P, or (per_sm not null) only the blocks of it an SM holds at once */
 template <typename T, int D, bool VEC, int FMT, int NQ> void launch_split(const DecP &P, int64_t BH, int *per_sm) {
   if (per_sm) {
@@ -723,8 +734,7 @@ template <typename T, int D, bool VEC, int FMT, int NQ> void launch_split(const 
     return;
   }
   const dim3 grid((unsigned)P.nsplit, (unsigned)(BH / NQ));
-  GP_NOTE_LAUNCH((k_attn_decode_split<T, D, VEC, FMT, NQ>), 128, 0);
-  k_attn_decode_split<T, D, VEC, FMT, NQ><<<grid, 128, 0, gp_cuda_stream()>>>(P);
+  gp_launch_chain(k_attn_decode_split<T, D, VEC, FMT, NQ>, grid, dim3(128), 0, {}, dec_writes(P), P);
 }
 
 /* the tensor-core kernel for P (nq query heads a block), or (per_sm) its blocks an SM holds */
@@ -741,15 +751,14 @@ template <typename T, int D, int FMT> void launch_tc(const DecP &P, int64_t BH, 
     return;
   }
   const dim3 grid((unsigned)P.nsplit, (unsigned)(BH / nq));
-  GP_NOTE_LAUNCH((k_attn_decode_tc<T, D, FMT>), 128, 0);
-  k_attn_decode_tc<T, D, FMT><<<grid, 128, 0, gp_cuda_stream()>>>(P, nq);
+  gp_launch_chain(k_attn_decode_tc<T, D, FMT>, grid, dim3(128), 0, {}, dec_writes(P), P, nq);
 }
 
 template <typename T, int D, int FMT> void launch_decode(const DecP &P, int64_t BH, bool vec, int nq, int *per_sm) {
   if constexpr (!std::is_same<T, float>::value) {
     if (vec && nq >= 2 && decode_tc()) {
       launch_tc<T, D, FMT>(P, BH, nq, per_sm);
-      if (!per_sm && P.nsplit > 1) k_attn_decode_combine<T, D><<<(unsigned)BH, D, 0, gp_cuda_stream()>>>(P);
+      if (!per_sm && P.nsplit > 1) gp_launch_chain(k_attn_decode_combine<T, D>, dim3((unsigned)BH), dim3(D), 0, {}, dec_writes(P), P);
       return;
     }
   }
@@ -758,7 +767,7 @@ template <typename T, int D, int FMT> void launch_decode(const DecP &P, int64_t 
   else if (nq == 3) launch_split<T, D, true, FMT, 3>(P, BH, per_sm);
   else if (nq == 2) launch_split<T, D, true, FMT, 2>(P, BH, per_sm);
   else launch_split<T, D, true, FMT, 1>(P, BH, per_sm);
-  if (!per_sm && P.nsplit > 1) k_attn_decode_combine<T, D><<<(unsigned)BH, D, 0, gp_cuda_stream()>>>(P);
+  if (!per_sm && P.nsplit > 1) gp_launch_chain(k_attn_decode_combine<T, D>, dim3((unsigned)BH), dim3(D), 0, {}, dec_writes(P), P);
 }
 
 template <int FMT> void decode_fmt(const DecP &P, int64_t BH, int dtype, int D, bool vec, int nq, int *per_sm) {

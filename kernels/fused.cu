@@ -191,7 +191,7 @@ extern "C" int gp_cuda_add_rms_norm(gp_tensor *out, gp_tensor *res_out, gp_tenso
   GP_FLOAT_SWITCH(x->dtype, T, {
     AddRmsOp<T> op{(const T *)gp_ptr(x), (const T *)gp_ptr(res), (const T *)gp_ptr(w), (T *)gp_ptr(out),
                    (T *)gp_ptr(res_out), (float *)gp_ptr(rstd), D, (float)eps};
-    rc = rows_launch<T>("add_rms_norm", op, R, D, al);
+    rc = rows_launch<T>("add_rms_norm", op, R, D, al, {gp_span_of(out), gp_span_of(res_out), gp_span_of(rstd)});
   });
   return rc;
 }
@@ -263,7 +263,8 @@ extern "C" int gp_cuda_bias_gelu(gp_tensor *out, const gp_tensor *x, const gp_te
  * SwiGLU of [gate | up], in x's dtype as gp.swiglu would write it), then
  * every lane sums its products with each staged row in f32, a warp sum, one
  * write a row and output. VEC: I a multiple of the vector and w 16-byte
- * aligned. */
+ * aligned. A chain kernel (cuda_internal.h): w is read before the wait, x
+ * after it. */
 namespace {
 constexpr int SWL_PRE = 8; /* 16-byte vectors of a row a lane holds in registers */
 template <typename T, int MT, bool VEC, bool SW>
@@ -275,6 +276,7 @@ __global__ void __launch_bounds__(256) k_swiglu_linear(T *__restrict__ out, cons
   const int lane = threadIdx.x & 31, n = blockIdx.x * 8 + (threadIdx.x >> 5);
   const T *wr = w + (int64_t)min(n, N - 1) * I;
   uint4 pre[SWL_PRE];
+  gp_pdl_trigger();
   if constexpr (VEC) {
 #pragma unroll
     for (int j = 0; j < SWL_PRE; j++) {
@@ -282,6 +284,7 @@ __global__ void __launch_bounds__(256) k_swiglu_linear(T *__restrict__ out, cons
       pre[j] = k < I ? __ldg(reinterpret_cast<const uint4 *>(wr + k)) : make_uint4(0, 0, 0, 0);
     }
   }
+  gp_pdl_wait(); /* w's loads issued; x is the kernel before's output */
   for (int e = threadIdx.x; e < M * I; e += blockDim.x) {
     if constexpr (SW) {
       const int m = e / I, i = e - m * I;
@@ -340,13 +343,12 @@ template <typename T, int MT, bool SW> void launch_swiglu_linear(gp_tensor *out,
   const unsigned grid = (unsigned)((N + 7) / 8);
   T *po = (T *)gp_ptr(out);
   const T *pg = (const T *)gp_ptr(gu), *pw = (const T *)gp_ptr(w);
-  if (vec) {
-    GP_NOTE_LAUNCH((k_swiglu_linear<T, MT, true, SW>), 256, smem);
-    k_swiglu_linear<T, MT, true, SW><<<grid, 256, smem, gp_cuda_stream()>>>(po, pg, pw, M, N, I);
-  } else {
-    GP_NOTE_LAUNCH((k_swiglu_linear<T, MT, false, SW>), 256, smem);
-    k_swiglu_linear<T, MT, false, SW><<<grid, 256, smem, gp_cuda_stream()>>>(po, pg, pw, M, N, I);
-  }
+  /* a chain kernel (cuda_internal.h): w is read before the wait */
+  auto go = [&](auto k) {
+    gp_launch_chain(k, dim3(grid), dim3(256), smem, {gp_span_of(w)}, {gp_span_of(out)}, po, pg, pw, M, N, I);
+  };
+  if (vec) go(k_swiglu_linear<T, MT, true, SW>);
+  else go(k_swiglu_linear<T, MT, false, SW>);
 }
 template <bool SW> int swiglu_or_rows(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
   const int64_t M = out->shape[0], N = out->shape[1];

@@ -40,6 +40,8 @@ template <typename T, typename P>
 __global__ void k_rope_kv_at(T *__restrict__ q, T *__restrict__ kc, T *__restrict__ vc, const T *__restrict__ x,
                              const P *__restrict__ pos, const float *__restrict__ inv_freq, int64_t xs, int H, int J,
                              int E, int64_t C, int64_t n, gp_bad_ref bad) {
+  gp_pdl_trigger(); /* a chain kernel (cuda_internal.h) */
+  gp_pdl_wait();
   const int64_t p = (int64_t)pos[0];
   if (p < 0 || p >= C) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gp_report_bad(bad, p);
@@ -174,20 +176,18 @@ extern "C" int gp_cuda_rope_kv_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, co
   if (n == 0) return GP_OK;
   gp_bad_ref bad;
   GP_TRY(gp_bad_begin(&bad, "rope_kv_at", C, "the caches' dim 3 (positions)"));
-  cudaStream_t s = gp_cuda_stream();
   const float *f = (const float *)gp_ptr(inv_freq);
   GP_FLOAT_SWITCH(q->dtype, T, {
     T *pq = (T *)gp_ptr(q), *pk = (T *)gp_ptr(kc), *pv = (T *)gp_ptr(vc);
     const T *px = (const T *)gp_ptr(qkv);
-    if (pos->dtype == GP_I64) {
-      GP_NOTE_LAUNCH((k_rope_kv_at<T, int64_t>), 256, 0);
-      k_rope_kv_at<T, int64_t><<<gp_grid(n, 256), 256, 0, s>>>(pq, pk, pv, px, (const int64_t *)gp_ptr(pos), f,
-                                                               qkv->stride[0], H, J, E, C, n, bad);
-    } else {
-      GP_NOTE_LAUNCH((k_rope_kv_at<T, int32_t>), 256, 0);
-      k_rope_kv_at<T, int32_t><<<gp_grid(n, 256), 256, 0, s>>>(pq, pk, pv, px, (const int32_t *)gp_ptr(pos), f,
-                                                               qkv->stride[0], H, J, E, C, n, bad);
-    }
+    const dim3 grid(gp_grid(n, 256));
+    const gp_spans wr = {gp_span_of(q), gp_span_of(kc), gp_span_of(vc)};
+    if (pos->dtype == GP_I64)
+      gp_launch_chain(k_rope_kv_at<T, int64_t>, grid, dim3(256), 0, {}, wr, pq, pk, pv, px,
+                      (const int64_t *)gp_ptr(pos), f, qkv->stride[0], H, J, E, C, n, bad);
+    else
+      gp_launch_chain(k_rope_kv_at<T, int32_t>, grid, dim3(256), 0, {}, wr, pq, pk, pv, px,
+                      (const int32_t *)gp_ptr(pos), f, qkv->stride[0], H, J, E, C, n, bad);
   });
   return gp_bad_end("rope_kv_at");
 }

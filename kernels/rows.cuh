@@ -116,9 +116,12 @@ __device__ __forceinline__ float2 group_sum2(float2 v, int tpr, float *sh) {
 __device__ __forceinline__ float block_sum(float v, float *sh) { return group_reduce<false>(v, blockDim.x, sh); }
 __device__ __forceinline__ float block_max(float v, float *sh) { return group_reduce<true>(v, blockDim.x, sh); }
 
+/* both row kernels may run in a chain of dependent launches (rows_launch given the spans written) */
 template <typename Op, int V, int NV>
 __global__ void __launch_bounds__(512) k_row(Op op, int64_t rows, int tpr) {
   __shared__ float sh[64];
+  gp_pdl_trigger();
+  gp_pdl_wait();
   const int rpb = blockDim.x / tpr, lane = threadIdx.x % tpr, g = threadIdx.x / tpr;
   for (int64_t r0 = (int64_t)blockIdx.x * rpb; r0 < rows; r0 += (int64_t)gridDim.x * rpb) {
     const int64_t row = r0 + g;
@@ -128,6 +131,8 @@ __global__ void __launch_bounds__(512) k_row(Op op, int64_t rows, int tpr) {
 
 template <typename Op> __global__ void __launch_bounds__(1024) k_row_loop(Op op, int64_t rows) {
   __shared__ float sh[64];
+  gp_pdl_trigger();
+  gp_pdl_wait();
   for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) op.loop(row, sh);
 }
 
@@ -137,10 +142,12 @@ static inline int pow2_at_least(int64_t n) {
   return r;
 }
 
-template <typename Op, int V, int NV> static void rows_go(const Op &op, int64_t rows, int tpr, int block) {
+template <typename Op, int V, int NV>
+static void rows_go(const Op &op, int64_t rows, int tpr, int block, const gp_spans &wr) {
   int64_t rpb = block / tpr, blocks = (rows + rpb - 1) / rpb, cap = (int64_t)gp_cuda_sm_count() * 64;
   if (blocks > cap) blocks = cap;
-  k_row<Op, V, NV><<<(unsigned)blocks, block, 0, gp_cuda_stream()>>>(op, rows, tpr);
+  if (wr.n) gp_launch_chain(k_row<Op, V, NV>, dim3((unsigned)blocks), dim3(block), 0, {}, wr, op, rows, tpr);
+  else k_row<Op, V, NV><<<(unsigned)blocks, block, 0, gp_cuda_stream()>>>(op, rows, tpr);
 }
 
 /* run op over `rows` rows of D elements; `aligned`: every row pointer the op
@@ -161,7 +168,11 @@ static inline bool rows_config(int64_t nvec, int &tpr, int &block, int &nv) {
   return true;
 }
 
-template <typename T, typename Op> static int rows_launch(const char *name, const Op &op, int64_t rows, int64_t D, bool aligned) {
+/* wr: the spans the op writes, for a launch in a chain of dependent launches
+ * (none: the usual launch) */
+template <typename T, typename Op>
+static int rows_launch(const char *name, const Op &op, int64_t rows, int64_t D, bool aligned,
+                       const gp_spans &wr = gp_spans()) {
   if (rows == 0 || D == 0) return GP_OK;
   constexpr int VV = 16 / sizeof(T);
   const bool vec = aligned && D % VV == 0;
@@ -169,15 +180,16 @@ template <typename T, typename Op> static int rows_launch(const char *name, cons
   int tpr, block, nv;
   if (!rows_config(nvec, tpr, block, nv)) {
     int64_t blocks = rows < (int64_t)gp_cuda_sm_count() * 4 ? rows : (int64_t)gp_cuda_sm_count() * 4;
-    k_row_loop<Op><<<(unsigned)blocks, 1024, 0, gp_cuda_stream()>>>(op, rows);
+    if (wr.n) gp_launch_chain(k_row_loop<Op>, dim3((unsigned)blocks), dim3(1024), 0, {}, wr, op, rows);
+    else k_row_loop<Op><<<(unsigned)blocks, 1024, 0, gp_cuda_stream()>>>(op, rows);
     return gp_cuda_check_launch(name);
   }
 #define GP_ROWS_NV(V)                                             \
   switch (nv) {                                                   \
-    case 1: rows_go<Op, V, 1>(op, rows, tpr, block); break;       \
-    case 2: rows_go<Op, V, 2>(op, rows, tpr, block); break;       \
-    case 4: rows_go<Op, V, 4>(op, rows, tpr, block); break;       \
-    default: rows_go<Op, V, 8>(op, rows, tpr, block); break;      \
+    case 1: rows_go<Op, V, 1>(op, rows, tpr, block, wr); break;       \
+    case 2: rows_go<Op, V, 2>(op, rows, tpr, block, wr); break;       \
+    case 4: rows_go<Op, V, 4>(op, rows, tpr, block, wr); break;       \
+    default: rows_go<Op, V, 8>(op, rows, tpr, block, wr); break;      \
   }
   if (vec) {
     GP_ROWS_NV(VV)

@@ -149,6 +149,7 @@ extern "C" int gp_cuda_memcpy(void *dst, const void *src, size_t n, int kind) {
   GP_TRY(gp_cuda_init());
   if (g_capturing && kind != 3) return no_sync_in_capture(kind == 2 ? "to (device to host)" : "to (host to device)");
   cudaMemcpyKind k = kind == 1 ? cudaMemcpyHostToDevice : kind == 2 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+  gp_pdl_break();
   cudaError_t e = cudaMemcpyAsync(dst, src, n, k, g_cur);
   if (e == cudaSuccess && kind == 2) e = cudaStreamSynchronize(g_cur);
   if (e != cudaSuccess) return gp_error("to: copy of %zu bytes failed: %s", n, cudaGetErrorString(e));
@@ -257,6 +258,7 @@ extern "C" int gp_cuda_event_create(void **ev) {
 }
 extern "C" void gp_cuda_event_destroy(void *ev) { cudaEventDestroy((cudaEvent_t)ev); }
 extern "C" int gp_cuda_event_record(void *ev) {
+  gp_pdl_break();
   cudaError_t e = cudaEventRecord((cudaEvent_t)ev, g_cur);
   return e == cudaSuccess ? GP_OK : gp_error("event_record: %s", cudaGetErrorString(e));
 }
@@ -296,6 +298,7 @@ extern "C" int gp_stream_set_current(void *s) {
   GP_TRY(gp_cuda_init());
   cudaStream_t next = s ? (cudaStream_t)s : g_stream;
   if (next == g_cur) return GP_OK;
+  gp_pdl_break();
   if (g_capturing) return gp_error("with_stream: the current stream cannot change while a CUDA graph is being captured (gp.graph)");
   if (next != g_stream) {
     cudaEvent_t ev;
@@ -329,11 +332,13 @@ extern "C" int gp_stream_query(void *s) {
 }
 
 extern "C" int gp_cuda_event_record_on(void *ev, void *s) {
+  gp_pdl_break();
   cudaError_t e = cudaEventRecord((cudaEvent_t)ev, s ? (cudaStream_t)s : g_stream);
   return e == cudaSuccess ? GP_OK : gp_error("event:record: %s", cudaGetErrorString(e));
 }
 
 extern "C" int gp_cuda_event_wait(void *s, void *ev) {
+  gp_pdl_break();
   cudaError_t e = cudaStreamWaitEvent(s ? (cudaStream_t)s : g_stream, (cudaEvent_t)ev, 0);
   return e == cudaSuccess ? GP_OK : gp_error("stream:wait: %s", cudaGetErrorString(e));
 }
@@ -355,6 +360,105 @@ extern "C" int gp_cuda_event_sync(void *ev, int query) {
 static const void *g_last_fn;
 static int g_last_block;
 static int g_last_smem;
+
+/* ---- chains of programmatic dependent launches (cuda_internal.h) ---- */
+#define PDL_SPANS 64
+static struct {
+  cudaStream_t s; /* the chain's stream */
+  int ok;         /* the op now running may continue the chain (the op before it ended with a chain kernel) */
+  int tail;       /* the last work on s was a chain kernel */
+  int n;          /* spans written by the chain's kernels (merged where they touch) */
+  uintptr_t lo[PDL_SPANS], hi[PDL_SPANS];
+} g_pdl;
+
+extern "C" void gp_pdl_op(void) {
+  g_pdl.ok = g_pdl.tail;
+  g_pdl.tail = 0;
+}
+extern "C" void gp_pdl_break(void) { g_pdl.ok = g_pdl.tail = g_pdl.n = 0; }
+
+static int g_pdl_on = -1; /* -1: GPUSH_PDL not read yet */
+static int64_t g_pdl_chained, g_pdl_plain;
+static bool pdl_supported(void) { return g_state == 1 && gp_cuda_cc() >= 90; }
+static bool pdl_enabled(void) {
+  if (g_pdl_on < 0) {
+    const char *e = getenv("GPUSH_PDL");
+    g_pdl_on = !(e && !strcmp(e, "0"));
+  }
+  return g_pdl_on && pdl_supported();
+}
+extern "C" int gp_pdl_option(int value, int *old) {
+  if (value < -1 || value > 1) return gp_error("pdl: the option must be 0 or 1 (-1 only reads), got %d", value);
+  pdl_enabled(); /* reads GPUSH_PDL once */
+  if (old) *old = g_pdl_on;
+  if (value >= 0) {
+    g_pdl_on = value;
+    gp_pdl_break();
+  }
+  return GP_OK;
+}
+extern "C" int gp_pdl_get_stats(gp_pdl_stats *out, int clear) {
+  if (!out) return gp_error("pdl_stats: null argument");
+  out->chained = g_pdl_chained;
+  out->plain = g_pdl_plain;
+  out->on = pdl_enabled();
+  out->supported = pdl_supported();
+  if (clear) g_pdl_chained = g_pdl_plain = 0;
+  return GP_OK;
+}
+
+gp_span gp_span_of(const gp_tensor *t) {
+  int64_t ext = 0;
+  for (int d = 0; d < t->ndim; d++) {
+    if (t->shape[d] == 0) return gp_span{gp_ptr(t), 0};
+    ext += (t->shape[d] - 1) * (t->stride[d] < 0 ? -t->stride[d] : t->stride[d]);
+  }
+  const size_t es = (size_t)gp_elsize(t->dtype);
+  /* negative strides do not occur in gpush; the span is then a superset around the pointer */
+  const char *p = (const char *)gp_ptr(t);
+  return gp_span{p - (t->ndim && t->stride[0] < 0 ? ext * es : 0), (size_t)(ext + 1) * es};
+}
+
+static bool pdl_hit(const gp_span &a) {
+  const uintptr_t lo = (uintptr_t)a.p, hi = lo + a.n;
+  for (int i = 0; i < g_pdl.n; i++)
+    if (lo < g_pdl.hi[i] && g_pdl.lo[i] < hi) return true;
+  return false;
+}
+/* add a written span (false: no room; the chain must restart) */
+static bool pdl_add(const gp_span &a) {
+  if (!a.n) return true;
+  const uintptr_t lo = (uintptr_t)a.p, hi = lo + a.n;
+  for (int i = 0; i < g_pdl.n; i++)
+    if (lo <= g_pdl.hi[i] && g_pdl.lo[i] <= hi) { /* touches: grow it (a superset stays safe) */
+      if (lo < g_pdl.lo[i]) g_pdl.lo[i] = lo;
+      if (hi > g_pdl.hi[i]) g_pdl.hi[i] = hi;
+      return true;
+    }
+  if (g_pdl.n == PDL_SPANS) return false;
+  g_pdl.lo[g_pdl.n] = lo;
+  g_pdl.hi[g_pdl.n++] = hi;
+  return true;
+}
+
+bool gp_pdl_chain(bool aware, const gp_span *pre, int npre, const gp_span *wr, int nwr) {
+  cudaStream_t s = gp_cuda_stream();
+  bool pdl = aware && g_pdl.ok && g_pdl.s == s && pdl_enabled();
+  for (int i = 0; pdl && i < npre; i++) pdl = !pdl_hit(pre[i]);
+  if (!pdl) g_pdl.n = 0; /* launched the usual way: everything before it has finished when it starts */
+  for (int i = 0; i < nwr; i++)
+    if (!pdl_add(wr[i])) { /* full: this launch starts a new chain */
+      pdl = false;
+      g_pdl.n = 0;
+      for (int j = 0; j < nwr; j++) pdl_add(wr[j]);
+      break;
+    }
+  g_pdl.s = s;
+  g_pdl.ok = g_pdl.tail = aware && pdl_enabled(); /* the op's next launch, or the next op, may follow it */
+  if (pdl) g_pdl_chained++;
+  else if (g_pdl.ok) g_pdl_plain++;
+  return pdl;
+}
 
 extern "C" void gp_cuda_note_launch(const void *fn, int block, int smem) {
   g_last_fn = fn;
@@ -472,6 +576,7 @@ extern "C" int gp_graph_begin(gp_graph **out) {
     return gp_error("graph: cannot allocate the graph's random-number slot: %s", cudaGetErrorString(e));
   }
   g->stream = g_cur;
+  gp_pdl_break(); /* the graph's first kernel waits for its head */
   e = cudaStreamBeginCapture(g_cur, cudaStreamCaptureModeRelaxed);
   if (e == cudaSuccess) {
     k_graph_head<<<1, 1, 0, g_cur>>>(g->rng, 0, 0);
@@ -499,6 +604,7 @@ extern "C" int gp_graph_end(gp_graph *g, int ok) {
   if (!g || g != g_cap) return gp_error("graph: no capture of this graph is under way");
   g_capturing = 0;
   g_cap = NULL;
+  gp_pdl_break();
   gp_pool_set_current(NULL);
   cudaError_t e = cudaStreamEndCapture(g->stream, &g->graph);
   cudaError_t last = cudaGetLastError(); /* clear what the capture left (a refused call invalidates it) */
@@ -566,6 +672,7 @@ extern "C" int gp_graph_replay(gp_graph *g) {
     cudaError_t e = cudaGraphExecKernelNodeSetParams(g->exec, g->head, &p);
     if (e != cudaSuccess) return gp_error("graph:replay: cannot set the random-number base: %s", cudaGetErrorString(e));
   }
+  gp_pdl_break();
   cudaError_t e = cudaGraphLaunch(g->exec, g_cur);
   if (e != cudaSuccess) return gp_error("graph:replay: cudaGraphLaunch failed: %s", cudaGetErrorString(e));
   g_bad_armed = 1; /* its index checks are read at the next synchronization */

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <initializer_list>
 #include <type_traits>
 
 #include "internal.h"
@@ -66,6 +67,67 @@ static inline cudaLaunchConfig_t gp_cluster_cfg(dim3 grid, dim3 block, size_t sm
   cfg.attrs = at;
   cfg.numAttrs = C > 1 ? 1 : 0;
   return cfg;
+}
+
+/* Programmatic dependent launch (compute capability 9.0): a kernel of a
+ * chain may start while the kernel before it runs. Such a kernel calls
+ * gp_pdl_trigger() (its dependents may launch) and gp_pdl_wait() (the kernels
+ * before it have finished and their writes are visible) before it reads what
+ * they wrote or writes anything; before the wait it may read only the spans
+ * it names as `pre` (weights). src/cuda.cu keeps the chain: the spans its
+ * kernels write, and whether the stream's last work was a chain kernel (any
+ * other op, copy, event or graph breaks it). Both calls are no-ops in a
+ * kernel launched the usual way, and in code compiled from PTX older than
+ * 9.0 (the Makefile's GENCODE_EACH builds the Hopper code of such files).
+ * GPUSH_PDL=0 turns chains off. */
+__device__ __forceinline__ void gp_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void gp_pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+struct gp_span {
+  const void *p;
+  size_t n;
+};
+/* a few spans (at most 4), as a launch names them: {gp_span_of(w)} */
+struct gp_spans {
+  gp_span s[4];
+  int n = 0;
+  gp_spans() = default;
+  gp_spans(std::initializer_list<gp_span> l) {
+    for (const gp_span &x : l)
+      if (n < 4) s[n++] = x;
+  }
+};
+/* the bytes of t (its elements' whole extent) */
+gp_span gp_span_of(const gp_tensor *t);
+/* the launch of fn (aware: its code waits, PTX 9.0 or later) that writes wr
+ * and reads pre before its wait: true when it may overlap the kernel before
+ * it (the chain goes on, none of pre written by it); records wr */
+bool gp_pdl_chain(bool aware, const gp_span *pre, int npre, const gp_span *wr, int nwr);
+/* launch k on the current stream, as a chain kernel (see above) */
+template <typename... K, typename... A>
+static inline cudaError_t gp_launch_chain(void (*k)(K...), dim3 grid, dim3 block, size_t smem, const gp_spans &pre,
+                                         const gp_spans &wr, A... args) {
+  static int ptx90[8];
+  const bool pdl = gp_pdl_chain(gp_cuda_ptx90((const void *)k, ptx90), pre.s, pre.n, wr.s, wr.n);
+  gp_cuda_note_launch((const void *)k, (int)(block.x * block.y * block.z), (int)smem);
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = gp_cuda_stream();
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = at;
+  cfg.numAttrs = pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, k, args...);
 }
 
 /* a grid for n items, capped so that grid-stride loops cover the rest */

@@ -647,7 +647,11 @@ static int check(const char *op, const gp_tensor *t, const char *name) {
   return GP_OK;
 }
 
-static void *stream_of(void *s) { return s ? s : gp_stream_current(); }
+/* a collective's stream (a chain of dependent launches ends before it) */
+static void *stream_of(void *s) {
+  gp_pdl_break();
+  return s ? s : gp_stream_current();
+}
 
 static int nccl_rc(const char *op, int r) { return r == 0 ? GP_OK : nccl_fail(op, r, D.comm); }
 

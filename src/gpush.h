@@ -176,6 +176,21 @@ int gp_graph_end(gp_graph *g, int ok);
 int gp_graph_replay(gp_graph *g);
 void gp_graph_free(gp_graph *g);
 
+/* ---- chains of dependent launches (gp.pdl): the decode step's kernels
+ * (add_rms_norm, rows_linear, swiglu_linear, rope_kv_at, attn_decode) start
+ * while the kernel before them finishes (programmatic dependent launch,
+ * compute capability 9.0). gp_pdl_option(value, old): 1 on (the default on
+ * such GPUs unless GPUSH_PDL=0), 0 off, -1 only reads; old may be NULL.
+ * Stats: launches that overlapped the kernel before them (chained) and chain
+ * kernels launched the usual way (plain: the first of a chain, or weights a
+ * kernel of the chain wrote); clear zeroes them after reading. */
+typedef struct gp_pdl_stats {
+  int64_t chained, plain;
+  int on, supported;
+} gp_pdl_stats;
+int gp_pdl_option(int value, int *old);
+int gp_pdl_get_stats(gp_pdl_stats *out, int clear);
+
 /* ---- profiling: what the last CUDA launch ran (launchers note it) ---- */
 typedef struct gp_launch_info {
   const void *fn;       /* NULL when no launch was noted since the last call */

@@ -209,7 +209,7 @@ uint64_t gp_rng_reserve(uint64_t n);
 /* Send a kernel call to its CUDA launcher when the tensor is on the GPU. */
 #if GP_HAVE_CUDA
 #define GP_CUDA_DISPATCH(t, call) \
-  if ((t)->device == GP_CUDA) return call
+  if ((t)->device == GP_CUDA) return (gp_pdl_op(), (call))
 #else
 #define GP_CUDA_DISPATCH(t, call) (void)0
 #endif
@@ -235,6 +235,11 @@ void gp_cuda_shutdown(void);                 /* gp_shutdown's CUDA part */
 /* CUDA launchers note the kernel they launch (for gp.profile's registers and
  * occupancy): GP_NOTE_LAUNCH(k_name<T>, block, shared_bytes) before <<<>>>. */
 void gp_cuda_note_launch(const void *fn, int block, int smem);
+/* chains of programmatic dependent launches (cuda_internal.h): an op begins
+ * (GP_CUDA_DISPATCH), other work went onto the stream (a copy, an event, a
+ * collective, a graph) */
+void gp_pdl_op(void);
+void gp_pdl_break(void);
 #define GP_NOTE_LAUNCH(fn, block, smem) gp_cuda_note_launch((const void *)(fn), (block), (smem))
 /* alloc.c: blocks freed while streams were in use become reusable */
 void gp_alloc_release_pending(void);

@@ -61,6 +61,19 @@ int gp_cuda_device_sync(const char *op) {
 }
 int gp_cuda_streams_used(void) { return 0; }
 void gp_cuda_note_launch(const void *fn, int block, int smem) { (void)fn, (void)block, (void)smem; }
+void gp_pdl_op(void) {}
+void gp_pdl_break(void) {}
+int gp_pdl_option(int value, int *old) {
+  if (value < -1 || value > 1) return gp_error("pdl: the option must be 0 or 1 (-1 only reads), got %d", value);
+  if (old) *old = 0;
+  return GP_OK;
+}
+int gp_pdl_get_stats(gp_pdl_stats *out, int clear) {
+  (void)clear;
+  if (!out) return gp_error("pdl_stats: null argument");
+  memset(out, 0, sizeof *out);
+  return GP_OK;
+}
 
 /* streams: the CPU backend runs everything in order */
 int gp_stream_create(void **out) {

@@ -126,6 +126,7 @@ extern "C" int gp_rtc_launch(void *kernel, const unsigned *grid, const unsigned 
       return gp_error("rtc: %u bytes of shared memory: %s", shared, cudaGetErrorString(e));
     }
   }
+  gp_pdl_break();
   cudaError_t e = cudaLaunchKernel((const void *)kernel, g, b, args, shared, gp_cuda_stream());
   if (e != cudaSuccess) {
     cudaGetLastError();

@@ -116,4 +116,22 @@ doc(Graph.replay, 'g:replay()', 'launch the captured graph (on the CPU: call fn 
 doc(Graph.free, 'g:free()', "release the graph and its memory pool (also done when g is collected)")
 gp.GraphClass = Graph
 
+-- chains of dependent launches (src/gpush.h, gp_pdl_option)
+local pdl_old, pdl_box = ffi.new('int[1]'), ffi.new('gp_pdl_stats[1]')
+gp.pdl = doc(function(on)
+  if on ~= nil and type(on) ~= 'boolean' then raise('pdl: on must be true, false or nil, got ' .. type(on)) end
+  rt.call(C.gp_pdl_option, on == nil and -1 or (on and 1 or 0), pdl_old)
+  return pdl_old[0] == 1
+end, 'gp.pdl(on)', 'programmatic dependent launch for the decode step\'s kernels (add_rms_norm, rows_linear, ' ..
+  'swiglu_linear, rope_kv_at, attn_decode): each may start while the kernel before it finishes, reading only the ' ..
+  'weights before that kernel\'s results are visible (compute capability 9.0; on by default there, GPUSH_PDL=0 ' ..
+  'turns it off). on true/false sets it (graphs captured before keep theirs), nil only reads; returns the previous setting')
+gp.pdl_stats = doc(function(clear)
+  rt.call(C.gp_pdl_get_stats, pdl_box, clear and 1 or 0)
+  local t = pdl_box[0]
+  return {chained = tonumber(t.chained), plain = tonumber(t.plain), on = t.on == 1, supported = t.supported == 1}
+end, 'gp.pdl_stats(clear)', 'chain launches so far: {chained= (overlapped the kernel before them), plain= (a ' ..
+  'chain\'s first, or one whose weights the chain wrote: launched the usual way), on=, supported= (this GPU can)}; ' ..
+  'clear true zeroes the counts after reading')
+
 return M
