@@ -32,8 +32,8 @@ endif
 # capability 9.0 only). kernels/loss.cu's and kernels/sample.cu's cluster
 # kernels (distributed shared memory, compute capability 9.0 and up) and the
 # decode step's chain kernels (programmatic dependent launch: fused.cu,
-# rope.cu, attention_decode.cu) need PTX of 9.0 for the Hopper code: those
-# files are compiled once an arch (GENCODE_EACH).
+# rope.cu, attention_decode.cu, nf4.cu) need PTX of 9.0 for the Hopper
+# code: those files are compiled once an arch (GENCODE_EACH).
 comma   := ,
 ARCH_LO := $(firstword $(CUDA_ARCH))
 GENCODE := -gencode 'arch=compute_$(ARCH_LO),code=[$(subst $(eval) ,$(comma),$(strip $(CUDA_ARCH:%=sm_%) compute_$(ARCH_LO)))]'
@@ -118,6 +118,7 @@ $(BUILD)/obj/kernels/sample.cu.o: GENCODE := $(GENCODE_EACH)
 $(BUILD)/obj/kernels/fused.cu.o: GENCODE := $(GENCODE_EACH)
 $(BUILD)/obj/kernels/rope.cu.o: GENCODE := $(GENCODE_EACH)
 $(BUILD)/obj/kernels/attention_decode.cu.o: GENCODE := $(GENCODE_EACH)
+$(BUILD)/obj/kernels/nf4.cu.o: GENCODE := $(GENCODE_EACH)
 
 # The header as LuaJIT's ffi.cdef will read it: preprocessed, then quoted.
 $(BUILD)/gen/cdef.inc: src/gpush.h $(wildcard kernels/*.def)

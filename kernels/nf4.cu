@@ -472,9 +472,11 @@ template <typename T, int NT> __global__ void __launch_bounds__(TC_THREADS, 1) k
     }
     mma_commit();
   };
+  gp_pdl_trigger(); /* a chain kernel (cuda_internal.h): the codes and scales are loaded before the wait, x after */
   if (li < p.items) lsetup();
 #pragma unroll
   for (int s = 0; s < ST - 1; s++) issue(s);
+  gp_pdl_wait();
 
   /* the table: entry b of lane l is (code[b >> 4], code[b & 15]) in T (low half: element 2j, the high
    * nibble); warp w writes the whole entries 16k + w */
@@ -588,8 +590,9 @@ template <typename T, int NT> __global__ void __launch_bounds__(TC_THREADS, 1) k
 /* the tensor-core kernel for tiles of 8, 16 or 32 rows of x (ti 0, 1, 2): its
  * function, its shared memory with S slices and its launch, in one table */
 template <typename T, int NT> void tc_launch(unsigned grid, int smem, const TcP &p) {
-  GP_NOTE_LAUNCH((k_nf4_gemv_tc<T, NT>), TC_THREADS, smem);
-  k_nf4_gemv_tc<T, NT><<<grid, TC_THREADS, smem, gp_cuda_stream()>>>(p);
+  gp_launch_chain(k_nf4_gemv_tc<T, NT>, dim3(grid), dim3(TC_THREADS), smem,
+                  {gp_span{p.q, (size_t)p.N * p.hk}, gp_span{p.am, (size_t)p.N * p.G * sizeof(float)}},
+                  {gp_span{p.out, (size_t)p.M * p.N * sizeof(T)}}, p);
 }
 template <typename T> struct TcKernel {
   const void *fn;

@@ -177,9 +177,9 @@ int gp_graph_replay(gp_graph *g);
 void gp_graph_free(gp_graph *g);
 
 /* ---- chains of dependent launches (gp.pdl): the decode step's kernels
- * (add_rms_norm, rows_linear, swiglu_linear, rope_kv_at, attn_decode) start
- * while the kernel before them finishes (programmatic dependent launch,
- * compute capability 9.0). gp_pdl_option(value, old): 1 on (the default on
+ * (add_rms_norm, rows_linear, swiglu_linear, rope_kv_at, attn_decode, the
+ * NF4 GEMV on tensor cores) start while the kernel before them finishes
+ * (programmatic dependent launch, compute capability 9.0). gp_pdl_option(value, old): 1 on (the default on
  * such GPUs unless GPUSH_PDL=0), 0 off, -1 only reads; old may be NULL.
  * Stats: launches that overlapped the kernel before them (chained) and chain
  * kernels launched the usual way (plain: the first of a chain, or weights a

@@ -120,3 +120,16 @@ T.test('pdl: a weight the chain wrote is read after the kernel that wrote it; a 
   gp.pdl(prev)
   if not ok then error(err, 0) end
 end)
+
+T.test('pdl: a decode step over NF4 projections (the GEMV loads its codes before the wait) equals the step without', function()
+  T.cuda()
+  local m = llama()
+  gp.nn.quantize_linears(m, {kind = 'nf4', block = 64})
+  local on, off = step(m, true), step(m, false)
+  T.same(on.eager, off.eager, 0, 'eager')
+  for i = 1, 3 do T.same(on.reps[i], off.eager, 0, 'replay ' .. i) end
+  if gp.pdl_stats().supported then
+    T.ok(on.se.chained >= 3 * 4, 'eager chained launches: ' .. on.se.chained)
+    T.ok(on.sg.chained >= 3 * 4, 'captured chained launches: ' .. on.sg.chained)
+  end
+end)

@@ -123,7 +123,7 @@ gp.pdl = doc(function(on)
   rt.call(C.gp_pdl_option, on == nil and -1 or (on and 1 or 0), pdl_old)
   return pdl_old[0] == 1
 end, 'gp.pdl(on)', 'programmatic dependent launch for the decode step\'s kernels (add_rms_norm, rows_linear, ' ..
-  'swiglu_linear, rope_kv_at, attn_decode): each may start while the kernel before it finishes, reading only the ' ..
+  'swiglu_linear, rope_kv_at, attn_decode, the NF4 GEMV): each may start while the kernel before it finishes, reading only the ' ..
   'weights before that kernel\'s results are visible (compute capability 9.0; on by default there, GPUSH_PDL=0 ' ..
   'turns it off). on true/false sets it (graphs captured before keep theirs), nil only reads; returns the previous setting')
 gp.pdl_stats = doc(function(clear)
