@@ -133,24 +133,39 @@ template <typename T, bool VEC> struct SampleRow {
  * least 1, the max's own weight) in two 16-bit halves, so that HN private
  * histograms (warps w, w + HN, ... share one) add plain 32-bit integers
  * without overflow (a histogram sees about V / HN <= 2^15 elements, or
- * each weight is shifted right by fs). hist: HN x 2 x 256 words; sel: 3 */
+ * each weight is shifted right by fs). hist: HN x 2 x 256 words; sel: 3.
+ * A pass also finds the bytes in which all its keys agree (the AND and OR
+ * of the keys, in xb's last two words): a later pass over such a byte has
+ * one bin and is skipped (keys of bf16 or f16 logits of one sign share
+ * their two low bytes: a select of 4 passes takes 2). xb's halves alternate
+ * by the passes run (xpar, kept across calls), so that a half is rewritten
+ * only after the peers passed the barrier of the pass between. */
 constexpr int HN = 8;
+constexpr int XB = 258; /* 256 bins, the keys' AND and OR */
 template <bool MASS, int CL, typename R>
 __device__ uint32_t radix_select(const R &row, uint32_t lo, double frac, unsigned long long need, uint32_t *hist,
-                                 unsigned long long *sel, unsigned long long (*xb)[256], unsigned long long *xt) {
-  const int lane = threadIdx.x & 31;
-  uint32_t *mine = hist + ((threadIdx.x >> 5) % HN) * 512; /* [0, 256): low halves (or counts), [256, 512): high */
+                                 unsigned long long *sel, unsigned long long (*xb)[XB], unsigned long long *xt,
+                                 uint32_t (*wao)[32], int &xpar) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  uint32_t *mine = hist + (warp % HN) * 512; /* [0, 256): low halves (or counts), [256, 512): high */
   int fs = 0; /* the masses' shift: a histogram's (about V / HN) 16-bit halves, with room, fit 32 bits */
   while ((row.V >> fs) > (int64_t)HN << 15) fs++;
-  uint32_t prefix = 0;
+  uint32_t prefix = 0, same = 0; /* same: the bytes every key of an earlier pass had alike */
   unsigned long long above = 0;
   for (int d = 3; d >= 0; d--) {
+    if ((same >> (8 * d)) & 255u) { /* one bin: its byte, the weights above and needed unchanged */
+      prefix |= (uint32_t)sel[3] & (255u << (8 * d)); /* sel[3]: the keys' AND of the last pass run */
+      continue;
+    }
     const uint32_t hmask = d == 3 ? 0u : 0xFFFFFFFFu << (8 * (d + 1));
     for (int i = threadIdx.x; i < HN * 512; i += blockDim.x) hist[i] = 0;
     __syncthreads();
+    uint32_t kand = 0xFFFFFFFFu, kor = 0u;
     row.each([&](int64_t, float v) {
       const uint32_t key = fkey(v);
       if (key < lo || (key & hmask) != prefix) return;
+      kand &= key;
+      kor |= key;
       const uint32_t bin = (key >> (8 * d)) & 255u;
       if constexpr (MASS) {
         const uint32_t f = (uint32_t)fminf(expf((v - row.m) * row.inv_t) * 4294967296.f, 4294967295.f) >> fs;
@@ -160,22 +175,34 @@ __device__ uint32_t radix_select(const R &row, uint32_t lo, double frac, unsigne
         atomicAdd(mine + bin, 1u);
       }
     });
+    kand = __reduce_and_sync(0xffffffffu, kand);
+    kor = __reduce_or_sync(0xffffffffu, kor);
+    if (lane == 0) wao[0][warp] = kand, wao[1][warp] = kor;
     __syncthreads();
-    /* the block's bins, a thread a bin over the HN histograms, into xb[d & 1] (the peers read it: by pass
-     * parity, it is rewritten only after the next pass's cluster barrier) */
-    unsigned long long *bn = xb[d & 1];
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) {
+    /* the block's bins, a thread a bin over the HN histograms, and the keys' AND and OR, into xb[xpar & 1] */
+    unsigned long long *bn = xb[xpar & 1];
+    xpar++;
+    for (int b = threadIdx.x; b < XB; b += blockDim.x) {
       unsigned long long w = 0;
+      if (b < 256) {
 #pragma unroll
-      for (int h = 0; h < HN; h++) w += hist[h * 512 + b] + ((unsigned long long)hist[h * 512 + 256 + b] << 16);
+        for (int h = 0; h < HN; h++) w += hist[h * 512 + b] + ((unsigned long long)hist[h * 512 + 256 + b] << 16);
+      } else {
+        uint32_t a = b == 256 ? 0xFFFFFFFFu : 0u;
+        for (int k = 0; k < nw; k++) a = b == 256 ? a & wao[0][k] : a | wao[1][k];
+        w = a;
+      }
       bn[b] = w;
     }
     if constexpr (CL > 1) { /* the cluster's bins: every block's, in rank order */
       cl_sync<CL>();
-      for (int b = threadIdx.x; b < 256; b += blockDim.x) {
-        unsigned long long w = 0;
+      for (int b = threadIdx.x; b < XB; b += blockDim.x) {
+        unsigned long long w = b == 256 ? 0xFFFFFFFFull : 0ull;
 #pragma unroll
-        for (int k = 0; k < CL; k++) w += cl_peer<CL>(bn, k)[b];
+        for (int k = 0; k < CL; k++) {
+          const unsigned long long o = cl_peer<CL>(bn, k)[b];
+          w = b < 256 ? w + o : b == 256 ? (w & o) : (w | o);
+        }
         xt[b] = w;
       }
       bn = xt;
@@ -211,11 +238,16 @@ __device__ uint32_t radix_select(const R &row, uint32_t lo, double frac, unsigne
         sel[1] = cum;
         sel[2] = need;
       }
+      if (lane == 0) sel[3] = bn[256];
     }
     __syncthreads();
     prefix |= (uint32_t)sel[0] << (8 * d);
     above = sel[1];
     need = sel[2];
+    const uint32_t ka = (uint32_t)bn[256], ko = (uint32_t)bn[257];
+    if (ka <= ko) /* some key: the lower bytes where all agree */
+      for (int e = d - 1; e >= 0; e--)
+        if ((((ka ^ ko) >> (8 * e)) & 255u) == 0) same |= 255u << (8 * e);
     __syncthreads();
   }
   return prefix;
@@ -230,10 +262,12 @@ __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T
   __shared__ uint32_t shu[32];
   __shared__ long long shi[32];
   __shared__ uint32_t hist[HN * 512];
-  __shared__ unsigned long long sel[3];
+  __shared__ unsigned long long sel[4];
+  __shared__ uint32_t wao[2][32]; /* the warps' AND and OR of a select pass's keys */
+  int xpar = 0;                   /* select passes run: the half of xb the next one writes */
   /* the merged histograms by pass parity (the cluster's blocks read them: CL > 1), their sum over the cluster,
    * then a slot a use for what else the blocks exchange */
-  __shared__ unsigned long long xb[2][256], xt[CL > 1 ? 256 : 1];
+  __shared__ unsigned long long xb[2][XB], xt[CL > 1 ? XB : 1];
   __shared__ uint32_t x_hi;
   __shared__ long long x_am, x_pick, x_last;
   __shared__ float x_mass;
@@ -263,13 +297,13 @@ __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T
     return;
   }
   uint32_t tau = 0;
-  if (top_k > 0 && top_k < V) tau = radix_select<false, CL>(row, 0u, -1.0, (unsigned long long)top_k, hist, sel, xb, xt);
+  if (top_k > 0 && top_k < V) tau = radix_select<false, CL>(row, 0u, -1.0, (unsigned long long)top_k, hist, sel, xb, xt, wao, xpar);
   if (lmin > -INFINITY) {
     uint32_t t = fkey((float)((double)row.m + lmin));
     if (t > hi) t = hi;
     if (t > tau) tau = t;
   }
-  if (top_p < 1.f) tau = radix_select<true, CL>(row, tau, (double)top_p, 0ull, hist, sel, xb, xt);
+  if (top_p < 1.f) tau = radix_select<true, CL>(row, tau, (double)top_p, 0ull, hist, sel, xb, xt, wao, xpar);
   /* the draw: warp w owns elements [lo + w seg, lo + (w + 1) seg) of the slice (seg a multiple of 32 E), read 16
    * bytes a lane */
   const int64_t tiles = (hi_j - lo + 32 * E - 1) / (32 * E), seg = (tiles + nw - 1) / nw * (32 * E);
@@ -383,8 +417,11 @@ __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T
  * capability 9.0 whose kernel is PTX 9.0 or later; GPUSH_SAMPLE_CLUSTER=1|8 forces the choice (8 still needs
  * the hardware) */
 template <typename T> static int sample_cluster(int64_t n, int64_t v) {
-  const char *e = getenv("GPUSH_SAMPLE_CLUSTER");
-  const int want = e && *e ? atoi(e) : (n * 8 <= gp_cuda_sm_count() && v >= 4096 ? 8 : 1);
+  static const int forced = [] { /* read once a process */
+    const char *e = getenv("GPUSH_SAMPLE_CLUSTER");
+    return e && *e ? atoi(e) : 0;
+  }();
+  const int want = forced ? forced : (n * 8 <= gp_cuda_sm_count() && v >= 4096 ? 8 : 1);
   static int ptx90[8];
   return want == 8 && gp_cuda_cc() >= 90 && gp_cuda_ptx90((const void *)k_sample<T, true, 8>, ptx90) ? 8 : 1;
 }
