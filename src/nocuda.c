@@ -1,5 +1,8 @@
 /* nocuda.c: the CUDA entry points of a build without nvcc. Each says why it
  * cannot run; the CPU backend does all the work. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "internal.h"
 
 int gp_cuda_compiled(void) { return 0; }
@@ -63,9 +66,16 @@ int gp_cuda_streams_used(void) { return 0; }
 void gp_cuda_note_launch(const void *fn, int block, int smem) { (void)fn, (void)block, (void)smem; }
 void gp_pdl_op(void) {}
 void gp_pdl_break(void) {}
+/* the setting is kept (and read from GPUSH_PDL) as in a CUDA build; no chain ever runs */
 int gp_pdl_option(int value, int *old) {
+  static int on = -1;
   if (value < -1 || value > 1) return gp_error("pdl: the option must be 0 or 1 (-1 only reads), got %d", value);
-  if (old) *old = 0;
+  if (on < 0) {
+    const char *e = getenv("GPUSH_PDL");
+    on = !(e && !strcmp(e, "0"));
+  }
+  if (old) *old = on;
+  if (value >= 0) on = value;
   return GP_OK;
 }
 int gp_pdl_get_stats(gp_pdl_stats *out, int clear) {
