@@ -127,7 +127,9 @@ static inline cudaError_t gp_launch_chain(void (*k)(K...), dim3 grid, dim3 block
   at[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = at;
   cfg.numAttrs = pdl ? 1 : 0;
-  return cudaLaunchKernelEx(&cfg, k, args...);
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
+  if (e != cudaSuccess) gp_pdl_break(); /* nothing launched: the stream's last kernel is not this chain's */
+  return e;
 }
 
 /* a grid for n items, capped so that grid-stride loops cover the rest */
