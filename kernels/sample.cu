@@ -133,7 +133,7 @@ template <typename T, bool VEC> struct SampleRow {
  * least 1, the max's own weight) in two 16-bit halves, so that HN private
  * histograms (warps w, w + HN, ... share one) add plain 32-bit integers
  * without overflow (a histogram sees about V / HN <= 2^15 elements, or
- * each weight is shifted right by fs). hist: HN x 2 x 256 words; sel: 3.
+ * each weight is shifted right by fs). hist: HN x 2 x 256 words; sel: 4.
  * A pass also finds the bytes in which all its keys agree (the AND and OR
  * of the keys, in xb's last two words): a later pass over such a byte has
  * one bin and is skipped (keys of bf16 or f16 logits of one sign share
@@ -265,7 +265,8 @@ __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T
   __shared__ unsigned long long sel[4];
   __shared__ uint32_t wao[2][32]; /* the warps' AND and OR of a select pass's keys */
   int xpar = 0;                   /* select passes run: the half of xb the next one writes */
-  /* the merged histograms by pass parity (the cluster's blocks read them: CL > 1), their sum over the cluster,
+  /* the merged histograms by the parity of the select passes run (xpar; the cluster's blocks read them: CL > 1),
+   * their sum over the cluster,
    * then a slot a use for what else the blocks exchange */
   __shared__ unsigned long long xb[2][XB], xt[CL > 1 ? XB : 1];
   __shared__ uint32_t x_hi;

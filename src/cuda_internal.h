@@ -94,14 +94,17 @@ struct gp_span {
   const void *p;
   size_t n;
 };
-/* a few spans (at most 4), as a launch names them: {gp_span_of(w)} */
+/* a few spans, as a launch names them: {gp_span_of(w)}; more than 4: over
+ * (the launch then ends the chain, as a usual launch would) */
 struct gp_spans {
   gp_span s[4];
   int n = 0;
+  bool over = false;
   gp_spans() = default;
   gp_spans(std::initializer_list<gp_span> l) {
     for (const gp_span &x : l)
       if (n < 4) s[n++] = x;
+      else over = true;
   }
 };
 /* the bytes of t (its elements' whole extent) */
@@ -115,20 +118,17 @@ template <typename... K, typename... A>
 static inline cudaError_t gp_launch_chain(void (*k)(K...), dim3 grid, dim3 block, size_t smem, const gp_spans &pre,
                                          const gp_spans &wr, A... args) {
   static int ptx90[8];
-  const bool pdl = gp_pdl_chain(gp_cuda_ptx90((const void *)k, ptx90), pre.s, pre.n, wr.s, wr.n);
+  const bool known = !pre.over && !wr.over;
+  const bool pdl = known && gp_pdl_chain(gp_cuda_ptx90((const void *)k, ptx90), pre.s, pre.n, wr.s, wr.n);
   gp_cuda_note_launch((const void *)k, (int)(block.x * block.y * block.z), (int)smem);
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = gp_cuda_stream();
   cudaLaunchAttribute at[1];
+  cudaLaunchConfig_t cfg = gp_cluster_cfg(grid, block, smem, 1, at); /* no cluster */
   at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   at[0].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = at;
   cfg.numAttrs = pdl ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, args...);
-  if (e != cudaSuccess) gp_pdl_break(); /* nothing launched: the stream's last kernel is not this chain's */
+  /* nothing launched, or writes not all named: the stream's last kernel is not one the chain can follow */
+  if (e != cudaSuccess || !known) gp_pdl_break();
   return e;
 }
 
