@@ -82,6 +82,37 @@ int gp_k_add_rms_norm(gp_tensor *out, gp_tensor *res_out, gp_tensor *rstd, const
   return GP_OK;
 }
 
+int gp_k_add_layer_norm(gp_tensor *out, gp_tensor *res_out, gp_tensor *mean, gp_tensor *rstd, const gp_tensor *x,
+                        const gp_tensor *res, const gp_tensor *w, const gp_tensor *b, double eps) {
+  GP_CHECK(add_layer_norm, out, res_out, mean, rstd, x, res, w, b);
+  if (!(eps >= 0)) return gp_error("add_layer_norm: eps = %g; it must be >= 0", eps);
+  GP_CUDA_DISPATCH(out, gp_cuda_add_layer_norm(out, res_out, mean, rstd, x, res, w, b, eps));
+  int64_t R = gp_rows_of(x), D = gp_cols_of(x);
+  const char *px = gp_ptr(x), *pr = gp_ptr(res), *pw = gp_ptr(w), *pb = gp_ptr(b);
+  char *po = gp_ptr(out), *pq = gp_ptr(res_out);
+  float *pm = gp_ptr(mean), *ps = gp_ptr(rstd);
+  int dt = x->dtype;
+  for (int64_t r = 0; r < R; r++) {
+    int64_t o = r * D;
+    double s = 0, q = 0;
+    for (int64_t j = 0; j < D; j++) {
+      gp_store(pq, dt, o + j, gp_load(px, dt, o + j) + gp_load(pr, dt, o + j));
+      s += gp_load(pq, dt, o + j); /* the norm sees res_out as stored */
+    }
+    const double mu = D > 0 ? s / (double)D : 0;
+    for (int64_t j = 0; j < D; j++) {
+      const double d = gp_load(pq, dt, o + j) - mu;
+      q += d * d;
+    }
+    const double rs = 1.0 / sqrt((D > 0 ? q / (double)D : 0) + eps);
+    for (int64_t j = 0; j < D; j++)
+      gp_store(po, dt, o + j, (gp_load(pq, dt, o + j) - mu) * rs * gp_load(pw, dt, j) + gp_load(pb, dt, j));
+    pm[r] = (float)mu;
+    ps[r] = (float)rs;
+  }
+  return GP_OK;
+}
+
 int gp_k_bias_gelu(gp_tensor *out, const gp_tensor *x, const gp_tensor *b) {
   GP_CHECK(bias_gelu, out, x, b);
   GP_CUDA_DISPATCH(out, gp_cuda_bias_gelu(out, x, b));
@@ -137,6 +168,26 @@ int gp_k_rows_linear(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
     row_times_wt(gp_ptr(out), dt, m, N, xr, pw, K);
   }
   free(xr);
+  return GP_OK;
+}
+
+/* rows_linear_bias: act(x w^T + b) for at most 4 rows, in double (act 1: GELU's tanh form) */
+int gp_k_rows_linear_bias(gp_tensor *out, const gp_tensor *x, const gp_tensor *w, const gp_tensor *b, double act) {
+  GP_CHECK(rows_linear_bias, out, x, w, b);
+  const int64_t M = out->shape[0], N = out->shape[1], K = w->shape[1];
+  if (act != 0 && act != 1) return gp_error("rows_linear_bias: act = %g; 0 (none) or 1 (GELU, tanh form)", act);
+  GP_TRY(rows_fit("rows_linear_bias", M, K, out->dtype, "x", x, "gp.linear"));
+  GP_CUDA_DISPATCH(out, gp_cuda_rows_linear_bias(out, x, w, b, (int)act));
+  const int dt = out->dtype;
+  const char *px = gp_ptr(x), *pw = gp_ptr(w), *pb = gp_ptr(b);
+  char *po = gp_ptr(out);
+  for (int64_t m = 0; m < M; m++)
+    for (int64_t n = 0; n < N; n++) {
+      double s = gp_load(pb, dt, n);
+      for (int64_t k = 0; k < K; k++) s += gp_load(px, dt, m * K + k) * gp_load(pw, dt, n * K + k);
+      if (act == 1) s = 0.5 * s * (1.0 + tanh(0.79788456080286535588 * (s + 0.044715 * s * s * s)));
+      gp_store(po, dt, m * N + n, s);
+    }
   return GP_OK;
 }
 

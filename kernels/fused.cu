@@ -2,6 +2,7 @@
  * add + RMSNorm (row engine of rows.cuh), bias + GELU (bias vector held in
  * registers while a thread walks down the rows). All math in f32. */
 #include "ew_launch.cuh"
+#include "gelu.cuh"
 #include "fused.h"
 #include "rows.cuh"
 #include "rows.h"
@@ -142,11 +143,11 @@ extern "C" int gp_cuda_swiglu_backward(gp_tensor *dgate, gp_tensor *dup, const g
   return gp_cuda_check_launch("swiglu_backward");
 }
 
-/* ---- residual add + RMSNorm: r = round(x + res) is stored and normalized ---- */
-template <typename T> struct AddRmsOp {
-  const T *x, *res, *w;
+/* ---- residual add + RMSNorm or LayerNorm: r = round(x + res) is stored and normalized ---- */
+template <typename T, bool RMS> struct AddNormOp {
+  const T *x, *res, *w, *b; /* b, mean: LayerNorm's */
   T *o, *ro;
-  float *rstd;
+  float *mean, *rstd;
   int64_t D;
   float eps;
   template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
@@ -157,15 +158,37 @@ template <typename T> struct AddRmsOp {
 #pragma unroll
     for (int i = 0; i < NV * V; i++) {
       v[i] = ld(st<T>(v[i] + q[i]));
-      s += v[i] * v[i];
+      s += RMS ? v[i] * v[i] : v[i];
     }
     row_store<T, V, NV>(ro + row * D, D, lane, tpr, v);
-    const float rs = rsqrtf(group_sum(s, tpr, sh) / (float)D + eps);
+    float mu = 0.f, rs;
+    if (RMS) {
+      rs = rsqrtf(group_sum(s, tpr, sh) / (float)D + eps);
+    } else {
+      mu = group_sum(s, tpr, sh) / (float)D;
+      float d2 = 0.f;
+#pragma unroll
+      for (int k = 0; k < NV; k++)
+#pragma unroll
+        for (int e = 0; e < V; e++) {
+          const float d = v[k * V + e] - mu;
+          if (row_in<V>(k, e, lane, tpr, D)) d2 += d * d;
+        }
+      rs = rsqrtf(group_sum(d2, tpr, sh) / (float)D + eps);
+    }
     row_load<T, V, NV, false>(w, D, lane, tpr, q, 0.f);
 #pragma unroll
-    for (int i = 0; i < NV * V; i++) v[i] = v[i] * rs * q[i];
+    for (int i = 0; i < NV * V; i++) v[i] = (v[i] - mu) * rs * q[i];
+    if (!RMS) {
+      row_load<T, V, NV, false>(b, D, lane, tpr, q, 0.f);
+#pragma unroll
+      for (int i = 0; i < NV * V; i++) v[i] += q[i];
+    }
     row_store<T, V, NV>(o + row * D, D, lane, tpr, v);
-    if (lane == 0) rstd[row] = rs;
+    if (lane == 0) {
+      if (!RMS) mean[row] = mu;
+      rstd[row] = rs;
+    }
   }
   /* pass 2 reads back res_out, each thread the elements it wrote itself */
   __device__ void loop(int64_t row, float *sh) const {
@@ -175,25 +198,66 @@ template <typename T> struct AddRmsOp {
       T r = st<T>(ld(x[o0 + j]) + ld(res[o0 + j]));
       ro[o0 + j] = r;
       float v = ld(r);
-      s += v * v;
+      s += RMS ? v * v : v;
     }
-    const float rs = rsqrtf(block_sum(s, sh) / (float)D + eps);
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) o[o0 + j] = st<T>(ld(ro[o0 + j]) * rs * ld(w[j]));
-    if (threadIdx.x == 0) rstd[row] = rs;
+    float mu = 0.f, rs;
+    if (RMS) {
+      rs = rsqrtf(block_sum(s, sh) / (float)D + eps);
+    } else {
+      mu = block_sum(s, sh) / (float)D;
+      float d2 = 0.f;
+      for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+        const float d = ld(ro[o0 + j]) - mu;
+        d2 += d * d;
+      }
+      rs = rsqrtf(block_sum(d2, sh) / (float)D + eps);
+    }
+    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
+      float y = (ld(ro[o0 + j]) - mu) * rs * ld(w[j]);
+      if (!RMS) y += ld(b[j]);
+      o[o0 + j] = st<T>(y);
+    }
+    if (threadIdx.x == 0) {
+      if (!RMS) mean[row] = mu;
+      rstd[row] = rs;
+    }
   }
 };
 
-extern "C" int gp_cuda_add_rms_norm(gp_tensor *out, gp_tensor *res_out, gp_tensor *rstd, const gp_tensor *x,
-                                    const gp_tensor *res, const gp_tensor *w, double eps) {
+/* add_rms_norm (b and mean null) and add_layer_norm: chain kernels (rows_launch given the spans written) */
+static int add_norm(const char *name, gp_tensor *out, gp_tensor *res_out, gp_tensor *mean, gp_tensor *rstd,
+                    const gp_tensor *x, const gp_tensor *res, const gp_tensor *w, const gp_tensor *b, double eps) {
   int64_t R = gp_rows_of(x), D = gp_cols_of(x);
   int rc = GP_OK;
-  bool al = al16(gp_ptr(x)) && al16(gp_ptr(res)) && al16(gp_ptr(w)) && al16(gp_ptr(out)) && al16(gp_ptr(res_out));
+  bool al = al16(gp_ptr(x)) && al16(gp_ptr(res)) && al16(gp_ptr(w)) && (!b || al16(gp_ptr(b))) && al16(gp_ptr(out)) &&
+            al16(gp_ptr(res_out));
+  const gp_spans wr = mean ? gp_spans{gp_span_of(out), gp_span_of(res_out), gp_span_of(mean), gp_span_of(rstd)}
+                           : gp_spans{gp_span_of(out), gp_span_of(res_out), gp_span_of(rstd)};
   GP_FLOAT_SWITCH(x->dtype, T, {
-    AddRmsOp<T> op{(const T *)gp_ptr(x), (const T *)gp_ptr(res), (const T *)gp_ptr(w), (T *)gp_ptr(out),
-                   (T *)gp_ptr(res_out), (float *)gp_ptr(rstd), D, (float)eps};
-    rc = rows_launch<T>("add_rms_norm", op, R, D, al, {gp_span_of(out), gp_span_of(res_out), gp_span_of(rstd)});
+    const T *pb = b ? (const T *)gp_ptr(b) : nullptr;
+    float *pm = mean ? (float *)gp_ptr(mean) : nullptr;
+    if (b) {
+      AddNormOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(res), (const T *)gp_ptr(w), pb, (T *)gp_ptr(out),
+                             (T *)gp_ptr(res_out), pm, (float *)gp_ptr(rstd), D, (float)eps};
+      rc = rows_launch<T>(name, op, R, D, al, wr);
+    } else {
+      AddNormOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(res), (const T *)gp_ptr(w), pb, (T *)gp_ptr(out),
+                            (T *)gp_ptr(res_out), pm, (float *)gp_ptr(rstd), D, (float)eps};
+      rc = rows_launch<T>(name, op, R, D, al, wr);
+    }
   });
   return rc;
+}
+
+extern "C" int gp_cuda_add_rms_norm(gp_tensor *out, gp_tensor *res_out, gp_tensor *rstd, const gp_tensor *x,
+                                    const gp_tensor *res, const gp_tensor *w, double eps) {
+  return add_norm("add_rms_norm", out, res_out, nullptr, rstd, x, res, w, nullptr, eps);
+}
+
+extern "C" int gp_cuda_add_layer_norm(gp_tensor *out, gp_tensor *res_out, gp_tensor *mean, gp_tensor *rstd,
+                                      const gp_tensor *x, const gp_tensor *res, const gp_tensor *w, const gp_tensor *b,
+                                      double eps) {
+  return add_norm("add_layer_norm", out, res_out, mean, rstd, x, res, w, b, eps);
 }
 
 /* ---- bias + GELU ---- */
@@ -262,14 +326,16 @@ extern "C" int gp_cuda_bias_gelu(gp_tensor *out, const gp_tensor *x, const gp_te
  * stages the rows of x in shared memory while they arrive (SW: the rows'
  * SwiGLU of [gate | up], in x's dtype as gp.swiglu would write it), then
  * every lane sums its products with each staged row in f32, a warp sum, one
- * write a row and output. VEC: I a multiple of the vector and w 16-byte
- * aligned. A chain kernel (cuda_internal.h): w is read before the wait, x
- * after it. */
+ * write a row and output (rows_linear_bias: plus the bias and, act 1, GELU's
+ * tanh form, in f32 before the one rounding, as cuBLASLt's epilogues). VEC: I
+ * a multiple of the vector and w 16-byte aligned. A chain kernel
+ * (cuda_internal.h): w is read before the wait, x and the bias after it. */
 namespace {
 constexpr int SWL_PRE = 8; /* 16-byte vectors of a row a lane holds in registers */
 template <typename T, int MT, bool VEC, bool SW>
 __global__ void __launch_bounds__(256) k_swiglu_linear(T *__restrict__ out, const T *__restrict__ gu,
-                                                      const T *__restrict__ w, int M, int N, int I) {
+                                                      const T *__restrict__ w, const T *__restrict__ bias, int act,
+                                                      int M, int N, int I) {
   extern __shared__ __align__(16) unsigned char swl_smem[];
   T *xs = reinterpret_cast<T *>(swl_smem);
   constexpr int V = 16 / (int)sizeof(T);
@@ -332,33 +398,37 @@ __global__ void __launch_bounds__(256) k_swiglu_linear(T *__restrict__ out, cons
     float s = acc[m];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (bias) s += ld(bias[n]);
+    if (act) s = gp_gelu_tanh(s);
     if (lane == 0 && m < M) out[(int64_t)m * N + n] = st<T>(s);
   }
 }
 
-template <typename T, int MT, bool SW> void launch_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w) {
+template <typename T, int MT, bool SW>
+void launch_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *w, const gp_tensor *b, int act) {
   const int M = (int)out->shape[0], N = (int)out->shape[1], I = (int)w->shape[1];
   const bool vec = I % (16 / (int)sizeof(T)) == 0 && ((uintptr_t)gp_ptr(w) & 15) == 0;
   const int smem = M * I * (int)sizeof(T);
   const unsigned grid = (unsigned)((N + 7) / 8);
   T *po = (T *)gp_ptr(out);
-  const T *pg = (const T *)gp_ptr(gu), *pw = (const T *)gp_ptr(w);
-  /* a chain kernel (cuda_internal.h): w is read before the wait */
+  const T *pg = (const T *)gp_ptr(gu), *pw = (const T *)gp_ptr(w), *pb = b ? (const T *)gp_ptr(b) : nullptr;
+  /* a chain kernel (cuda_internal.h): w is read before the wait (the bias after it, with x) */
   auto go = [&](auto k) {
-    gp_launch_chain(k, dim3(grid), dim3(256), smem, {gp_span_of(w)}, {gp_span_of(out)}, po, pg, pw, M, N, I);
+    gp_launch_chain(k, dim3(grid), dim3(256), smem, {gp_span_of(w)}, {gp_span_of(out)}, po, pg, pw, pb, act, M, N, I);
   };
   if (vec) go(k_swiglu_linear<T, MT, true, SW>);
   else go(k_swiglu_linear<T, MT, false, SW>);
 }
-template <bool SW> int swiglu_or_rows(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
+template <bool SW>
+int swiglu_or_rows(gp_tensor *out, const gp_tensor *x, const gp_tensor *w, const gp_tensor *b = nullptr, int act = 0) {
   const int64_t M = out->shape[0], N = out->shape[1];
   if (M == 0 || N == 0) return GP_OK;
   GP_FLOAT_SWITCH(out->dtype, T, {
-    if (M <= 1) launch_swiglu_linear<T, 1, SW>(out, x, w);
-    else if (M <= 2) launch_swiglu_linear<T, 2, SW>(out, x, w);
-    else launch_swiglu_linear<T, 4, SW>(out, x, w);
+    if (M <= 1) launch_swiglu_linear<T, 1, SW>(out, x, w, b, act);
+    else if (M <= 2) launch_swiglu_linear<T, 2, SW>(out, x, w, b, act);
+    else launch_swiglu_linear<T, 4, SW>(out, x, w, b, act);
   });
-  return gp_cuda_check_launch(SW ? "swiglu_linear" : "rows_linear");
+  return gp_cuda_check_launch(SW ? "swiglu_linear" : b ? "rows_linear_bias" : "rows_linear");
 }
 } // namespace
 
@@ -368,4 +438,9 @@ extern "C" int gp_cuda_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const 
 
 extern "C" int gp_cuda_rows_linear(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
   return swiglu_or_rows<false>(out, x, w);
+}
+
+extern "C" int gp_cuda_rows_linear_bias(gp_tensor *out, const gp_tensor *x, const gp_tensor *w, const gp_tensor *b,
+                                        int act) {
+  return swiglu_or_rows<false>(out, x, w, b, act);
 }

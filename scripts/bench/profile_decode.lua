@@ -20,7 +20,7 @@ local a = gp.args.parse(arg, {
   {'batch', 1, 'rows decoded together'}, {'context', 128, 'cached positions before the step'},
   {'kv-dtype', '', 'the KV cache stored as int8 or fp8 (default: the model\'s dtype)'},
   {'top', 20, 'kernels listed'},
-  {'random', '', 'smollm2, llama1024 or a config.json: that model\'s shapes with random weights (no checkpoint)'},
+  {'random', '', 'smollm2, llama1024, gpt2 or a config.json: that model\'s shapes with random weights (no checkpoint)'},
   {'layers', 0, 'with --random: keep this many layers (0: the config\'s)'},
   {'nf4', false, 'quantize the attention and MLP Linears to NF4 (gp.nn.quantize_linears, blocks of 64)'},
 }, {usage = 'gpush scripts/bench/profile_decode.lua [flags]', description = 'A decode step, kernel by kernel.'})
@@ -28,7 +28,15 @@ local a = gp.args.parse(arg, {
 local dev = gp.device()
 local dtype = a.dtype ~= '' and a.dtype or (dev == 'cuda' and 'bf16' or 'f32')
 local model
-if a.random ~= '' then
+if a.random == 'gpt2' then -- GPT-2 small's shapes (nn.GPT: LayerNorm, biases, GELU, learned positions)
+  model = gp.nn.GPT({vocab_size = 50257, block_size = 1024, n_embd = 768, n_layer = a.layers > 0 and a.layers or 12,
+    n_head = 12}):to(dtype):eval()
+  local C, H = model.config.n_embd, model.config.n_head
+  model.new_cache = function(_, B, cap, dt, dv, kvd)
+    return gp.KVCache {batch = B, heads = H, capacity = cap, head_dim = C / H, layers = model.config.n_layer, dtype = dt,
+      device = dv, kv_dtype = kvd}
+  end
+elseif a.random ~= '' then
   local cfg = gp.models.SHAPES[a.random] or require('gpush.models.hf').read_json(a.random)
   if a.layers > 0 then
     local c2 = {}

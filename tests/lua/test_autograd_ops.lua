@@ -87,7 +87,7 @@ T.test('gradcheck layer_norm and rms_norm (with and without w, b); stats come ba
   T.ok(o2:needs_grad() and not r2:needs_grad())
 end)
 
-T.test('gradcheck swiglu, add_rms_norm (both outputs), bias_gelu', function()
+T.test('gradcheck swiglu, add_rms_norm and add_layer_norm (both outputs), bias_gelu', function()
   local a, b = rn {3, 5}, rn {3, 5}
   check(function(x, y) return gp.swiglu(x, y) end, {a, b})
   local w = rn {5}
@@ -97,6 +97,13 @@ T.test('gradcheck swiglu, add_rms_norm (both outputs), bias_gelu', function()
     return out * 2 + res:sin()
   end, {a, b, w})
   check(function(x, r) local _, res = gp.add_rms_norm(x, r); return res * 3 end, {a, b})
+  local bb = rn {5}
+  check(function(x, r, ww, b2) return (gp.add_layer_norm(x, r, ww, b2)) end, {a, b, w, bb})
+  check(function(x, r, ww, b2)
+    local out, res = gp.add_layer_norm(x, r, ww, b2)
+    return out * 2 + res:sin()
+  end, {a, b, w, bb})
+  check(function(x, r) local _, res = gp.add_layer_norm(x, r); return res * 3 end, {a, b})
   check(function(x, bb) return gp.bias_gelu(x, bb) end, {rn {2, 3, 5}, w})
 end)
 

@@ -4,7 +4,7 @@ local T = require 'lib'
 local gp = require 'gpush'
 local fd = require 'fd'
 
-T.test('swiglu, add_rms_norm, bias_gelu match their compositions', function()
+T.test('swiglu, add_rms_norm, add_layer_norm, bias_gelu match their compositions', function()
   local g, u = gp.randn({5, 13}, {device = 'cpu'}), gp.randn({5, 13}, {device = 'cpu'})
   T.ok(T.relnorm(gp.swiglu(g, u), g:silu() * u) < 1e-6)
   local w = gp.randn({13}, {device = 'cpu'})
@@ -15,6 +15,12 @@ T.test('swiglu, add_rms_norm, bias_gelu match their compositions', function()
   T.ok(T.relnorm(rstd, rref) < 1e-6)
   local b = gp.randn({13}, {device = 'cpu'})
   T.ok(T.relnorm(gp.bias_gelu(g, b), (g + b):gelu()) < 1e-6)
+  local lout, lres, mean, lrstd = gp.add_layer_norm(g, u, w, b, 1e-5)
+  local lref, mref, rref2 = gp.layer_norm(g + u, w, b, 1e-5)
+  T.ok(T.relnorm(lres, g + u) < 1e-7 and T.relnorm(lout, lref) < 1e-6, 'add_layer_norm')
+  T.ok(T.relnorm(mean, mref) < 1e-6 and T.relnorm(lrstd, rref2) < 1e-6, 'add_layer_norm statistics')
+  T.raises(function() gp.add_layer_norm(g, u, gp.randn({12}, {device = 'cpu'})) end, 'add_layer_norm', 'w is (12)')
+  T.raises(function() gp.add_layer_norm(g, gp.randn({5, 12}, {device = 'cpu'})) end, 'add_layer_norm', 'res is (5,12)')
   -- non-contiguous gate/up
   local gt, ut = g:t(), u:t()
   T.ok(T.relnorm(gp.swiglu(gt, ut), gt:silu() * ut) < 1e-6)
@@ -63,6 +69,48 @@ T.test('rows_linear: gp.linear of one row of at most 1024 takes it on the GPU, e
     local xf, wf = xg:detach():to('f32'), wg:detach():to('f32')
     T.ok(T.relnorm(xg.grad:to('f32'), gy:to('f32'):matmul(wf)) < 2e-2, dt .. ' dx')
     T.ok(T.relnorm(wg.grad:to('f32'), gy:to('f32'):t():matmul(xf)) < 2e-2, dt .. ' dw')
+  end
+end)
+
+T.test('rows_linear_bias: gp.linear with a bias and the GELU MLP of one row take it on the GPU (cuda)', function()
+  T.cuda()
+  for _, dt in ipairs {'bf16', 'f16'} do
+    local o = {dtype = dt, device = 'cuda'}
+    local tol = dt == 'bf16' and 1e-2 or 2e-3
+    -- GPT-2's projections: qkv, proj, the MLP's fc (with GELU) and its proj (3072 wide: cuBLAS)
+    for _, shape in ipairs {{768, 2304}, {768, 768}, {33, 7}, {1024, 50}} do
+      local K, N = shape[1], shape[2]
+      local xg, wg, bg = gp.randn({1, 1, K}, o), gp.randn({N, K}, o) * (1 / math.sqrt(K)), gp.randn({N}, o)
+      local want = gp.matmul(xg:reshape {1, K}:to('f32'), wg:to('f32'), {trans_b = true}):view {1, 1, N} + bg:to('f32')
+      local got, n = T.launches(function() return gp.linear(xg, wg, bg) end)
+      T.eq(n.rows_linear_bias, 1, 'rows_linear_bias at ' .. K .. ' -> ' .. N)
+      T.ok(T.relnorm(got:to('f32'), want) < tol, dt .. ' ' .. K .. ' -> ' .. N)
+    end
+    local d, h = 768, 3072
+    local x = gp.randn({1, 1, d}, o)
+    local w1, b1 = gp.randn({h, d}, o) * (1 / math.sqrt(d)), gp.randn({h}, o)
+    local w2, b2 = gp.randn({d, h}, o) * (1 / math.sqrt(h)), gp.randn({d}, o)
+    local got, n = T.launches(function() return gp.linear_gelu_linear(x, w1, b1, w2, b2) end)
+    T.eq(n.rows_linear_bias, 1, 'the fc in the few-rows kernel')
+    T.eq(n.matmul_bias_gelu_tanh or 0, 0, 'no GELU GEMM')
+    local hf = (x:to('f32'):matmul(w1:to('f32'):t()) + b1:to('f32')):gelu_tanh()
+    local want = hf:to(dt):to('f32'):matmul(w2:to('f32'):t()) + b2:to('f32')
+    T.ok(T.relnorm(got:to('f32'), want) < tol, dt .. ' linear_gelu_linear')
+    -- two rows: cuBLAS's epilogues as before
+    local _, n2 = T.launches(function() return gp.linear_gelu_linear(gp.randn({2, d}, o), w1, b1, w2, b2) end)
+    T.eq(n2.matmul_bias_gelu_tanh, 1, 'two rows: the GELU GEMM')
+  end
+  -- add_layer_norm on the GPU against the CPU (rows of 768 in vectors, 1001 one element at a time, 40000 a block a row)
+  for _, D in ipairs {768, 1001, 40000} do
+    for _, dt in ipairs {'f32', 'bf16'} do
+      local c = {device = 'cpu', dtype = dt}
+      local x, r, w, b = gp.randn({3, D}, c), gp.randn({3, D}, c), gp.randn({D}, c), gp.randn({D}, c)
+      local oc, hc, mc, sc = gp.add_layer_norm(x, r, w, b)
+      local og, hg, mg, sg = gp.add_layer_norm(x:cuda(), r:cuda(), w:cuda(), b:cuda())
+      local tol = dt == 'f32' and 1e-5 or 1e-2
+      T.ok(T.relnorm(og:cpu(), oc) < tol and T.relnorm(hg:cpu(), hc) < tol, dt .. ' D ' .. D)
+      T.ok(T.relnorm(mg:cpu(), mc) < 1e-4 and T.relnorm(sg:cpu(), sc) < 1e-4, dt .. ' D ' .. D .. ' statistics')
+    end
   end
 end)
 

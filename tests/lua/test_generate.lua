@@ -206,10 +206,18 @@ T.test('generate: the device-position step equals the host-position loop (cpu; g
   local cache = gp.KVCache {batch = 1, heads = 1, capacity = 20, head_dim = 64, layers = 2, device = 'cpu'}
   gp.generate(m, {{1, 2}}, {greedy = true, max_new = 5, cache = cache})
   T.eq(cache:len(), 6)
+  -- the step writes k and v and copies q out in one kernel a layer (rope_kv_at at zero angles), and its residual
+  -- adds run in the LayerNorms (add_layer_norm)
+  local _, k = T.launches(function()
+    m:forward_cached(gp.zeros({1, 1}, {dtype = 'i64', device = 'cpu'}), cache, gp.full({1}, 6, {dtype = 'i64', device = 'cpu'}))
+  end)
+  T.eq(k.rope_kv_at, 2, 'rope_kv_at a layer')
+  T.eq(k.write_at or 0, 0, 'no separate k and v writes')
+  T.eq(k.add_layer_norm, 4, 'residual adds in the norms')
   -- a device position past the cache is an error
   local small = gp.KVCache {batch = 1, heads = 1, capacity = 6, head_dim = 64, layers = 2, device = 'cpu'}
   local pos = gp.full({1}, 6, {dtype = 'i64', device = 'cpu'})
-  T.raises(function() m:forward_cached(gp.zeros({1, 1}, {dtype = 'i64', device = 'cpu'}), small, pos) end, 'write_at', '6')
+  T.raises(function() m:forward_cached(gp.zeros({1, 1}, {dtype = 'i64', device = 'cpu'}), small, pos) end, 'rope_kv_at', 'position 6')
 end)
 
 T.test('generate (cuda): the decode step replayed as a CUDA graph equals the eager step exactly', function()

@@ -232,6 +232,14 @@ KCASES.rows_linear = {
   {name = '4x96 -> 40', shape = {1}, syms = {M = 4, N = 40, K = 96}},
   {name = '2x3000 -> 100 (past the registers)', shape = {1}, syms = {M = 2, N = 100, K = 3000}},
 }
+-- rows_linear_bias: the same with a bias (and GELU with the scalar act = 1)
+KCASES.rows_linear_bias = {
+  {name = '1x5 -> 7', shape = {1}, syms = {M = 1, N = 7, K = 5}},
+  {name = '3x64 -> 33 gelu', shape = {1}, syms = {M = 3, N = 33, K = 64}, scalars = {act = 1}},
+  {name = '4x96 -> 40', shape = {1}, syms = {M = 4, N = 40, K = 96}},
+  {name = '1x768 -> 300 gelu (GPT-2\'s fc)', shape = {1}, syms = {M = 1, N = 300, K = 768}, scalars = {act = 1}},
+  {name = '2x3000 -> 100 (past the registers)', shape = {1}, syms = {M = 2, N = 100, K = 3000}},
+}
 KCASES.swiglu_linear = {
   {name = '1x5 -> 7', shape = {1}, syms = {M = 1, N = 7, I = 5, K = 10}},
   {name = '3x64 -> 33', shape = {1}, syms = {M = 3, N = 33, I = 64, K = 128}},

@@ -450,35 +450,40 @@ T.test('cuda: LayerNorm and RMSNorm gradients accumulated into random .grad valu
   end
 end)
 
--- A GPT of RMSNorms runs each residual add inside the norm after it
--- (TransformerBlock:forward_pending, gp.add_rms_norm); swapping ln_f's forward
--- for the same computation turns the chaining off: logits, loss and every
--- gradient agree (f64), and the chained step runs no add kernel for the
--- residual stream
-T.test('GPT with RMSNorm: the residual adds fused into the norms give the unfused logits, loss and gradients', function()
-  local function run(chain)
-    gp.manual_seed(4)
-    local m = tiny_gpt({norm = 'rms', mlp = 'swiglu', n_layer = 3, dtype = 'f64'})
-    if not chain then
-      rawset(m.ln_f, 'forward', function(self, x) return (gp.rms_norm(x, self.weight, self.eps)) end)
+-- A GPT of RMSNorms or LayerNorms runs each residual add inside the norm
+-- after it (TransformerBlock:forward_pending, nn.add_norm: gp.add_rms_norm or
+-- gp.add_layer_norm); swapping ln_f's forward for the same computation turns
+-- the chaining off: logits, loss and every gradient agree (f64), and the
+-- chained forward runs no add kernel for the residual stream
+T.test('GPT with RMSNorm or LayerNorm: the residual adds fused into the norms give the unfused logits, loss and gradients', function()
+  for _, norm in ipairs {'rms', 'layer'} do
+    local function run(chain)
+      gp.manual_seed(4)
+      local m = tiny_gpt({norm = norm, mlp = norm == 'rms' and 'swiglu' or 'gelu', n_layer = 3, dtype = 'f64'})
+      if not chain then
+        rawset(m.ln_f, 'forward', function(self, x)
+          if norm == 'rms' then return (gp.rms_norm(x, self.weight, self.eps)) end
+          return (gp.layer_norm(x, self.weight, self.bias, self.eps))
+        end)
+      end
+      local idx = gp.tensor({{1, 2, 3, 4, 0, 1}, {4, 3, 2, 1, 0, 2}}, {dtype = 'i64', device = 'cpu'})
+      local logits, loss
+      local _, kf = T.launches(function() logits, loss = m(idx, idx) end)
+      local _, kb = T.launches(function() loss:backward() end)
+      local grads = {}
+      for _, nt in ipairs(m:named_parameters()) do grads[nt[1]] = nt[2].grad end
+      return logits, loss, grads, kf, kb
     end
-    local idx = gp.tensor({{1, 2, 3, 4, 0, 1}, {4, 3, 2, 1, 0, 2}}, {dtype = 'i64', device = 'cpu'})
-    local logits, loss
-    local _, k = T.launches(function()
-      logits, loss = m(idx, idx)
-      loss:backward()
-    end)
-    local grads = {}
-    for _, nt in ipairs(m:named_parameters()) do grads[nt[1]] = nt[2].grad end
-    return logits, loss, grads, k
+    local l1, s1, g1, f1, b1 = run(true)
+    local l2, s2, g2, f2 = run(false)
+    T.ok(T.relnorm(l1, l2) < 1e-13, norm .. ': logits')
+    T.ok(math.abs(s1:item() - s2:item()) < 1e-13, norm .. ': loss')
+    for name, g in pairs(g2) do T.ok(T.relnorm(g1[name], g) < 1e-12, norm .. ': ' .. name) end
+    -- the forward's residual adds: all in the norms (unfused, each block's second add is a kernel)
+    T.eq((f2.add or 0) - (f1.add or 0), 3, norm .. ': add launches saved in the forward')
+    T.eq(f1['add_' .. norm .. '_norm'], 6, norm .. ': fused norms')
+    -- every norm after a residual add whose sum is used again (2 a block, less the first block's ln1; ln_f's
+    -- sum has no other use: its plain backward)
+    if norm == 'rms' then T.eq(b1.rms_norm_backward_add, 5, 'fused norm backwards') end
   end
-  local l1, s1, g1, k1 = run(true)
-  local l2, s2, g2, k2 = run(false)
-  T.ok(T.relnorm(l1, l2) < 1e-13, 'logits')
-  T.ok(math.abs(s1:item() - s2:item()) < 1e-13, 'loss')
-  for name, g in pairs(g2) do T.ok(T.relnorm(g1[name], g) < 1e-12, name) end
-  T.ok((k1.add or 0) < (k2.add or 0), string.format('add launches %d (chained) < %d', k1.add or 0, k2.add or 0))
-  -- every norm after a residual add whose sum is used again (2 a block, less the first block's ln1; ln_f's
-  -- sum has no other use: its plain backward)
-  T.eq(k1.rms_norm_backward_add, 5, 'fused norm backwards')
 end)

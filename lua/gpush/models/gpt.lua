@@ -63,17 +63,17 @@ function GPT:positions(T, device)
 end
 
 -- the blocks over x (cache: forward_cached's), then ln_f. When every block
--- chains (plain RMSNorms, TransformerBlock.chains) and ln_f is a plain
--- RMSNorm, each residual add runs inside the norm after it (gp.add_rms_norm:
--- no add kernel forward, the residual's gradient added in the norm's
--- backward)
+-- chains (plain RMSNorms or LayerNorms, TransformerBlock.chains) and ln_f is
+-- a plain norm, each residual add runs inside the norm after it
+-- (nn.add_norm: no add kernel forward, the residual's gradient added to the
+-- norm's in the backward)
 local function blocks_norm(self, x, cache, pos)
-  local chain = #self.h > 0 and nn.plain_rms(self.ln_f)
+  local chain = #self.h > 0 and nn.plain_norm(self.ln_f)
   for _, b in ipairs(self.h) do chain = chain and TransformerBlock.chains(b) end
   if chain then
     local a
     for i, b in ipairs(self.h) do x, a = b:forward_pending(x, a, cache, i, pos) end
-    return (gp.add_rms_norm(a, x, self.ln_f.weight, self.ln_f.eps))
+    return (nn.add_norm(self.ln_f, a, x))
   end
   if cache then
     for i, b in ipairs(self.h) do x = b:forward_cached(x, cache, i, pos) end

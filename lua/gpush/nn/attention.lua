@@ -139,6 +139,15 @@ end
 -- attend over every cached position (causally within the new ones). Uses
 -- gp.attention (prefill) and gp.attention_decode (one token) when gpush has
 -- them, else nn.attention (matmuls) over cache:keys(layer), cache:values(layer).
+-- hd / 2 zero rotary frequencies (f32) on device, kept
+local zeros_kept = {}
+local function zero_freqs(hd, device)
+  local key = hd .. device
+  local z = zeros_kept[key]
+  if not z then z = gp.zeros({hd / 2}, {dtype = 'f32', device = device}); zeros_kept[key] = z end
+  return z
+end
+
 function CausalSelfAttention:forward_cached(x, cache, layer, pos)
   local B, T, C = x:size(1), x:size(2), x:size(3)
   local H = self.n_head
@@ -147,6 +156,13 @@ function CausalSelfAttention:forward_cached(x, cache, layer, pos)
   local function head(i) return qkv:narrow(3, (i - 1) * C + 1, C):reshape {B, T, H, hd}:transpose(2, 3) end
   local q = head(1)
   if type(pos) == 'table' then -- device positions (one token; see GPT:forward_cached): nothing read on the host
+    if T == 1 and cache.rope_append_at and hd % 2 == 0 and (cache.kv_dtype or cache.dtype == qkv.dtype) then
+      -- k and v written and q copied out in one kernel: rope_kv_at turned by zero angles (cos 0 = 1 and sin 0 = 0
+      -- exactly: no rotation)
+      local q1 = cache:rope_append_at(layer, qkv:reshape {B, 3 * C}, pos.pos, zero_freqs(hd, x.device), H)
+      local y = cache:attend_at(layer, q1, pos.lens, {scale = 1 / math.sqrt(hd)})
+      return self.proj(y:view {B, T, C})
+    end
     cache:append_at(layer, head(2), head(3), pos.pos)
     local y = cache:attend_at(layer, q:reshape {B, H, hd}, pos.lens, {scale = 1 / math.sqrt(hd)})
     return self.proj(y:reshape {B, H, 1, hd}:transpose(2, 3):reshape {B, T, C})

@@ -43,13 +43,24 @@ function TransformerBlock:init(cfg)
 end
 -- an nn.RMSNorm as it comes (no forward swapped on the instance)
 local function plain_rms(m) return m._name == 'RMSNorm' and rawget(m, 'forward') == nil end
+-- an nn.RMSNorm or nn.LayerNorm as it comes: a norm that a fused residual add + norm may stand in for
+local function plain_norm(m) return (m._name == 'RMSNorm' or m._name == 'LayerNorm') and rawget(m, 'forward') == nil end
+-- m(x + a) and x + a in one kernel (m a plain norm): gp.add_rms_norm or gp.add_layer_norm
+local function add_norm(m, a, x)
+  if m._name == 'RMSNorm' then
+    local n, h = gp.add_rms_norm(a, x, m.weight, m.eps)
+    return n, h
+  end
+  local n, h = gp.add_layer_norm(a, x, m.weight, m.bias, m.eps)
+  return n, h
+end
 
 -- forward and forward_cached (cache given): x + attn(ln1(x)), then that plus
--- mlp(ln2(it)); with a plain RMSNorm ln2 the first add runs inside it
--- (forward_pending: gp.add_rms_norm, and backward the residual's gradient
--- added in the norm's, rms_norm_backward_add)
+-- mlp(ln2(it)); with a plain norm ln2 the first add runs inside it
+-- (forward_pending: gp.add_rms_norm or gp.add_layer_norm, and backward the
+-- residual's gradient added to the norm's)
 local function block(self, x, cache, layer, pos)
-  if plain_rms(self.ln2) then
+  if plain_norm(self.ln2) then
     local h, m = self:forward_pending(x, nil, cache, layer, pos)
     return h + m
   end
@@ -65,23 +76,28 @@ function TransformerBlock:forward_cached(x, cache, layer, pos) return block(self
 -- MLP output, not yet added; nil for the first block) goes through the first
 -- norm as one gp.add_rms_norm, and the block returns (h, m) with its output
 -- h + m, m its MLP's, for the next block's first norm (or the model's last)
--- to add. For blocks whose norms are plain nn.RMSNorms (TransformerBlock.chains)
+-- to add. For blocks whose norms are plain nn.RMSNorms or nn.LayerNorms
+-- (TransformerBlock.chains)
 function TransformerBlock:forward_pending(x, a, cache, layer, pos)
   local n1
-  if a then n1, x = gp.add_rms_norm(a, x, self.ln1.weight, self.ln1.eps) else n1 = self.ln1(x) end
+  if a then n1, x = add_norm(self.ln1, a, x) else n1 = self.ln1(x) end
   local att = cache and self.attn:forward_cached(n1, cache, layer, pos) or self.attn(n1)
-  local n2, h = gp.add_rms_norm(att, x, self.ln2.weight, self.ln2.eps)
+  local n2, h = add_norm(self.ln2, att, x)
   return h, self.mlp(n2)
 end
--- blk runs TransformerBlock's own forward with plain RMSNorms: forward_pending
+-- blk runs TransformerBlock's own forward with plain norms: forward_pending
 -- computes the same
 function TransformerBlock.chains(blk)
   return getmetatable(blk) == TransformerBlock._imt and rawget(blk, 'forward') == nil and
-    rawget(blk, 'forward_cached') == nil and plain_rms(blk.ln1) and plain_rms(blk.ln2)
+    rawget(blk, 'forward_cached') == nil and plain_norm(blk.ln1) and plain_norm(blk.ln2)
 end
-nn.plain_rms = plain_rms
+nn.plain_rms, nn.plain_norm, nn.add_norm = plain_rms, plain_norm, add_norm
 doc(nn.plain_rms, 'nn.plain_rms(m)',
   'true when m is an nn.RMSNorm with its own forward (none set on the instance): a norm that gp.add_rms_norm may stand in for')
+doc(nn.plain_norm, 'nn.plain_norm(m)',
+  'true when m is an nn.RMSNorm or nn.LayerNorm with its own forward (none set on the instance): a norm that nn.add_norm may stand in for')
+doc(nn.add_norm, 'nn.add_norm(m, a, x)',
+  'm(x + a), x + a in one kernel for a plain norm m (gp.add_rms_norm or gp.add_layer_norm with m\'s weight, bias and eps)')
 
 
 doc(nn.TransformerBlock, "nn.TransformerBlock{n_embd=, n_head=, mlp='gelu'|'swiglu'|'moe', moe={experts=8, k=2, ...}, norm='layer'|'rms', dropout=0, mlp_hidden=4 n_embd}",

@@ -1,4 +1,4 @@
--- Fused ops (kernels/fused.*): gp.swiglu, gp.add_rms_norm, gp.bias_gelu.
+-- Fused ops (kernels/fused.*): gp.swiglu, gp.add_rms_norm, gp.add_layer_norm, gp.bias_gelu.
 local rt = require 'gpush.core.runtime'
 local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
@@ -57,23 +57,41 @@ end
 gp.doc(gp.swiglu_linear, 'gp.swiglu_linear(gu, w)',
   '(silu(gate) * up) @ w^T in one kernel for few rows (decode: at most 4 rows, and rows x I x the element size at most 48 KB): gu (..., 2I) = [gate | up], w (N, I); silu(gate) * up rounded to the dtype as gp.swiglu writes it; not differentiable')
 
-function gp.add_rms_norm(x, res, w, eps)
-  need(x, 'add_rms_norm', 'x')
-  if x:dim() == 0 then raise('add_rms_norm: x is 0-dim; at least one dim is needed') end
+-- the checked operands of a residual add + norm and its outputs: x, res, w (ones when nil), out, res_out and
+-- the rows' shape (x's without the last dim) for the saved statistics
+local function add_norm_args(op, x, res, w)
+  need(x, op, 'x')
+  if x:dim() == 0 then raise(op .. ': x is 0-dim; at least one dim is needed') end
   x = floatc(x)
-  res = like('add_rms_norm', x, 'x', res, 'res'):contiguous()
+  res = like(op, x, 'x', res, 'res'):contiguous()
   local D = x:size(-1)
-  w = w and common.norm_param(w, x, 'add_rms_norm', 'w', D) or gp.ones({D}, {dtype = x.dtype, device = x.device})
+  w = w and common.norm_param(w, x, op, 'w', D) or gp.ones({D}, {dtype = x.dtype, device = x.device})
   local s = x.shape
   s[#s] = nil
-  local out = empty(x.shape, x.dtype, x.device, 'add_rms_norm')
-  local res_out = empty(x.shape, x.dtype, x.device, 'add_rms_norm')
+  return x, res, w, empty(x.shape, x.dtype, x.device, op), empty(x.shape, x.dtype, x.device, op), s
+end
+
+function gp.add_rms_norm(x, res, w, eps)
+  local out, res_out, s
+  x, res, w, out, res_out, s = add_norm_args('add_rms_norm', x, res, w)
   local rstd = empty(s, 'f32', x.device, 'add_rms_norm')
   K.add_rms_norm(out, res_out, rstd, x, res, w, eps or 1e-5)
   return out, res_out, rstd
 end
 gp.doc(gp.add_rms_norm, 'gp.add_rms_norm(x, res, w, eps=1e-5)',
   'res_out = x + res; out = rms_norm(res_out, w, eps), one pass; returns out, res_out, rstd')
+
+function gp.add_layer_norm(x, res, w, b, eps)
+  local out, res_out, s
+  x, res, w, out, res_out, s = add_norm_args('add_layer_norm', x, res, w)
+  local D = x:size(-1)
+  b = b and common.norm_param(b, x, 'add_layer_norm', 'b', D) or gp.zeros({D}, {dtype = x.dtype, device = x.device})
+  local mean, rstd = empty(s, 'f32', x.device, 'add_layer_norm'), empty(s, 'f32', x.device, 'add_layer_norm')
+  K.add_layer_norm(out, res_out, mean, rstd, x, res, w, b, eps or 1e-5)
+  return out, res_out, mean, rstd
+end
+gp.doc(gp.add_layer_norm, 'gp.add_layer_norm(x, res, w, b, eps=1e-5)',
+  'res_out = x + res; out = layer_norm(res_out, w, b, eps), one pass; returns out, res_out, mean, rstd')
 
 function gp.bias_gelu(x, b)
   need(x, 'bias_gelu', 'x')
@@ -107,6 +125,23 @@ autograd.def_function('add_rms_norm', function(g, a, o)
     dh = dx
   end
   return dh, dh, rw
+end, {nout = 2})
+
+-- add_layer_norm: the same with LayerNorm (h's gradient: the norm's backward
+-- from the saved mean and rstd, plus the residual stream's)
+autograd.def_function('add_layer_norm', function(g, a, o)
+  local w, b = a[3], a[4]
+  local h = o[2]
+  local dh, rw, rb = g[2], nil, nil
+  if g[1] then
+    local D = h:size(-1)
+    local dx = empty(h.shape, h.dtype, h.device, 'add_layer_norm')
+    local dw, db, acc
+    dw, db, acc, rw, rb = norm_outs(h, D, 'add_layer_norm', w, b, true)
+    K.layer_norm_backward(dx, dw, db, h, norm_w(w, h, D), o[3], o[4], like_dt(g[1], h), acc)
+    dh = dh and dx + like_dt(dh, h) or dx
+  end
+  return dh, dh, rw, rb
 end, {nout = 2})
 
 -- t in dtype dt for a kernel that reads rows at any strides (spec '/'): copied only when its last dim is strided

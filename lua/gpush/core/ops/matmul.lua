@@ -180,6 +180,14 @@ doc(gp.matmul, 'gp.matmul(a, b, {out=, bias=, alpha=1, beta=0, trans_a=, trans_b
 function Tensor:matmul(b) return mm('matmul', self, b) end
 doc(Tensor.matmul, 'a:matmul(b)', 'the matrix product a @ b (see gp.matmul)')
 
+-- gp.linear's few-rows kernel: one row of bf16/f16 on the GPU, in at most 1024, w (and b) contiguous, of x's dtype
+local function rows_path(x, w, b, rows)
+  return rows == 1 and x:size(-1) <= 1024 and HALF[x.dtype] and w.dtype == x.dtype and x.device == 'cuda' and
+    w.device == 'cuda' and w:is_contiguous() and
+    (b == nil or (is_tensor(b) and b.dtype == x.dtype and b.device == 'cuda' and b:dim() == 1 and
+      b:size(1) == w:size(1) and b:is_contiguous()))
+end
+
 function gp.linear(x, w, b)
   if gp.is_quantized(w) then return gp.nf4_linear(x, w, b) end -- a quantized weight (ops/nf4.lua)
   if not is_tensor(x) then raise('linear: x must be a tensor') end
@@ -193,13 +201,14 @@ function gp.linear(x, w, b)
   local rows, oshape = 1, {}
   for i = 1, #sx - 1 do rows = rows * sx[i]; oshape[i] = sx[i] end
   oshape[#sx] = w:size(1)
-  -- one row (a decode step) of bf16/f16 on the GPU, in at most 1024: a warp a row of w (gp.k.rows_linear)
-  -- reaches the weight sooner than cuBLAS (H100: 2.5-3.9 us against 3.3-4.5 at SmolLM2's and GPT-2's widths);
-  -- wider rows and more of them stay on cuBLAS, which wins there. The gradient is linear's rule either way.
-  if b == nil and rows == 1 and sx[#sx] <= 1024 and HALF[x.dtype] and w.dtype == x.dtype and x.device == 'cuda' and
-    w.device == 'cuda' and w:is_contiguous() then
+  -- one row (a decode step) of bf16/f16 on the GPU, in at most 1024: a warp a row of w (gp.k.rows_linear,
+  -- with a bias gp.k.rows_linear_bias) reaches the weight sooner than cuBLAS (H100: 2.5-3.9 us against 3.3-4.5
+  -- at SmolLM2's and GPT-2's widths); wider rows and more of them stay on cuBLAS, which wins there. The
+  -- gradient is linear's rule either way.
+  if rows_path(x, w, b, rows) then
     local y = empty(oshape, x.dtype, x.device, 'linear')
-    K.rows_linear(y:view {rows, w:size(1)}, x:reshape {rows, sx[#sx]}:contiguous(), w)
+    if b == nil then K.rows_linear(y:view {rows, w:size(1)}, x:reshape {rows, sx[#sx]}:contiguous(), w)
+    else K.rows_linear_bias(y:view {rows, w:size(1)}, x:reshape {rows, sx[#sx]}:contiguous(), w, b, 0) end
     return y
   end
   local y = mm('linear', #sx == 2 and x or x:reshape {rows, sx[#sx]}, w:t(), {bias = b})
@@ -389,6 +398,10 @@ local function lgl(x, w1, b1, w2, b2, save)
   oshape[#sx] = D2
   local x2 = x:reshape {rows, D}
   local h = empty({rows, H}, x.dtype, x.device, op)
+  if not save and rows_path(x, w1, b1, rows) then -- a decode step: GELU in the few-rows kernel's epilogue
+    K.rows_linear_bias(h, x2:contiguous(), w1, b1, 1)
+    return gp.linear(h, w2, b2):view(oshape), h
+  end
   local aux
   if save then
     aux = empty({rows, H}, x.dtype, x.device, op)
