@@ -135,12 +135,15 @@ static double round_to(int dt, double v) {
   return gp_load(&buf, dt, 0);
 }
 
-/* the few-rows kernels (rows_linear, swiglu_linear) stage M rows of K in 48 KB of shared memory */
+/* the few-rows kernels (rows_linear, rows_linear_bias, swiglu_linear): up to 16 rows of bf16 / f16 with K a
+ * multiple of 32 on tensor cores; otherwise 4 rows of K staged in 48 KB of shared memory */
 static int rows_fit(const char *op, int64_t M, int64_t K, int dt, const char *name, const gp_tensor *x,
                     const char *instead) {
-  if (M > 4 || M * K * (int64_t)gp_elsize(dt) > 48 * 1024)
-    return gp_error("%s: %lld rows of %lld (%s %s) are more than the kernel holds (4 rows, 48 KB); use %s", op,
-                    (long long)M, (long long)K, name, GP_SHAPE(x), instead);
+  const int tc = (dt == GP_BF16 || dt == GP_F16) && K % 32 == 0;
+  if (M > 16 || (!tc && (M > 4 || M * K * (int64_t)gp_elsize(dt) > 48 * 1024)))
+    return gp_error("%s: %lld rows of %lld (%s %s) are more than the kernel holds (16 rows of bf16 / f16 with K a "
+                    "multiple of 32; else 4 rows in 48 KB); use %s", op, (long long)M, (long long)K, name, GP_SHAPE(x),
+                    instead);
   return GP_OK;
 }
 
@@ -153,7 +156,7 @@ static void row_times_wt(char *po, int dt, int64_t m, int64_t N, const double *x
   }
 }
 
-/* rows_linear: out = x w^T for at most 4 rows, in double */
+/* rows_linear: out = x w^T for few rows (rows_fit), in double */
 int gp_k_rows_linear(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
   GP_CHECK(rows_linear, out, x, w);
   const int64_t M = out->shape[0], N = out->shape[1], K = w->shape[1];
@@ -171,7 +174,7 @@ int gp_k_rows_linear(gp_tensor *out, const gp_tensor *x, const gp_tensor *w) {
   return GP_OK;
 }
 
-/* rows_linear_bias: act(x w^T + b) for at most 4 rows, in double (act 1: GELU's tanh form) */
+/* rows_linear_bias: act(x w^T + b) for few rows (rows_fit), in double (act 1: GELU's tanh form) */
 int gp_k_rows_linear_bias(gp_tensor *out, const gp_tensor *x, const gp_tensor *w, const gp_tensor *b, double act) {
   GP_CHECK(rows_linear_bias, out, x, w, b);
   const int64_t M = out->shape[0], N = out->shape[1], K = w->shape[1];

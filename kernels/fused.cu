@@ -3,6 +3,7 @@
  * registers while a thread walks down the rows). All math in f32. */
 #include "ew_launch.cuh"
 #include "gelu.cuh"
+#include "mma.cuh"
 #include "fused.h"
 #include "rows.cuh"
 #include "rows.h"
@@ -419,10 +420,169 @@ void launch_swiglu_linear(gp_tensor *out, const gp_tensor *gu, const gp_tensor *
   if (vec) go(k_swiglu_linear<T, MT, true, SW>);
   else go(k_swiglu_linear<T, MT, false, SW>);
 }
+/* The same products on tensor cores, for 16-bit x with K a multiple of 32
+ * (up to 16 rows): mma.sync m16n8k16, 16 rows of w the A operand, 8 rows of
+ * x the B operand (an n-tile; NT of them), f32 accumulators. Lane (g, t)
+ * loads 16 bytes of w's rows g and g + 8 in each 32-element span of K,
+ * elements 8 t .. 8 t + 7: its A registers for the span's two products
+ * (elements 8t + 0..3, then 8t + 4..7: K's order inside a product is free
+ * as long as A and B agree), and row g of the n-tile's x gives the same
+ * elements in one 16-byte load (SW: the SwiGLU of [gate | up] there, rounded
+ * as gp.swiglu writes it). A CUDA block takes 16 rows of w: its S warps
+ * split K (at most RM_SPANS spans a warp in flight: every load of a warp's
+ * slice is issued before its first product) and add their sums in shared
+ * memory in warp order (deterministic). A chain kernel: w's first loads are
+ * issued before the wait, x and the bias read after it. */
+constexpr int RM_SPANS = 8, RM_WARPS = 8;
+template <typename T, bool SW> __device__ __forceinline__ uint4 rm_x(const T *x, int64_t stride, int row, int k, int K) {
+  const T *p = x + (int64_t)row * stride + k;
+  const uint4 v = __ldg(reinterpret_cast<const uint4 *>(p));
+  if constexpr (!SW) {
+    return v;
+  } else {
+    const uint4 u = __ldg(reinterpret_cast<const uint4 *>(p + K));
+    const T *ge = reinterpret_cast<const T *>(&v), *ue = reinterpret_cast<const T *>(&u);
+    uint4 r;
+    T *re = reinterpret_cast<T *>(&r);
+#pragma unroll
+    for (int e = 0; e < 8; e++) re[e] = st<T>(silu_f(ld(ge[e])) * ld(ue[e]));
+    return r;
+  }
+}
+
+template <typename T, int NT, bool SW>
+__global__ void __launch_bounds__(32 * RM_WARPS) k_rows_mma(T *__restrict__ out, const T *__restrict__ x,
+                                                           const T *__restrict__ w, const T *__restrict__ bias,
+                                                           int act, int M, int N, int K, int sps) {
+  extern __shared__ float rm_red[]; /* (warp, NT * 4, lane) */
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = blockDim.x >> 5, g = lane >> 2, t = lane & 3;
+  const int n0 = blockIdx.x * 16, spans = K >> 5;
+  const int sp0 = warp * sps, sp1 = min(spans, sp0 + sps);
+  const int64_t ldx = SW ? 2 * (int64_t)K : K;
+  const T *wa_p = w + (int64_t)min(n0 + g, N - 1) * K + 8 * t, *wb_p = w + (int64_t)min(n0 + g + 8, N - 1) * K + 8 * t;
+  uint4 wa[RM_SPANS], wb[RM_SPANS];
+  auto load = [&](int s0) {
+#pragma unroll
+    for (int j = 0; j < RM_SPANS; j++)
+      if (s0 + j < sp1) {
+        wa[j] = __ldg(reinterpret_cast<const uint4 *>(wa_p + (int64_t)(s0 + j) * 32));
+        wb[j] = __ldg(reinterpret_cast<const uint4 *>(wb_p + (int64_t)(s0 + j) * 32));
+      }
+  };
+  gp_pdl_trigger();
+  load(sp0);
+  gp_pdl_wait(); /* w's loads issued; x is the kernel before's output */
+  float acc[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  constexpr int XS = RM_SPANS / NT; /* spans of x loaded at once (registers: XS NT 16-byte pieces) */
+  for (int s0 = sp0; s0 < sp1; s0 += RM_SPANS) {
+    if (s0 != sp0) load(s0);
+#pragma unroll
+    for (int j0 = 0; j0 < RM_SPANS; j0 += XS) {
+      /* x's pieces of XS spans, all loads issued before the first product (rows past M load the last row: their
+       * sums land in columns not written) */
+      uint4 xv[XS][NT];
+#pragma unroll
+      for (int j = 0; j < XS; j++)
+#pragma unroll
+        for (int n = 0; n < NT; n++)
+          if (s0 + j0 + j < sp1) xv[j][n] = rm_x<T, SW>(x, ldx, min(8 * n + g, M - 1), (s0 + j0 + j) * 32 + 8 * t, K);
+#pragma unroll
+      for (int j = 0; j < XS; j++) {
+        if (s0 + j0 + j < sp1) {
+          const uint4 &a = wa[j0 + j], &b = wb[j0 + j];
+          const uint32_t a0[4] = {a.x, b.x, a.y, b.y}, a1[4] = {a.z, b.z, a.w, b.w};
+#pragma unroll
+          for (int n = 0; n < NT; n++) {
+            mma_16816<T>(acc[n], a0, xv[j][n].x, xv[j][n].y);
+            mma_16816<T>(acc[n], a1, xv[j][n].z, xv[j][n].w);
+          }
+        }
+      }
+    }
+  }
+  if (S > 1) {
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) rm_red[((warp * NT + n) * 4 + e) * 32 + lane] = acc[n][e];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float sum = 0.f;
+        for (int k = 0; k < S; k++) sum += rm_red[((k * NT + n) * 4 + e) * 32 + lane];
+        acc[n][e] = sum;
+      }
+  }
+  /* C[w row g (+ 8)][x row 2t (+ 1)] */
+#pragma unroll
+  for (int n = 0; n < NT; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int m = 8 * n + 2 * t + (e & 1), row = n0 + g + 8 * (e >> 1);
+      if (m < M && row < N) {
+        float v = acc[n][e];
+        if (bias) v += ld(bias[row]);
+        if (act) v = gp_gelu_tanh(v);
+        out[(int64_t)m * N + row] = st<T>(v);
+      }
+    }
+}
+
+template <typename T, int NT, bool SW>
+void launch_rows_mma(gp_tensor *out, const gp_tensor *x, const gp_tensor *w, const gp_tensor *b, int act) {
+  const int M = (int)out->shape[0], N = (int)out->shape[1], K = (int)w->shape[1], spans = K / 32;
+  int S = (spans + RM_SPANS - 1) / RM_SPANS;
+  if (S > RM_WARPS) S = RM_WARPS;
+  if (S < 1) S = 1;
+  const int sps = (spans + S - 1) / S;
+  S = (spans + sps - 1) / sps;
+  const int smem = S > 1 ? S * NT * 4 * 32 * (int)sizeof(float) : 0;
+  T *po = (T *)gp_ptr(out);
+  const T *px = (const T *)gp_ptr(x), *pw = (const T *)gp_ptr(w), *pb = b ? (const T *)gp_ptr(b) : nullptr;
+  gp_launch_chain(k_rows_mma<T, NT, SW>, dim3((unsigned)((N + 15) / 16)), dim3(32 * S), smem, {gp_span_of(w)},
+                  {gp_span_of(out)}, po, px, pw, pb, act, M, N, K, sps);
+}
+
+/* the tensor-core kernel: 16-bit, K a multiple of 32 (w's rows in 16-byte pieces), aligned x and w, at most 16
+ * rows; taken for 2 to 16 rows (SwiGLU's: past the other kernel's 4) and for one row whose K is over 1024 or over
+ * the other kernel's 48 KB, where splitting K between warps wins (H200: 4.4 against 6.9 us at 2816 -> 1024).
+ * GPUSH_ROWS_MMA=0 never, 1 for every row count (for comparisons) */
+bool rows_mma_ok(const gp_tensor *out, const gp_tensor *x, const gp_tensor *w, bool sw) {
+  static const int mode = [] {
+    const char *e = getenv("GPUSH_ROWS_MMA");
+    return e ? atoi(e) : 2;
+  }();
+  const int64_t M = out->shape[0], K = w->shape[1];
+  const bool staged = M <= 4 && M * K * (int64_t)gp_elsize(out->dtype) <= 48 * 1024; /* the other kernel can */
+  const bool want = mode == 1 || !staged || (M == 1 ? K > 1024 : !sw);
+  return mode != 0 && want && M <= 16 && (out->dtype == GP_BF16 || out->dtype == GP_F16) && K % 32 == 0 && K > 0 &&
+         (((uintptr_t)gp_ptr(x) | (uintptr_t)gp_ptr(w)) & 15) == 0;
+}
+
 template <bool SW>
 int swiglu_or_rows(gp_tensor *out, const gp_tensor *x, const gp_tensor *w, const gp_tensor *b = nullptr, int act = 0) {
   const int64_t M = out->shape[0], N = out->shape[1];
   if (M == 0 || N == 0) return GP_OK;
+  if (rows_mma_ok(out, x, w, SW)) {
+    if (out->dtype == GP_BF16) {
+      if (M <= 8) launch_rows_mma<__nv_bfloat16, 1, SW>(out, x, w, b, act);
+      else launch_rows_mma<__nv_bfloat16, 2, SW>(out, x, w, b, act);
+    } else {
+      if (M <= 8) launch_rows_mma<__half, 1, SW>(out, x, w, b, act);
+      else launch_rows_mma<__half, 2, SW>(out, x, w, b, act);
+    }
+    return gp_cuda_check_launch(SW ? "swiglu_linear" : b ? "rows_linear_bias" : "rows_linear");
+  }
+  if (M > 4 || M * w->shape[1] * (int64_t)gp_elsize(out->dtype) > 48 * 1024)
+    return gp_error("%s: %lld rows of %lld need the tensor-core kernel (bf16 or f16, K a multiple of 32, x and w "
+                    "16-byte aligned; the other kernel holds 4 rows in 48 KB)",
+                    SW ? "swiglu_linear" : b ? "rows_linear_bias" : "rows_linear", (long long)M,
+                    (long long)w->shape[1]);
   GP_FLOAT_SWITCH(out->dtype, T, {
     if (M <= 1) launch_swiglu_linear<T, 1, SW>(out, x, w, b, act);
     else if (M <= 2) launch_swiglu_linear<T, 2, SW>(out, x, w, b, act);

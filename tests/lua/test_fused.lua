@@ -35,13 +35,15 @@ T.test('swiglu_linear: (silu(gate) * up) @ w^T for few rows, as gp.swiglu then g
   T.ok(T.relnorm(got, want) < 1e-6)
   T.raises(function() gp.swiglu_linear(gu, gp.randn({9, 12}, CPU)) end, 'swiglu_linear', '(1,3,26)', '(9,12)')
   T.raises(function() gp.swiglu_linear(gp.randn({5, 26}, CPU), w) end, 'swiglu_linear', '5 rows', 'gp.swiglu')
+  T.raises(function() gp.swiglu_linear(gp.randn({17, 64}, {dtype = 'bf16', device = 'cpu'}), gp.randn({9, 32}, CPU)) end,
+    'swiglu_linear', '17 rows', '16 rows')
   T.raises(function() gp.swiglu_linear(gu, 3) end, 'swiglu_linear', 'w')
   if gp.cuda_available() then
     T.raises(function() gp.swiglu_linear(gu, w:cuda()) end, 'swiglu_linear', 'w is on cuda')
   end
 end)
 
-T.test('rows_linear: gp.linear of one row of at most 1024 takes it on the GPU, equal to the product; gradients', function()
+T.test('rows_linear: gp.linear of few rows takes it on the GPU, equal to the product; gradients', function()
   local CPU = {device = 'cpu'}
   -- the kernel's CPU reference against the product, and its limits
   local x, w = gp.randn({3, 40}, CPU), gp.randn({17, 40}, CPU)
@@ -58,7 +60,8 @@ T.test('rows_linear: gp.linear of one row of at most 1024 takes it on the GPU, e
       local xg, wg = gp.randn({B, T_, K}, o), gp.randn({N, K}, o) * (1 / math.sqrt(K))
       local want = gp.matmul(xg:reshape {B * T_, K}:to('f32'), wg:to('f32'), {trans_b = true}):view {B, T_, N}
       local got, n = T.launches(function() return gp.linear(xg, wg) end)
-      T.eq(n.rows_linear, (B * T_ == 1 and K <= 1024) and 1 or 0, 'rows_linear launches at ' .. table.concat(shape, 'x'))
+      local want_rows = (B * T_ == 1 and K <= 1024) or (B * T_ <= 16 and K % 32 == 0 and (N <= 4096 or N % 8 ~= 0))
+      T.eq(n.rows_linear, want_rows and 1 or 0, 'rows_linear launches at ' .. table.concat(shape, 'x'))
       T.ok(T.relnorm(got:to('f32'), want) < (dt == 'bf16' and 1e-2 or 2e-3), dt .. ' ' .. table.concat(shape, 'x'))
     end
     -- under autograd the forward may take it; the gradients are linear's rule
@@ -91,14 +94,17 @@ T.test('rows_linear_bias: gp.linear with a bias and the GELU MLP of one row take
     local w1, b1 = gp.randn({h, d}, o) * (1 / math.sqrt(d)), gp.randn({h}, o)
     local w2, b2 = gp.randn({d, h}, o) * (1 / math.sqrt(h)), gp.randn({d}, o)
     local got, n = T.launches(function() return gp.linear_gelu_linear(x, w1, b1, w2, b2) end)
-    T.eq(n.rows_linear_bias, 1, 'the fc in the few-rows kernel')
-    T.eq(n.matmul_bias_gelu_tanh or 0, 0, 'no GELU GEMM')
+    T.eq(n.rows_linear_bias, 2, 'the fc (GELU in its epilogue) and the proj (3072 wide: on tensor cores) in few-rows kernels')
+    T.eq((n.matmul_bias_gelu_tanh or 0) + (n.matmul_bias or 0), 0, 'no GEMM')
     local hf = (x:to('f32'):matmul(w1:to('f32'):t()) + b1:to('f32')):gelu_tanh()
     local want = hf:to(dt):to('f32'):matmul(w2:to('f32'):t()) + b2:to('f32')
     T.ok(T.relnorm(got:to('f32'), want) < tol, dt .. ' linear_gelu_linear')
-    -- two rows: cuBLAS's epilogues as before
-    local _, n2 = T.launches(function() return gp.linear_gelu_linear(gp.randn({2, d}, o), w1, b1, w2, b2) end)
-    T.eq(n2.matmul_bias_gelu_tanh, 1, 'two rows: the GELU GEMM')
+    -- 17 rows: cuBLAS's epilogues as before (narrow weights: cuBLAS's split-K bias kernels, which racecheck
+    -- flags inside the library, are not taken)
+    local v1, c1 = gp.randn({512, 256}, o), gp.randn({512}, o)
+    local v2, c2 = gp.randn({256, 512}, o), gp.randn({256}, o)
+    local _, n2 = T.launches(function() return gp.linear_gelu_linear(gp.randn({17, 256}, o), v1, c1, v2, c2) end)
+    T.eq(n2.matmul_bias_gelu_tanh, 1, '17 rows: the GELU GEMM')
   end
   -- add_layer_norm on the GPU against the CPU (rows of 768 in vectors, 1001 one element at a time, 40000 a block a row)
   for _, D in ipairs {768, 1001, 40000} do
@@ -111,6 +117,56 @@ T.test('rows_linear_bias: gp.linear with a bias and the GELU MLP of one row take
       T.ok(T.relnorm(og:cpu(), oc) < tol and T.relnorm(hg:cpu(), hc) < tol, dt .. ' D ' .. D)
       T.ok(T.relnorm(mg:cpu(), mc) < 1e-4 and T.relnorm(sg:cpu(), sc) < 1e-4, dt .. ' D ' .. D .. ' statistics')
     end
+  end
+end)
+
+-- the few-rows products on tensor cores (2 to 16 rows of bf16 / f16, K a multiple of 32; one row too with
+-- GPUSH_ROWS_MMA=1): rows_linear, rows_linear_bias (GELU) and swiglu_linear against their CPU references, over
+-- K split between the warps of a block (K 4096 and 8192: 8 warps, 2 and 4 rounds of loads a warp) and N past a 16-row tile
+T.test('rows_linear, rows_linear_bias, swiglu_linear on tensor cores equal the CPU at 1 to 16 rows (cuda)', function()
+  T.cuda()
+  local one = os.getenv('GPUSH_ROWS_MMA') == '1'
+  for _, dt in ipairs {'bf16', 'f16'} do
+    local c = {dtype = dt, device = 'cpu'}
+    for _, s in ipairs {{768, 2304}, {576, 50}, {4096, 100}, {8192, 40}, {32, 17}} do
+      local K, N = s[1], s[2]
+      local w, b = gp.randn({N, K}, c) * (1 / math.sqrt(K)), gp.randn({N}, c)
+      local wg, bg = w:cuda(), b:cuda()
+      for _, M in ipairs(one and {1} or {2, 3, 5, 8, 9, 16}) do
+        local x, gu = gp.randn({M, K}, c), gp.randn({M, 2 * K}, c)
+        local what = string.format('%s M %d K %d N %d', dt, M, K, N)
+        local function check(name, f)
+          local yc, yg = gp.empty({M, N}, c), gp.empty({M, N}, {dtype = dt, device = 'cuda'})
+          f(yc, false)
+          f(yg, true)
+          local r = T.relnorm(yg:cpu():to('f32'), yc:to('f32'))
+          T.ok(r < (dt == 'bf16' and 1e-2 or 2e-3), name .. ' ' .. what .. ': ' .. r)
+        end
+        check('rows_linear', function(y, g) gp.k.rows_linear(y, g and x:cuda() or x, g and wg or w) end)
+        check('rows_linear_bias gelu', function(y, g)
+          gp.k.rows_linear_bias(y, g and x:cuda() or x, g and wg or w, g and bg or b, 1)
+        end)
+        check('swiglu_linear', function(y, g) gp.k.swiglu_linear(y, g and gu:cuda() or gu, g and wg or w) end)
+      end
+    end
+  end
+  if not os.getenv('GPUSH_ROWS_MMA') then
+    -- one row on tensor cores too
+    local out, rc = T.sh('GPUSH_ROWS_MMA=1 ' .. T.exe .. ' ' .. T.root .. '/tests/lua/run.lua "on tensor cores equal the CPU"')
+    T.ok(rc == 0 and out:find('1 passed, 0 failed', 1, true), 'GPUSH_ROWS_MMA=1: ' .. out)
+    -- gp.linear takes them for 2 to 16 rows
+    local o = {dtype = 'bf16', device = 'cuda'}
+    local w, b = gp.randn({300, 768}, o), gp.randn({300}, o)
+    for _, M in ipairs {2, 16, 17} do
+      local x = gp.randn({M, 768}, o)
+      local y, n = T.launches(function() return gp.linear(x, w, b) end)
+      T.eq(n.rows_linear_bias or 0, M <= 16 and 1 or 0, 'rows_linear_bias at ' .. M .. ' rows')
+      T.ok(T.relnorm(y:to('f32'), x:to('f32'):matmul(w:to('f32'):t()) + b:to('f32')) < 1e-2, M .. ' rows')
+    end
+    -- an f32 x of 5 rows has no kernel: a clear error
+    T.raises(function()
+      gp.k.rows_linear(gp.empty({5, 8}, {device = 'cuda'}), gp.randn({5, 64}, {device = 'cuda'}), gp.randn({8, 64}, {device = 'cuda'}))
+    end, 'rows_linear', '5 rows of 64', '16 rows of bf16 / f16')
   end
 end)
 

@@ -55,7 +55,7 @@ function gp.swiglu_linear(gu, w)
   return out
 end
 gp.doc(gp.swiglu_linear, 'gp.swiglu_linear(gu, w)',
-  '(silu(gate) * up) @ w^T in one kernel for few rows (decode: at most 4 rows, and rows x I x the element size at most 48 KB): gu (..., 2I) = [gate | up], w (N, I); silu(gate) * up rounded to the dtype as gp.swiglu writes it; not differentiable')
+  '(silu(gate) * up) @ w^T in one kernel for few rows (decode: up to 16 rows of bf16 / f16 with I a multiple of 32; else at most 4 rows, and rows x I x the element size at most 48 KB): gu (..., 2I) = [gate | up], w (N, I); silu(gate) * up rounded to the dtype as gp.swiglu writes it; not differentiable')
 
 -- the checked operands of a residual add + norm and its outputs: x, res, w (ones when nil), out, res_out and
 -- the rows' shape (x's without the last dim) for the saved statistics
