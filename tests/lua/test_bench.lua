@@ -231,6 +231,21 @@ T.test('decode step profile with --random: SmolLM2\'s shapes, random weights, no
   T.near(mb - tonumber(out:match('; ([%d.]+) MB of weights')), 14.156 - 1.769 - 0.221, 0.05, 'MB saved by NF4')
 end)
 
+T.test('decode step profile with --random gpt2: the norms take the residual adds, one rope_kv_at a layer', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root ..
+    '/scripts/bench/profile_decode.lua --random gpt2 --layers 1 --context 4 --top 12')
+  T.eq(rc, 0, out)
+  T.ok(out:find('random gpt2, 1 layers', 1, true), out)
+  T.ok(out:find('\n  add_layer_norm%s+2 ') and out:find('\n  rope_kv_at%s+1 '), out)
+  T.ok(not out:find('write_at', 1, true), out)
+end)
+
+T.test('few-rows products bench (scripts/bench/few_rows.lua) prints a row per shape', function()
+  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/few_rows.lua --quick --rows 1,8')
+  T.eq(rc, 0, out)
+  T.ok(out:find('64 ->    96:  1 rows', 1, true) and out:find('8 rows', 1, true), out)
+end)
+
 T.test('decode step profile with --kv-dtype int8: the step reads the codes (attn_decode_q), the floor counts the cache', function()
   local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/profile_decode.lua --model ' .. root ..
     '/tests/fixtures/models/llama3_rope --context 16 --top 30 --kv-dtype int8')
