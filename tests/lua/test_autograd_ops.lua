@@ -97,12 +97,12 @@ T.test('gradcheck swiglu, add_rms_norm and add_layer_norm (both outputs), bias_g
     return out * 2 + res:sin()
   end, {a, b, w})
   check(function(x, r) local _, res = gp.add_rms_norm(x, r); return res * 3 end, {a, b})
-  local bb = rn {5}
-  check(function(x, r, ww, b2) return (gp.add_layer_norm(x, r, ww, b2)) end, {a, b, w, bb})
+  local lb = rn {5}
+  check(function(x, r, ww, b2) return (gp.add_layer_norm(x, r, ww, b2)) end, {a, b, w, lb})
   check(function(x, r, ww, b2)
     local out, res = gp.add_layer_norm(x, r, ww, b2)
     return out * 2 + res:sin()
-  end, {a, b, w, bb})
+  end, {a, b, w, lb})
   check(function(x, r) local _, res = gp.add_layer_norm(x, r); return res * 3 end, {a, b})
   check(function(x, bb) return gp.bias_gelu(x, bb) end, {rn {2, 3, 5}, w})
 end)

@@ -192,10 +192,10 @@ end
 -- the tensor-core kernel 2.5 against 3.3 us at 576 -> 960), except for rows of outputs that are not 16-byte
 -- aligned (GPT-2's 50257: the decode step at 8 rows 400 against 485 us)
 local function rows_path(x, w, b, rows)
-  local K, N = x:size(-1), w:size(1)
+  local k, n = x:size(-1), w:size(1)
   return HALF[x.dtype] and w.dtype == x.dtype and x.device == 'cuda' and w.device == 'cuda' and w:is_contiguous() and
-    (rows == 1 and K <= 1024 or
-     rows <= 16 and K % 32 == 0 and (N <= 4096 or N % 8 ~= 0) and x:is_contiguous() and aligned16(x) and
+    (rows == 1 and k <= 1024 or
+     rows <= 16 and k % 32 == 0 and (n <= 4096 or n % 8 ~= 0) and x:is_contiguous() and aligned16(x) and
        aligned16(w)) and
     (b == nil or (is_tensor(b) and b.dtype == x.dtype and b.device == 'cuda' and b:dim() == 1 and
       b:size(1) == w:size(1) and b:is_contiguous()))
