@@ -492,6 +492,15 @@ T.test('nn.quantize_embeddings: q:rows, nn.Embedding4 and the tied head on one q
   -- 10752 weights at 0.75 bytes (the embedding and head once, 7 projections), 96 norm weights in f32
   T.eq(mem.params, 10752 + 96)
   T.near(mem.bytes_per_param, (10752 * 0.75 + 96 * 4) / (10752 + 96), 1e-12)
+  T.eq(mem.quant_params, 10752)
+  -- gp.nn.weight_stats, which both use: with the adapters (skip nothing), and with them left out
+  local all, base = nn.weight_stats(m), nn.weight_stats(m, (function()
+    local set = {}
+    for _, p in ipairs(gp.lora.parameters(m)) do set[p] = true end
+    return set
+  end)())
+  T.ok(all.params > base.params and base.params == mem.params and all.quant_bytes == base.quant_bytes)
+  T.eq(all.bytes, nn.weight_bytes(m))
   local out = gp.generate(m, {{1, 2, 3}}, {max_new = 2, greedy = true})
   T.eq(#out.lists[1], 2)
   -- bad input

@@ -22,6 +22,7 @@ local rt = require 'gpush.core.runtime'
 local gp = require 'gpush.core'
 local nn = require 'gpush.nn.module'
 local lora = require 'gpush.nn.lora'
+require 'gpush.nn.quant' -- nn.weight_stats
 local logger = require 'gpush.train.logger'
 local P = require 'gpush.experiments.polychromic'
 local raise = rt.raise
@@ -242,25 +243,7 @@ doc(L.reset_adapters, 'gp.polychromic.lm.reset_adapters(model, seed)', 'every Lo
 function L.base_memory(model)
   local adapter = {}
   for _, p in ipairs(lora.parameters(model)) do adapter[p] = true end
-  local r = {bytes = 0, params = 0, quant_bytes = 0, quant_params = 0}
-  local seen = {}
-  nn.walk(model, '', function(kind, _, v)
-    if kind == 'module' then
-      local w = rawget(v, 'weight')
-      if w ~= nil and gp.is_quantized(w) and not seen[w] then
-        seen[w] = true
-        local n = w.shape[1] * w.shape[2]
-        r.bytes, r.params = r.bytes + w.nbytes, r.params + n
-        r.quant_bytes, r.quant_params = r.quant_bytes + w.nbytes, r.quant_params + n
-      end
-    end
-  end)
-  for _, p in ipairs(model:parameters()) do -- a tied head is the embedding's tensor: counted once
-    if not seen[p] and not adapter[p] then
-      seen[p] = true
-      r.bytes, r.params = r.bytes + p:numel() * p:element_size(), r.params + p:numel()
-    end
-  end
+  local r = nn.weight_stats(model, adapter)
   r.bytes_per_param = r.params > 0 and r.bytes / r.params or 0
   r.quant_bytes_per_param = r.quant_params > 0 and r.quant_bytes / r.quant_params or nil
   return r

@@ -154,21 +154,39 @@ doc(nn.quantize_linears, "gp.nn.quantize_linears(model, {kind='nf4', block=64, t
   "replace the model's nn.Linear modules whose dotted names match a target pattern (default: gp.lora's, the attention and MLP Linears) by frozen nn.Linear4 over their quantized weights; returns the model. QLoRA: this, then gp.lora.apply(model)")
 
 
--- every weight byte a forward reads: the parameters (each tensor once) and
--- the quantized weights' codes and scales (each once: a tied head shares its
--- embedding's)
-function nn.weight_bytes(model)
-  if not nn.is_module(model) then raise('weight_bytes: needs a module, got ' .. type(model)) end
-  local n, seen = 0, {}
-  for _, p in ipairs(model:parameters()) do n = n + p:numel() * p:element_size() end
+-- the model's weights on the device, each tensor once (a tied head shares its
+-- embedding's; a quantized weight at its codes' and scales' size): bytes and
+-- parameters of all, and of the quantized weights alone; skip: a set of
+-- parameters left out (a model's LoRA adapters)
+function nn.weight_stats(model, skip)
+  if not nn.is_module(model) then raise('weight_stats: needs a module, got ' .. type(model)) end
+  skip = skip or {}
+  local r = {bytes = 0, params = 0, quant_bytes = 0, quant_params = 0}
+  local seen = {}
   for _, m in ipairs(model:modules()) do
     local w = rawget(m, 'weight')
     if gp.is_quantized(w) and not seen[w] then
       seen[w] = true
-      n = n + w.nbytes
+      local n = w.shape[1] * w.shape[2]
+      r.bytes, r.params = r.bytes + w.nbytes, r.params + n
+      r.quant_bytes, r.quant_params = r.quant_bytes + w.nbytes, r.quant_params + n
     end
   end
-  return n
+  for _, p in ipairs(model:parameters()) do
+    if not seen[p] and not skip[p] then
+      seen[p] = true
+      r.bytes, r.params = r.bytes + p:numel() * p:element_size(), r.params + p:numel()
+    end
+  end
+  return r
+end
+doc(nn.weight_stats, 'gp.nn.weight_stats(model, skip=nil)',
+  "{bytes, params, quant_bytes, quant_params}: the model's weights on the device, each tensor once (a tied head once, quantized weights at their packed size), and the quantized weights alone; skip: a set of parameters to leave out")
+
+-- every weight byte a forward reads: what a decode step reads besides the KV cache
+function nn.weight_bytes(model)
+  if not nn.is_module(model) then raise('weight_bytes: needs a module, got ' .. type(model)) end
+  return nn.weight_stats(model).bytes
 end
 doc(nn.weight_bytes, 'gp.nn.weight_bytes(model)',
   "the bytes of the model's weights: its parameters (each once) and its quantized weights' codes and scales (each once); what a decode step reads besides the KV cache")
