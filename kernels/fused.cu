@@ -167,15 +167,7 @@ template <typename T, bool RMS> struct AddNormOp {
       rs = rsqrtf(group_sum(s, tpr, sh) / (float)D + eps);
     } else {
       mu = group_sum(s, tpr, sh) / (float)D;
-      float d2 = 0.f;
-#pragma unroll
-      for (int k = 0; k < NV; k++)
-#pragma unroll
-        for (int e = 0; e < V; e++) {
-          const float d = v[k * V + e] - mu;
-          if (row_in<V>(k, e, lane, tpr, D)) d2 += d * d;
-        }
-      rs = rsqrtf(group_sum(d2, tpr, sh) / (float)D + eps);
+      rs = rsqrtf(group_sum(row_dev2<V, NV, true>(v, mu, lane, tpr, D), tpr, sh) / (float)D + eps);
     }
     row_load<T, V, NV, false>(w, D, lane, tpr, q, 0.f);
 #pragma unroll

@@ -136,14 +136,7 @@ template <typename T, bool RMS> struct NormOp {
       for (int i = 0; i < NV * V; i++) s += v[i];
       mu = group_sum(s, tpr, sh) / (float)D;
     }
-    float q = 0.f;
-#pragma unroll
-    for (int k = 0; k < NV; k++)
-#pragma unroll
-      for (int e = 0; e < V; e++) {
-        float d = v[k * V + e] - mu;
-        if (RMS || row_in<V>(k, e, lane, tpr, D)) q += d * d;
-      }
+    const float q = row_dev2<V, NV, !RMS>(v, mu, lane, tpr, D);
     const float rs = rsqrtf(group_sum(q, tpr, sh) / (float)D + eps);
     if (RMS) {
 #pragma unroll

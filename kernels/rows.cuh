@@ -25,6 +25,21 @@ template <int V> __device__ __forceinline__ bool row_in(int k, int e, int lane, 
   return ((int64_t)k * tpr + lane) * V + e < D;
 }
 
+/* the sum of (v - mu)^2 over this thread's part of a row; MASK: elements past the row left out (they hold
+ * the load's fill, which is 0: without MASK they add mu^2 each, nothing when mu is 0) */
+template <int V, int NV, bool MASK>
+__device__ __forceinline__ float row_dev2(const float (&v)[NV * V], float mu, int lane, int tpr, int64_t D) {
+  float q = 0.f;
+#pragma unroll
+  for (int k = 0; k < NV; k++)
+#pragma unroll
+    for (int e = 0; e < V; e++) {
+      const float d = v[k * V + e] - mu;
+      if (!MASK || row_in<V>(k, e, lane, tpr, D)) q += d * d;
+    }
+  return q;
+}
+
 /* load the thread's part of a row; missing elements get `fill`. STREAM: evict-first hint */
 template <typename T, int V, int NV, bool STREAM = true>
 __device__ __forceinline__ void row_load(const T *p, int64_t D, int lane, int tpr, float (&r)[NV * V], float fill) {

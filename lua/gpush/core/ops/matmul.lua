@@ -214,10 +214,8 @@ function gp.linear(x, w, b)
   local rows, oshape = 1, {}
   for i = 1, #sx - 1 do rows = rows * sx[i]; oshape[i] = sx[i] end
   oshape[#sx] = w:size(1)
-  -- one row (a decode step) of bf16/f16 on the GPU, in at most 1024: a warp a row of w (gp.k.rows_linear,
-  -- with a bias gp.k.rows_linear_bias) reaches the weight sooner than cuBLAS (H100: 2.5-3.9 us against 3.3-4.5
-  -- at SmolLM2's and GPT-2's widths); wider rows and more of them stay on cuBLAS, which wins there. The
-  -- gradient is linear's rule either way.
+  -- few rows (a decode step) of bf16/f16 on the GPU: gp.k.rows_linear (with a bias gp.k.rows_linear_bias)
+  -- where rows_path says it beats cuBLAS. The gradient is linear's rule either way.
   if rows_path(x, w, b, rows) then
     local y = empty(oshape, x.dtype, x.device, 'linear')
     if b == nil then K.rows_linear(y:view {rows, w:size(1)}, x:reshape {rows, sx[#sx]}:contiguous(), w)
