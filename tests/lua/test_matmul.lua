@@ -249,6 +249,41 @@ T.test('matmul cuda: gemv option, m = 1 and n = 1, batched and strided', functio
   if not ok then error(err, 0) end
 end)
 
+-- 16-bit outputs of a count that is not a multiple of 8 (GPT-2's 50257): gp.linear computes them as two products
+-- into rows padded to a multiple of 8, forward and backward (cuBLAS is slow on the unaligned shape); values and
+-- gradients against f32 products, into kept .grad buffers and fresh ones, for a few rows and for many
+T.test('linear cuda: 16-bit outputs not a multiple of 8 (padded rows), forward and backward', function()
+  T.cuda()
+  for _, dt in ipairs {'bf16', 'f16'} do
+    local o = {dtype = dt, device = 'cuda'}
+    for _, c in ipairs {{33, 96, 4099}, {300, 64, 8197}, {2, 3, 40, 4103}} do
+      local lead, K, N = {unpack(c, 1, #c - 2)}, c[#c - 1], c[#c]
+      local xs = {unpack(lead)}; xs[#xs + 1] = K
+      local rows = 1
+      for _, d in ipairs(lead) do rows = rows * d end
+      local x = (gp.randn(xs, o) * 0.5):requires_grad_()
+      local w = (gp.randn({N, K}, o) * (1 / math.sqrt(K))):requires_grad_()
+      local b = gp.randn({N}, o):requires_grad_()
+      local ys = {unpack(lead)}; ys[#ys + 1] = N
+      local gy = gp.randn(ys, o)
+      local what = dt .. ' ' .. table.concat(c, 'x')
+      local y, n = T.launches(function() return gp.linear(x, w, b) end)
+      T.eq(n.matmul_bias, 2, what .. ': two products')
+      T.ok(y:is_contiguous(), what .. ': packed rows')
+      local xf, wf, bf, gf = x:detach():to('f32'):reshape {rows, K}, w:detach():to('f32'), b:detach():to('f32'),
+        gy:to('f32'):reshape {rows, N}
+      T.ok(T.relnorm(y:to('f32'):reshape {rows, N}, xf:matmul(wf:t()) + bf) < 1e-2, what .. ' y')
+      for round = 1, 2 do -- a fresh .grad, then accumulated into the kept one
+        y = gp.linear(x, w, b)
+        y:backward(gy)
+        T.ok(T.relnorm(x.grad:to('f32'):reshape {rows, K}, gf:matmul(wf) * round) < 2e-2, what .. ' dx ' .. round)
+        T.ok(T.relnorm(w.grad:to('f32'), gf:t():matmul(xf) * round) < 2e-2, what .. ' dw ' .. round)
+        T.ok(T.relnorm(b.grad:to('f32'), gf:sum(1) * round) < 2e-2, what .. ' db ' .. round)
+      end
+    end
+  end
+end)
+
 T.test('matmul cuda: TF32 within 3e-3, exact f32 without', function()
   T.cuda()
   local I = {a = cpu {200, 300}, b = cpu {300, 150}}
