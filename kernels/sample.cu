@@ -13,14 +13,14 @@
  *      and every segment's start; then each warp writes its probs and the
  *      warp whose segment holds u * (kept mass) finds the first element
  *      whose running mass exceeds it.
- * Few rows (at most SMs / 8, rows of 4,096 or more, compute capability 9.0):
- * a row is split over a cluster of 8 blocks (Hopper's thread block
- * clusters), each block a contiguous slice: every pass runs over an eighth
- * of the row, and each block's histogram, maximum, mass, pick is read by its
+ * Rows of 4,096 or more on compute capability 9.0, as many as the SMs hold
+ * (sample_cluster): a row is split over a cluster of 8, 4 or 2 blocks
+ * (Hopper's thread block clusters), each block a contiguous slice: every
+ * pass runs over that share of the row, and each block's histogram, maximum, mass, pick is read by its
  * peers through distributed shared memory after a cluster barrier, combined
  * in rank order, so that every block makes the same choices (a batch-1
- * decode step's sampling ran on one SM; GPUSH_SAMPLE_CLUSTER=1 or 8 forces
- * either).
+ * decode step's sampling ran on one SM; GPUSH_SAMPLE_CLUSTER=1, 2, 4 or 8
+ * forces one).
  * The histograms add integers (counts; masses in 32-bit fixed point) into
  * histograms private to pairs of warps, so their sums do not depend on the
  * order of the atomics; every other reduction has a fixed order: a rerun
@@ -29,6 +29,7 @@
  * 49,152 with top-p on the H200). Semantics and the CPU reference
  * (bisection in double): sample.c. */
 #include <cooperative_groups.h>
+#include <type_traits>
 
 #include "gp_hd.h"
 #include "rows.cuh"
@@ -414,17 +415,25 @@ __global__ void __launch_bounds__(1024) k_sample(int64_t *out, T *probs, const T
   cl_sync<CL>(); /* no block leaves while a peer may read it */
 }
 
-/* rows split over clusters of 8 blocks (1: one block a row): few rows of 4,096 or more on compute
- * capability 9.0 whose kernel is PTX 9.0 or later; GPUSH_SAMPLE_CLUSTER=1|8 forces the choice (8 still needs
- * the hardware) */
+/* rows split over clusters of 8, 4 or 2 blocks (1: one block a row): rows of 4,096 or more on compute capability
+ * 9.0 whose kernel is PTX 9.0 or later, the largest cluster that leaves the rows' blocks within one block an SM
+ * (8 up to SMs / 8 rows; a batch of 32 rows takes 4: H200, top-k 50 + top-p 0.9 over 49,152 bf16 logits, 52 us
+ * a step with one block a row); GPUSH_SAMPLE_CLUSTER=1|2|4|8 forces the choice (all but 1 still need the
+ * hardware) */
 template <typename T> static int sample_cluster(int64_t n, int64_t v) {
   static const int forced = [] { /* read once a process */
     const char *e = getenv("GPUSH_SAMPLE_CLUSTER");
-    return e && *e ? atoi(e) : 0;
+    const int c = e && *e ? atoi(e) : 0;
+    return c == 1 || c == 2 || c == 4 || c == 8 ? c : 0;
   }();
-  const int want = forced ? forced : (n * 8 <= gp_cuda_sm_count() && v >= 4096 ? 8 : 1);
+  int want = forced;
+  if (!want) {
+    want = 1;
+    for (int c = 8; c > 1 && want == 1 && v >= 4096; c /= 2)
+      if (n * c <= gp_cuda_sm_count()) want = c;
+  }
   static int ptx90[8];
-  return want == 8 && gp_cuda_cc() >= 90 && gp_cuda_ptx90((const void *)k_sample<T, true, 8>, ptx90) ? 8 : 1;
+  return want > 1 && gp_cuda_cc() >= 90 && gp_cuda_ptx90((const void *)k_sample<T, true, 8>, ptx90) ? want : 1;
 }
 
 template <typename T, bool VEC, int CL>
@@ -453,15 +462,20 @@ extern "C" int gp_cuda_sample(gp_tensor *out, gp_tensor *probs, const gp_tensor 
   GP_FLOAT_SWITCH(logits->dtype, T, {
     const T *px = (const T *)gp_ptr(logits);
     T *pp = (T *)gp_ptr(probs);
-    const int cl = sample_cluster<T>(n, v);
-    if (vec && cl == 8)
-      sample_launch<T, true, 8>(n, v, po, pp, px, seed, offset, inv_t, greedy, top_k, (float)top_p, lmin);
-    else if (cl == 8)
-      sample_launch<T, false, 8>(n, v, po, pp, px, seed, offset, inv_t, greedy, top_k, (float)top_p, lmin);
-    else if (vec)
-      sample_launch<T, true, 1>(n, v, po, pp, px, seed, offset, inv_t, greedy, top_k, (float)top_p, lmin);
-    else
-      sample_launch<T, false, 1>(n, v, po, pp, px, seed, offset, inv_t, greedy, top_k, (float)top_p, lmin);
+    auto go = [&](auto vec_c, auto cl_c) {
+      sample_launch<T, decltype(vec_c)::value, decltype(cl_c)::value>(n, v, po, pp, px, seed, offset, inv_t, greedy,
+                                                                      top_k, (float)top_p, lmin);
+    };
+    auto by_cluster = [&](auto vec_c) {
+      switch (sample_cluster<T>(n, v)) {
+      case 8: go(vec_c, std::integral_constant<int, 8>()); break;
+      case 4: go(vec_c, std::integral_constant<int, 4>()); break;
+      case 2: go(vec_c, std::integral_constant<int, 2>()); break;
+      default: go(vec_c, std::integral_constant<int, 1>());
+      }
+    };
+    if (vec) by_cluster(std::true_type());
+    else by_cluster(std::false_type());
   });
   return gp_cuda_check_launch("sample");
 }

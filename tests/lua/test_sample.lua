@@ -254,10 +254,10 @@ T.test('sample (cuda): the same distributions and tokens as the CPU for the same
       end
     end
   end
-  -- the cases above and the chi-square again with each row split over a cluster of 8 blocks (down to slices
-  -- left empty: V 1, 7 and 8), and with one block a row (here V >= 4096 takes clusters on a Hopper GPU)
+  -- the cases above and the chi-square again with each row split over a cluster of 8, 4 or 2 blocks (down to
+  -- slices left empty: V 1, 7 and 8), and with one block a row (here V >= 4096 takes clusters on a Hopper GPU)
   if not os.getenv('GPUSH_SAMPLE_CLUSTER') then
-    for _, c in ipairs {'1', '8'} do
+    for _, c in ipairs {'1', '2', '4', '8'} do
       for _, name in ipairs {'the same distributions and tokens as the CPU', 'filtered distribution (cuda)',
                              'bf16 rows agree with the CPU'} do
         local out, rc = T.sh('GPUSH_SAMPLE_CLUSTER=' .. c .. ' ' .. T.exe .. ' ' .. T.root .. '/tests/lua/run.lua "' .. name .. '"')
