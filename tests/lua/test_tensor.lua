@@ -357,3 +357,33 @@ T.test('printing shows requires_grad, and the op of a result', function()
   T.ok(tostring(x * 2):find('grad_fn=mul)', 1, true), tostring(x * 2))
   T.ok(not tostring(gp.ones {2}):find('grad', 1, true))
 end)
+
+-- copies between packed rows and rows padded apart (gp.linear's padded products): the GPU's row kernel
+-- (16-byte vectors on the packed side) equals the CPU's copy, both ways, for widths that are not a multiple of
+-- the vector, and a copy that does not fit it (both sides padded) still runs the generic kernel
+T.test('copy (cuda): packed rows to padded rows and back equal the CPU', function()
+  T.cuda()
+  local function same(a, b, what)
+    local fa, fb = T.flat(a:cpu():to('f64')), T.flat(b:to('f64'))
+    T.eq(#fa, #fb, what)
+    for k = 1, #fa do if fa[k] ~= fb[k] then T.eq(fa[k], fb[k], what .. ' at ' .. k) end end
+  end
+  for _, dt in ipairs {'bf16', 'f16', 'f32', 'u8', 'i64'} do
+    for _, s in ipairs {{7, 13, 3}, {33, 1001, 7}, {3, 4099, 5}, {2, 1, 1}} do
+      local rows, n, pad = s[1], s[2], s[3]
+      local c = (gp.randn({rows, n + pad}, {device = 'cpu'}) * 50):to(dt)
+      local g = c:cuda()
+      local what = string.format('%s %dx%d (+%d)', dt, rows, n, pad)
+      local packed = g:narrow(2, 1, n):contiguous() -- padded -> packed
+      same(packed, c:narrow(2, 1, n):contiguous(), what .. ' to packed')
+      local dst = gp.zeros({rows, n + pad}, {dtype = dt, device = 'cuda'})
+      dst:narrow(2, 1, n):copy_(packed) -- packed -> padded
+      local want = gp.zeros({rows, n + pad}, {dtype = dt, device = 'cpu'})
+      want:narrow(2, 1, n):copy_(c:narrow(2, 1, n))
+      same(dst, want, what .. ' to padded (the pads untouched)')
+      local both = gp.zeros({rows, n + pad + 1}, {dtype = dt, device = 'cuda'})
+      both:narrow(2, 1, n):copy_(g:narrow(2, 1, n)) -- padded -> padded
+      same(both:narrow(2, 1, n), c:narrow(2, 1, n), what .. ' padded to padded')
+    end
+  end
+end)
