@@ -253,6 +253,54 @@ T.test('models: the residual adds run fused with the norms after them: the same 
   T.ok(T.relnorm(lg1, e.logits) < 1e-4)
 end)
 
+-- model:loss (GPT and Llama): gp.linear_cross_entropy over the final hidden states and the head, never the whole
+-- logits: the loss and every gradient of the logits' path (a tied head's too), its options, and the heads it
+-- cannot take
+T.test('models: model:loss equals cross_entropy of the logits, gradients too, without the logits', function()
+  for _, name in ipairs {'llama_gqa', 'gpt2'} do
+    local m = gp.models.load(root .. '/' .. name, {dtype = 'f32', device = 'cpu'})
+    local e = expected(name)
+    local ids = e.ids
+    local tg = ids:clone()
+    tg:narrow(2, 1, 2):fill_(-100) -- ignored positions
+    local params = m:parameters()
+    local function grads(f)
+      for _, p in ipairs(params) do p:zero_grad() end
+      local l = f()
+      l:backward()
+      local g = {}
+      for i, p in ipairs(params) do g[i] = p.grad and p.grad:clone() end
+      return l, g
+    end
+    local l1, g1 = grads(function() local _, l = m(ids, tg); return l end)
+    local launched
+    local l2, g2 = grads(function()
+      local l, n = T.launches(function() return m:loss(ids, tg, {chunk = 3}) end)
+      launched = n
+      return l
+    end)
+    T.near(l2:item(), l1:item(), 1e-5, name .. ' loss')
+    -- chunks of 3 rows: each chunk's logits, loss and gradient, dh and dw (the whole logits never made)
+    local chunks = math.ceil(ids:numel() / 3)
+    T.eq(launched.cross_entropy_fwd_bwd, chunks, name .. ': a loss kernel a chunk')
+    local _, body = T.launches(function() return m:hidden(ids) end)
+    T.eq(launched.matmul - (body.matmul or 0), 3 * chunks, name .. ': three products a chunk')
+    for i = 1, #params do
+      if g1[i] then T.ok(T.relnorm(g2[i], g1[i]) < 1e-4, name .. ' grad ' .. i .. ': ' .. T.relnorm(g2[i], g1[i])) end
+    end
+    local s = m:loss(ids, tg, {reduction = 'sum'})
+    T.near(s:item(), l1:item() * (tg:numel() - 2 * tg:size(1)), 1e-4, name .. ' sum')
+    T.raises(function() m:loss(ids, gp.zeros({1, 3}, {dtype = 'i64', device = 'cpu'})) end, 'linear_cross_entropy',
+      'targets')
+  end
+  local m = gp.nn.GPT {vocab_size = 20, block_size = 8, n_embd = 16, n_layer = 1, n_head = 2}
+  m.lm_head = nn.Linear(16, 20)
+  T.raises(function() m:loss(gp.zeros({1, 4}, {dtype = 'i64'}), gp.zeros({1, 4}, {dtype = 'i64'})) end, 'GPT:loss',
+    'unbiased nn.Linear')
+  T.raises(function() m:loss(gp.zeros({1, 9}, {dtype = 'i64'}), gp.zeros({1, 9}, {dtype = 'i64'})) end, 'GPT:loss',
+    'block_size')
+end)
+
 T.test('models: a Llama decode step runs SwiGLU and the down projection as one kernel: the logits of the two kernels', function()
   local devs = {'cpu'}
   if gp.cuda_available() then devs[2] = 'cuda' end

@@ -119,9 +119,16 @@ T.test('polychromic.lm: log-probabilities over the reply columns only equal the 
     -- nothing scored before from
     T.eq(ro.targets:narrow(2, 1, ro.from - 1):ne(-100):sum():item(), 0)
   end)
-  T.raises(function() P.token_logp(gp.nn.GPT {vocab_size = 8, block_size = 8, n_embd = 8, n_layer = 1, n_head = 1},
-    gp.zeros({1, 6}, {dtype = 'i64', device = 'cpu'}), gp.zeros({1, 3}, {dtype = 'i64', device = 'cpu'})) end,
-    'token_logp', 'targets have 3 columns for rows of 6 tokens')
+  -- a model without :hidden scores every column; an nn.GPT has :hidden, and its head runs on the last columns only
+  local plain = setmetatable({}, {__call = function(_, x) return gp.zeros({x:size(1), x:size(2), 8}) end})
+  T.raises(function() P.token_logp(plain, gp.zeros({1, 6}, {dtype = 'i64', device = 'cpu'}),
+    gp.zeros({1, 3}, {dtype = 'i64', device = 'cpu'})) end, 'token_logp', 'targets have 3 columns for rows of 6 tokens')
+  local g = gp.nn.GPT {vocab_size = 8, block_size = 8, n_embd = 8, n_layer = 1, n_head = 1}
+  local ids, t5 = gp.randint(0, 8, {2, 6}), gp.randint(0, 8, {2, 5})
+  gp.no_grad(function()
+    T.ok(T.relnorm(P.token_logp(g, ids, t5:narrow(2, 3, 3)), P.token_logp(g, ids, t5):narrow(2, 3, 3)) < 1e-5,
+      'nn.GPT: the last columns alone')
+  end)
 end)
 
 T.test('polychromic.lm: the experiment end to end on the fixtures (NF4 base, LoRA, checked rewards, encoder diversity, report)', function()

@@ -178,14 +178,9 @@ doc(P.load_reward, 'gp.polychromic.load_reward(path)', 'a Lua file returning fun
 ---------------------------------------------------------------------------
 -- model pieces
 
--- final hidden states (B, T, C) of an nn.GPT (after ln_f)
-function P.hidden(model, idx)
-  local T = idx:size(2)
-  local x = model.wte(idx) + model.wpe(model:positions(T, idx.device))
-  for _, b in ipairs(model.h) do x = b(x) end
-  return model.ln_f(x)
-end
-doc(P.hidden, 'gp.polychromic.hidden(gpt, idx)', 'the final hidden states (B, T, C) of an nn.GPT (after ln_f, before lm_head)')
+-- final hidden states (B, T, C) of an nn.GPT or a Llama (after the final norm): model:hidden
+function P.hidden(model, idx) return model:hidden(idx) end
+doc(P.hidden, 'gp.polychromic.hidden(model, idx)', 'the final hidden states (B, T, C) of an nn.GPT or a Llama (model:hidden: after the final norm, before lm_head)')
 
 -- pretrain the base on valid examples: one example per row, "prompt reply\n",
 -- left-aligned, the loss on every token of the example
@@ -278,7 +273,7 @@ function P.rollout(policy, tok, prompts, opts)
   ro.pool = gp.tensor(pool, {dtype = 'f32', device = dev})
   ro.T = Tm
   -- the first target column that can be scored (the shortest prompt's last position): a model with
-  -- :hidden (the Llama family) computes its head over columns from there on only (token_logp)
+  -- :hidden (nn.GPT, the Llama family) computes its head over columns from there on only (token_logp)
   local pmin = math.huge
   for i = 1, R do pmin = math.min(pmin, ro.plens[i]) end
   ro.from = policy.hidden and pmin or 1
@@ -305,7 +300,7 @@ function P.token_logp(model, full, targets)
   return -gp.cross_entropy(logits, targets, {reduction = 'none'})
 end
 doc(P.token_logp, 'gp.polychromic.token_logp(model, full, targets)',
-  'teacher-forced log p of every target token (R, T-1), 0 where the target is -100; differentiable. Targets of K < T-1 columns score the last K positions only (models with :hidden, e.g. the Llama family: the head runs on those K)')
+  'teacher-forced log p of every target token (R, T-1), 0 where the target is -100; differentiable. Targets of K < T-1 columns score the last K positions only (models with :hidden, nn.GPT and the Llama family: the head runs on those K)')
 
 -- the scored target columns of a rollout: ro.from .. T-1
 local function scored_targets(ro)

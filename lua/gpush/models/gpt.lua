@@ -83,21 +83,33 @@ local function blocks_norm(self, x, cache, pos)
   return self.ln_f(x)
 end
 
--- idx (B, T) of 0-based token ids -> logits (B, T, vocab); with targets (B, T) also the mean cross-entropy
-function GPT:forward(idx, targets)
+-- idx (B, T) of 0-based token ids -> the final hidden states (B, T, n_embd) (ln_f applied; lm_head of them
+-- gives the logits)
+function GPT:hidden(idx, op)
+  op = op or 'GPT'
   if not is_tensor(idx) or idx:dim() ~= 2 or (idx.dtype ~= 'i64' and idx.dtype ~= 'i32') then
-    raise('GPT: idx must be a (B, T) tensor of i64 (or i32) token ids, got ' ..
+    raise(op .. ': idx must be a (B, T) tensor of i64 (or i32) token ids, got ' ..
       (is_tensor(idx) and (idx.dtype .. ' ' .. shape_str(idx.shape)) or type(idx)))
   end
   local T = idx:size(2)
   if T > self.config.block_size then
-    raise(string.format('GPT: the sequence has %d tokens but block_size is %d', T, self.config.block_size))
+    raise(string.format('%s: the sequence has %d tokens but block_size is %d', op, T, self.config.block_size))
   end
   local x = self.wte(idx) + self.wpe(self:positions(T, idx.device))
-  x = self.drop(x)
-  local logits = self.lm_head(blocks_norm(self, x))
+  return blocks_norm(self, self.drop(x))
+end
+
+-- idx (B, T) of 0-based token ids -> logits (B, T, vocab); with targets (B, T) also the mean cross-entropy
+function GPT:forward(idx, targets)
+  local logits = self.lm_head(self:hidden(idx))
   if targets ~= nil then return logits, gp.cross_entropy(logits, targets) end
   return logits
+end
+
+-- the cross-entropy of targets (B, T) without the logits: gp.linear_cross_entropy over the final hidden states
+-- and the head's weight, chunk by chunk (opts: its ignore_index, reduction, chunk)
+function GPT:loss(idx, targets, opts)
+  return nn.head_loss(self, 'GPT:loss', self:hidden(idx, 'GPT:loss'), targets, opts)
 end
 -- incremental forward for generation (eval mode, no dropout): idx_new (B, Tnew)
 -- are the tokens at positions pos .. pos+Tnew-1 (pos defaults to cache:len());
@@ -140,6 +152,10 @@ function GPT:_forward_at(idx, cache, pos)
   local x = self.wte(idx) + self.wpe(pos:view {1, 1})
   return self.lm_head(blocks_norm(self, x, cache, at))
 end
+
+doc(GPT.hidden, 'model:hidden(idx)', 'the final hidden states (B, T, n_embd) of token ids idx (B, T): ln_f applied, before lm_head')
+doc(GPT.loss, 'model:loss(idx, targets, opts)',
+  'the mean cross-entropy of targets (B, T) computed by gp.linear_cross_entropy over the final hidden states and lm_head\'s weight: the (B T, vocab) logits never exist whole (opts: ignore_index, reduction, chunk)')
 
 function GPT:extra_repr()
   local c = self.config

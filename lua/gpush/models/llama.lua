@@ -405,6 +405,11 @@ function Llama:forward(idx, targets)
   return logits
 end
 
+-- the cross-entropy of targets (B, T) without the logits (gp.linear_cross_entropy; see GPT:loss)
+function Llama:loss(idx, targets, opts)
+  return nn.head_loss(self, 'Llama:loss', self:hidden(idx), targets, opts)
+end
+
 -- a KV cache for this model: Hkv heads per layer (grouped-query attention stores each KV head once)
 -- (kv_dtype 'int8' or 'fp8': compressed keys and values, gp.KVCache)
 function Llama:new_cache(batch, capacity, dtype, device, kv_dtype)
@@ -469,6 +474,8 @@ gp.doc(Llama.supports_device_positions, 'llama:supports_device_positions(cache)'
   'true when forward_cached can take a device position with this cache (a gp.KVCache, a head dim decode attention ' ..
   'takes): gp.generate then replays its decode step as a CUDA graph')
 gp.doc(Llama.new_cache, 'llama:new_cache(batch, capacity, dtype, device, kv_dtype=nil)', 'a gp.KVCache with the model\'s KV heads per layer (kv_dtype \'int8\' or \'fp8\': compressed)')
+gp.doc(Llama.loss, 'llama:loss(idx, targets, opts)',
+  'the mean cross-entropy of targets (B, T) by gp.linear_cross_entropy over the final hidden states and lm_head\'s weight: the (B T, vocab) logits never exist whole (opts: ignore_index, reduction, chunk)')
 gp.doc(Llama.hidden, 'llama:hidden(idx)', 'the final hidden states (B, T, d) of ids (B, T): after model.norm, before lm_head (logits = llama.lm_head(h))')
 
 Llama.config_of = config_of

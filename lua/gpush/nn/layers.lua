@@ -23,6 +23,17 @@ function Linear:extra_repr()
   return string.format('%d -> %d%s', self.in_features, self.out_features, self.bias and '' or ', no bias')
 end
 
+-- a language model's loss from its final hidden states h (..., d): the cross-entropy of targets (...) through
+-- model.lm_head (an unbiased nn.Linear) by gp.linear_cross_entropy, without the logits whole (GPT:loss, Llama:loss)
+function nn.head_loss(model, op, h, targets, opts)
+  local head = model.lm_head
+  if getmetatable(head) ~= Linear._imt or head.bias ~= nil then
+    raise(op .. ': lm_head must be an unbiased nn.Linear (not quantized, no adapter) for the fused loss; take ' ..
+      'the logits of model(idx) and gp.cross_entropy instead')
+  end
+  return gp.linear_cross_entropy(h, head.weight, targets, opts)
+end
+
 -- rows of a (n, d) table picked by 0-based ids; weight ~ N(0, 1)
 local Embedding = Module:extend('Embedding')
 nn.Embedding = Embedding
