@@ -201,15 +201,7 @@ local function rows_path(x, w, b, rows)
       b:size(1) == w:size(1) and b:is_contiguous()))
 end
 
--- 16-bit outputs of a count n that is not a multiple of 8 (GPT-2's 50257) make cuBLAS take slow kernels, in the
--- forward and in both products of the backward (H200, 768 -> 50257 at 8192 rows: 6.67, 6.22 and 4.34 ms), and
--- for rows padded to a multiple of 8 too. gp.linear computes the first na (a multiple of 8) outputs and the rest
--- as two products into rows padded to na + 8, and its backward takes the gradient into such rows the same way
--- (1.87 ms forward, the copy out into packed rows included; 0.83 + 0.81 ms backward after a 1.0 ms copy in).
--- Returns na where that applies.
-local function padded_outs(x, n)
-  if HALF[x.dtype] and n % 8 ~= 0 and n >= 4096 and x.device == 'cuda' then return n - n % 8 end
-end
+local padded_outs = common.padded_outs
 
 function gp.linear(x, w, b)
   if gp.is_quantized(w) then return gp.nf4_linear(x, w, b) end -- a quantized weight (ops/nf4.lua)
@@ -237,7 +229,7 @@ function gp.linear(x, w, b)
   if na then
     local n = w:size(1)
     local yp = empty({rows, na + 8}, x.dtype, x.device, 'linear')
-    for _, p in ipairs {{1, na}, {na + 1, n - na}} do
+    for _, p in ipairs(common.out_parts(n, na)) do
       local i, m = p[1], p[2]
       mm('linear', x2, w:narrow(1, i, m):t(), {bias = b and b:narrow(1, i, m), out = yp:narrow(2, i, m)})
     end
@@ -565,7 +557,7 @@ autograd.def_function('linear', function(g, a)
   -- (padded_outs) the gradient into rows padded to a multiple of 8, each product in two parts
   local gq = empty({rows, na + 8}, g2.dtype, g2.device, 'linear'):narrow(2, 1, O)
   K.copy(gq, g2)
-  local parts, x2 = {{1, na}, {na + 1, O - na}}, x:reshape {rows, I}
+  local parts, x2 = common.out_parts(O, na), x:reshape {rows, I}
   local dx, dw
   if autograd.needs(x) then
     dx = empty({rows, I}, x.dtype, x.device, 'linear')
