@@ -273,6 +273,7 @@ T.test('linear cuda: 16-bit outputs not a multiple of 8 (padded rows), forward a
       local xf, wf, bf, gf = x:detach():to('f32'):reshape {rows, K}, w:detach():to('f32'), b:detach():to('f32'),
         gy:to('f32'):reshape {rows, N}
       T.ok(T.relnorm(y:to('f32'):reshape {rows, N}, xf:matmul(wf:t()) + bf) < 1e-2, what .. ' y')
+      T.raises(function() gp.linear(x:detach(), w:detach(), gp.zeros({5}, o)) end, 'linear', 'b must be (' .. N .. ')')
       for round = 1, 2 do -- a fresh .grad, then accumulated into the kept one
         y = gp.linear(x, w, b)
         y:backward(gy)

@@ -228,6 +228,10 @@ function gp.linear(x, w, b)
   local na = padded_outs(x, w:size(1))
   if na then
     local n = w:size(1)
+    if b ~= nil and not (is_tensor(b) and b:dim() == 1 and b:size(1) == n) then
+      raise(string.format('linear: b must be (%d) for w %s, got %s', n, shape_str(w.shape),
+        is_tensor(b) and shape_str(b.shape) or type(b)))
+    end
     local yp = empty({rows, na + 8}, x.dtype, x.device, 'linear')
     for _, p in ipairs(common.out_parts(n, na)) do
       local i, m = p[1], p[2]
