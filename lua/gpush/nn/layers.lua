@@ -33,6 +33,8 @@ function nn.head_loss(model, op, h, targets, opts)
   end
   return gp.linear_cross_entropy(h, head.weight, targets, opts)
 end
+doc(nn.head_loss, 'gp.nn.head_loss(model, op, h, targets, opts)',
+  'the cross-entropy of targets through model.lm_head (an unbiased nn.Linear) from the final hidden states h by gp.linear_cross_entropy, the logits never whole; op names the caller in errors (what GPT:loss and Llama:loss run)')
 
 -- rows of a (n, d) table picked by 0-based ids; weight ~ N(0, 1)
 local Embedding = Module:extend('Embedding')
