@@ -130,20 +130,21 @@ function M.with_last(lead, last)
   return s
 end
 
--- rows per chunk: a scratch of about 256 MiB, at most N
 -- 16-bit outputs of a count n that is not a multiple of 8 (GPT-2's 50257) make cuBLAS take slow kernels, in the
 -- forward and in both products of the backward (H200, 768 -> 50257 at 8192 rows: 6.67, 6.22 and 4.34 ms), and
 -- for rows padded to a multiple of 8 too. gp.linear and the losses fused with the head compute the first na (a
 -- multiple of 8) outputs and the rest as two products into rows padded to na + 8 (out_parts), and take the
--- gradient into such rows the same way (1.87 ms forward, the copy out into packed rows included; 0.83 + 0.81 ms
+-- gradient into such rows the same way (1.62 ms forward, the copy out into packed rows included; 0.83 + 0.81 ms
 -- backward after the copy in). Returns na where that applies.
 local HALF = {bf16 = true, f16 = true}
+M.HALF = HALF
 function M.padded_outs(x, n)
   if HALF[x.dtype] and n % 8 ~= 0 and n >= 4096 and x.device == 'cuda' then return n - n % 8 end
 end
 -- the two column ranges {first (1-based), count} of n outputs split at na
 function M.out_parts(n, na) return {{1, na}, {na + 1, n - na}} end
 
+-- rows per chunk: a scratch of about 256 MiB, at most N
 local function head_chunk(N, V, es) return math.max(1, math.min(N, math.floor(2 ^ 28 / math.max(V * es, 1)))) end
 
 -- h (..., D) and w (V, D) checked; {N, D, V, lead, hh (N, D), h, w, C}

@@ -14,7 +14,7 @@ local C, raise = rt.C, rt.raise
 local like, grad_buffer = common.like, common.grad_buffer
 local K = tensor.K
 local FLOAT = require('gpush.core.dtype').FLOAT
-local HALF = {bf16 = true, f16 = true}
+local HALF = common.HALF
 local Tensor, empty, is_tensor, shape_str = tensor.Tensor, tensor.empty, tensor.is_tensor, tensor.shape_str
 local doc = gp.doc
 local old = ffi.new('int[1]')
