@@ -245,17 +245,27 @@ T.test('nf4: gp.nf4_linear on the GPU equals x @ dequant(W)^T in f64 (cuda)', fu
   end
   -- the tensor-core GEMV (bf16 and f16 x, K a multiple of 64) at every row
   -- count of its three tiles and past them, rows of W not a multiple of 16:
-  -- x @ dequant(W)^T within the codes' and the output's rounding
-  w = gp.randn({1000, 1536}, {device = 'cuda'})
-  q = gp.quantize(w, {block = 64})
-  local wd = q:dequantize()
-  for _, dt in ipairs {'bf16', 'f16'} do
-    for _, m in ipairs {1, 3, 8, 9, 16, 17, 32, 40, 64} do
-      local x = gp.randn({m, 1536}, {device = 'cuda'}):to(dt)
-      local y = gp.empty({m, 1000}, {dtype = dt, device = 'cuda'})
-      gp.k.nf4_gemv(y, x, q.data, q.absmax)
-      local want = x:float():matmul(wd:t())
-      T.ok(T.relnorm(y:float(), want) < 5e-3, string.format('%s M %d: %g', dt, m, T.relnorm(y:float(), want)))
+  -- x @ dequant(W)^T within the codes' and the output's rounding. 1000 rows:
+  -- a row tile a CTA, warps without work; 2500 x 576: CTAs of one or two row
+  -- tiles, 9 blocks a row (a last stage of one block, absmax loaded one by
+  -- one); 3000 x 2048: row tiles split between warps, their sums added in
+  -- shared memory (the same bits on every call)
+  for _, s in ipairs {{1000, 1536}, {2500, 576}, {3000, 2048}} do
+    w = gp.randn(s, {device = 'cuda'})
+    q = gp.quantize(w, {block = 64})
+    local wd = q:dequantize()
+    for _, dt in ipairs {'bf16', 'f16'} do
+      for _, m in ipairs {1, 3, 8, 9, 16, 17, 32, 40, 64} do
+        local x = gp.randn({m, s[2]}, {device = 'cuda'}):to(dt)
+        local y = gp.empty({m, s[1]}, {dtype = dt, device = 'cuda'})
+        gp.k.nf4_gemv(y, x, q.data, q.absmax)
+        local want = x:float():matmul(wd:t())
+        local what = string.format('%d x %d %s M %d: %g', s[1], s[2], dt, m, T.relnorm(y:float(), want))
+        T.ok(T.relnorm(y:float(), want) < 5e-3, what)
+        local y2 = gp.empty({m, s[1]}, {dtype = dt, device = 'cuda'})
+        gp.k.nf4_gemv(y2, x, q.data, q.absmax)
+        T.same(y2:float():totable(), y:float():totable(), 0, what)
+      end
     end
   end
 end)
