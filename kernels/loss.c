@@ -9,15 +9,16 @@
 extern "C" {
 #endif
 int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
-                          const gp_tensor *count, int64_t ignore, double scale);
+                          const gp_tensor *count, int64_t ignore, double scale, int64_t classes);
 int gp_cuda_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets, int64_t ignore,
                         int average);
 #ifdef __cplusplus
 }
 #endif
 
-int gp_loss_check_targets(const char *op, const gp_tensor *targets, const gp_tensor *logits, int64_t ign) {
-  int64_t n = logits->shape[0], v = logits->shape[1];
+/* every target in [0, v) or ign (v: the classes; logits' columns when 0) */
+static int check_targets(const char *op, const gp_tensor *targets, const gp_tensor *logits, int64_t ign, int64_t v) {
+  int64_t n = logits->shape[0];
   const void *pt = gp_ptr(targets);
   for (int64_t i = 0; i < n; i++) {
     int64_t t = gp_load_i64(pt, targets->dtype, i);
@@ -28,13 +29,21 @@ int gp_loss_check_targets(const char *op, const gp_tensor *targets, const gp_ten
   return GP_OK;
 }
 
+int gp_loss_check_targets(const char *op, const gp_tensor *targets, const gp_tensor *logits, int64_t ign) {
+  return check_targets(op, targets, logits, ign, logits->shape[1]);
+}
+
 static int ce(const char *op, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
-              const gp_tensor *count, double ignore_index, double scale) {
+              const gp_tensor *count, double ignore_index, double scale, double classes) {
   if (ignore_index != floor(ignore_index) || fabs(ignore_index) > 9e15)
     return gp_error("%s: ignore_index must be an integer, got %g", op, ignore_index);
   int64_t ign = (int64_t)ignore_index, n = logits->shape[0], v = logits->shape[1];
-  GP_CUDA_DISPATCH(loss, gp_cuda_cross_entropy(loss, dlogits, logits, targets, count, ign, scale));
-  GP_TRY(gp_loss_check_targets(op, targets, logits, ign));
+  if (classes != floor(classes) || classes < 0 || classes > (double)v)
+    return gp_error("%s: classes must be an integer in [0, %lld] (logits %s; 0: all), got %g", op, (long long)v,
+                    GP_SHAPE(logits), classes);
+  const int64_t vt = classes > 0 ? (int64_t)classes : v;
+  GP_CUDA_DISPATCH(loss, gp_cuda_cross_entropy(loss, dlogits, logits, targets, count, ign, scale, vt));
+  GP_TRY(check_targets(op, targets, logits, ign, vt));
   if (count) scale /= *(const float *)gp_ptr(count);
   const void *pt = gp_ptr(targets);
   const void *px = gp_ptr(logits);
@@ -64,15 +73,16 @@ static int ce(const char *op, gp_tensor *loss, gp_tensor *dlogits, const gp_tens
   return GP_OK;
 }
 
-int gp_k_cross_entropy(gp_tensor *loss, const gp_tensor *logits, const gp_tensor *targets, double ignore_index) {
+int gp_k_cross_entropy(gp_tensor *loss, const gp_tensor *logits, const gp_tensor *targets, double ignore_index,
+                       double classes) {
   GP_CHECK(cross_entropy, loss, logits, targets);
-  return ce("cross_entropy", loss, 0, logits, targets, 0, ignore_index, 1.0);
+  return ce("cross_entropy", loss, 0, logits, targets, 0, ignore_index, 1.0, classes);
 }
 
 int gp_k_cross_entropy_fwd_bwd(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits, const gp_tensor *targets,
-                               const gp_tensor *count, double ignore_index, double scale) {
+                               const gp_tensor *count, double ignore_index, double scale, double classes) {
   GP_CHECK(cross_entropy_fwd_bwd, loss, dlogits, logits, targets, count);
-  return ce("cross_entropy_fwd_bwd", loss, dlogits, logits, targets, count, ignore_index, scale);
+  return ce("cross_entropy_fwd_bwd", loss, dlogits, logits, targets, count, ignore_index, scale, classes);
 }
 
 int gp_k_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets,

@@ -85,7 +85,7 @@ __device__ __forceinline__ void block_ms(float &m, float &s) {
 
 template <typename T, typename I>
 __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const I *targets, const float *count,
-                                int64_t v, int64_t ign, float scale, bool vec, gp_bad_ref bad) {
+                                int64_t v, int64_t vt, int64_t ign, float scale, bool vec, gp_bad_ref bad) {
   int64_t row = blockIdx.x;
   const T *x = logits + row * v;
   T *g = dlogits ? dlogits + row * v : nullptr;
@@ -95,7 +95,7 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
     if (g) row_map(g, x, v, vec, [](int64_t, float) { return 0.f; });
     return;
   }
-  if (t < 0 || t >= v) {
+  if (t < 0 || t >= vt) {
     float nan = __int_as_float(0x7fc00000);
     if (threadIdx.x == 0) {
       loss[row] = nan;
@@ -133,7 +133,7 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
 template <typename T, typename I, int NT, int C>
 __global__ void __launch_bounds__(NT, 2)
     k_cross_entropy_rows(float *loss, T *dlogits, const T *logits, const I *targets, const float *count, int64_t n,
-                         int64_t v, int nk, int64_t ign, float scale, gp_bad_ref bad) {
+                         int64_t v, int64_t vt, int nk, int64_t ign, float scale, gp_bad_ref bad) {
   constexpr int W = 16 / sizeof(T);
   constexpr float L2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
   extern __shared__ uint4 sm_rows[];
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(NT, 2)
     const bool more = next < n;
     const T *nx = logits + next * v + c0;
     const int64_t tg = (int64_t)targets[row];
-    const bool skip = tg == ign, badr = !skip && (tg < 0 || tg >= v);
+    const bool skip = tg == ign, badr = !skip && (tg < 0 || tg >= vt);
     Acc a{-INFINITY, 0.f, 0.f}; /* log2 units */
     for (int k = 0; k < nk; k++) {
       cp_wait(nk - 1 - k);
@@ -217,8 +217,8 @@ __global__ void __launch_bounds__(NT, 2)
  * the streaming kernel */
 template <typename T, typename I, int NT, int C>
 static bool cross_entropy_rows(int *rc, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits,
-                               const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t ign,
-                               float scale, const gp_bad_ref &bad, bool two) {
+                               const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t vt,
+                               int64_t ign, float scale, const gp_bad_ref &bad, bool two) {
   constexpr int W = 16 / sizeof(T);
   if (v % (C * W) != 0) return false;
   const int64_t nvec = v / C / W, nk = (nvec + NT - 1) / NT;
@@ -234,14 +234,14 @@ static bool cross_entropy_rows(int *rc, gp_tensor *loss, gp_tensor *dlogits, con
   cudaLaunchConfig_t cfg = gp_cluster_cfg(dim3((unsigned)(want < slots ? want : slots)), dim3(NT), smem, C, at);
   GP_NOTE_LAUNCH(fn, NT, smem);
   cudaLaunchKernelEx(&cfg, fn, (float *)gp_ptr(loss), (T *)gp_ptr(dlogits), (const T *)gp_ptr(logits),
-                     (const I *)gp_ptr(targets), cnt, n, v, (int)nk, ign, scale, bad);
+                     (const I *)gp_ptr(targets), cnt, n, v, vt, (int)nk, ign, scale, bad);
   *rc = gp_cuda_check_launch("cross_entropy_fwd_bwd");
   return true;
 }
 
 extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits,
                                      const gp_tensor *targets, const gp_tensor *count, int64_t ignore,
-                                     double scale) {
+                                     double scale, int64_t vt) {
   int64_t n = logits->shape[0], v = logits->shape[1];
   if (n == 0) return GP_OK;
   if (n > 2147483647) return gp_error("cross_entropy: %lld rows is more than one launch handles", (long long)n);
@@ -251,7 +251,7 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   int bs = v >= 16384 ? 1024 : v >= 2048 ? 512 : v >= 256 ? 256 : 64;
   const char *op = dlogits ? "cross_entropy_fwd_bwd" : "cross_entropy";
   gp_bad_ref bad;
-  GP_TRY(gp_cuda_bad_ref(&bad, op, "target", v, "the classes (a target that is not ignore_index)"));
+  GP_TRY(gp_cuda_bad_ref(&bad, op, "target", vt, "the classes (a target that is not ignore_index)"));
   const float *cnt = count ? (const float *)gp_ptr(count) : nullptr;
   static const bool stream_only = getenv("GPUSH_CE_STREAM") != 0; /* for comparisons */
   if (dlogits && vec && !stream_only && v * es >= 32768) {
@@ -260,9 +260,9 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
 #define GP_CR(C, TWO)                                                                                               \
   ((force == 0 || force == C) &&                                                                                    \
    (targets->dtype == GP_I32 ? cross_entropy_rows<T, int32_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
-                                                                      ignore, (float)scale, bad, TWO)              \
+                                                                      vt, ignore, (float)scale, bad, TWO)              \
                              : cross_entropy_rows<T, int64_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
-                                                                      ignore, (float)scale, bad, TWO)))
+                                                                      vt, ignore, (float)scale, bad, TWO)))
     /* the fewest blocks a row that still leave two blocks an SM, else the
      * fewest that fit (H100, bf16 4096 x 128,256 through autograd: clusters
      * of 4, three blocks an SM, 919.5 us against 968.8 with clusters of 2,
@@ -278,10 +278,10 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   GP_FLOAT_SWITCH(logits->dtype, T,
                   if (targets->dtype == GP_I32) k_cross_entropy<T, int32_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
                       (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
-                      (const int32_t *)gp_ptr(targets), cnt, v, ignore, (float)scale, vec, bad);
+                      (const int32_t *)gp_ptr(targets), cnt, v, vt, ignore, (float)scale, vec, bad);
                   else k_cross_entropy<T, int64_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
                       (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
-                      (const int64_t *)gp_ptr(targets), cnt, v, ignore, (float)scale, vec, bad));
+                      (const int64_t *)gp_ptr(targets), cnt, v, vt, ignore, (float)scale, vec, bad));
   return gp_cuda_check_launch(op);
 }
 

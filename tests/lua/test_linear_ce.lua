@@ -65,6 +65,14 @@ T.test('linear_cross_entropy (cuda): matches the CPU in f32 and bf16, chunks of 
       T.ok(T.relnorm(dwc, dw) < tol, what .. ' dw ' .. T.relnorm(dwc, dw))
     end
   end
+  -- V = 50257 in bf16 reads the padded rows in place (their 7 extra columns -inf): a target among them is still
+  -- out of range
+  local V = 50257
+  local h, w = gp.randn({300, 64}, {dtype = 'bf16', device = 'cuda'}), gp.randn({V, 64}, {dtype = 'bf16', device = 'cuda'})
+  local tg = gp.randint(0, V, {300}, {device = 'cuda'})
+  tg[7] = V + 3
+  T.raises(function() gp.linear_cross_entropy(h, w, tg):item() end, 'target ' .. (V + 3), 'next synchronization')
+  T.raises(function() gp.linear_cross_entropy(h, w, tg, {grad = true}):item() end, 'target ' .. (V + 3))
 end)
 
 T.test('linear_cross_entropy: bad input', function()

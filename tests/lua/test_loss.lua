@@ -158,6 +158,44 @@ T.test('cross_entropy (cuda): many rows held on chip, ignored and bad rows, in p
   T.ok(lt[150] ~= lt[150] and d150[1] ~= d150[1] and lt[149] == lt[149] and lt[151] == lt[151])
 end)
 
+-- rows padded past their V classes with -inf (gp.linear_cross_entropy's chunks of 50257 outputs): the same loss and
+-- gradient as the packed rows, a 0 gradient on the padding, and targets bounded by classes, not by the padded width
+T.test('cross_entropy kernels: rows padded with -inf, targets bounded by classes', function()
+  local N, V, P = 6, 13, 16
+  for _, dev in ipairs(gp.cuda_available() and {'cpu', 'cuda'} or {'cpu'}) do
+    for _, dt in ipairs {'f32', 'bf16'} do
+      local o = {dtype = dt, device = dev}
+      local lg = gp.randn({N, V}, o)
+      local tg = gp.tensor({0, 12, -100, 5, 12, 3}, {dtype = 'i64', device = dev})
+      local lp = gp.full({N, P}, -math.huge, o)
+      lp:narrow(2, 1, V):copy_(lg)
+      local cnt = gp.full({1}, 5, {device = dev})
+      local l, dl = gp.empty({N}, {device = dev}), gp.empty({N, V}, o)
+      gp.k.cross_entropy_fwd_bwd(l, dl, lg, tg, cnt, -100, 1)
+      local lp2, dp = gp.empty({N}, {device = dev}), gp.empty({N, P}, o)
+      gp.k.cross_entropy_fwd_bwd(lp2, dp, lp, tg, cnt, -100, 1, V)
+      local what = dev .. ' ' .. dt
+      T.same(lp2:totable(), l:totable(), 1e-6, what .. ' loss')
+      T.same(dp:narrow(2, 1, V):float():totable(), dl:float():totable(), 1e-6, what .. ' dlogits')
+      T.eq(dp:narrow(2, V + 1, P - V):float():abs():sum():item(), 0, what .. ' padding')
+      local l3 = gp.empty({N}, {device = dev})
+      gp.k.cross_entropy(l3, lp, tg, -100, V)
+      T.same(l3:totable(), l:totable(), 1e-6, what .. ' forward only')
+      local bad = gp.tensor({0, 1, 2, V + 1, 4, 5}, {dtype = 'i64', device = dev})
+      if dev == 'cpu' then
+        T.raises(function() gp.k.cross_entropy(l3, lp, bad, -100, V) end, 'cross_entropy', 'target 14', '13 classes')
+        T.raises(function() gp.k.cross_entropy_fwd_bwd(lp2, dp, lp, bad, cnt, -100, 1, V) end,
+          'cross_entropy_fwd_bwd', 'target 14', '13 classes')
+      else
+        gp.k.cross_entropy_fwd_bwd(lp2, dp, lp, bad, cnt, -100, 1, V)
+        T.raises(function() lp2:totable() end, 'cross_entropy_fwd_bwd', 'target 14', 'next synchronization')
+      end
+      T.raises(function() gp.k.cross_entropy(l3, lp, tg, -100, P + 1) end, 'cross_entropy', 'classes', '[0, 16]')
+      T.raises(function() gp.k.cross_entropy(l3, lp, tg, -100, 2.5) end, 'cross_entropy', 'classes', '2.5')
+    end
+  end
+end)
+
 T.test('cross_entropy backward: upstream x dlogits / count in one pass, with ignored rows (mean, sum, none)', function()
   local opts = {dtype = 'f64', device = 'cpu'}
   local logits0 = gp.randn({6, 5}, opts)

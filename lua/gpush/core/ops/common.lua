@@ -183,35 +183,39 @@ end
 -- over the logits divided by it: the mean's count of kept rows, counted on
 -- the device first (grad_count), so that dh and dw come out final. Returns
 -- the loss ('none': per row), and with opts.grad dh, dw
-function M.head_loss(hd, tg, ignore, opts, kernel)
+function M.head_loss(hd, tg, ignore, opts, kernel, padded)
   local op, h, w, N, D, V, C = hd.op, hd.h, hd.w, hd.N, hd.D, hd.V, hd.C
   local red, grad, dev = opts.reduction or 'mean', opts.grad, h.device
   local loss = tensor.empty({N}, 'f32', dev, op)
-  local scratch = tensor.empty({C, V}, h.dtype, dev, op)
+  -- (padded_outs) each product in two parts over rows padded to a multiple of 8; a kernel that takes those rows
+  -- (padded: the cross-entropy, whose extra columns are filled with -inf) reads and writes them in place, the
+  -- others get the logits copied to and from a scratch of packed rows
+  local na = M.padded_outs(h, V)
+  local pad, parts = na and tensor.empty({C, na + 8}, h.dtype, dev, op), na and M.out_parts(V, na)
+  local direct = pad and padded
+  local scratch = not direct and tensor.empty({C, V}, h.dtype, dev, op)
   local dh = grad and opts.grad_h ~= false and tensor.empty({N, D}, h.dtype, dev, op) or nil
   -- (the first chunk's product writes dw, the others add to it; no chunk: zeros)
   local dw = grad and opts.grad_w ~= false and (N > 0 and tensor.empty({V, D}, w.dtype, dev, op) or
     gp.zeros({V, D}, {dtype = w.dtype, device = dev})) or nil
   local k, wt = gp.k, w:transpose(1, 2) -- (D, V): a transposed view, no copy
   local cnt = grad and M.grad_count(op, loss, tg, ignore, red)
-  -- (padded_outs) each product in two parts over rows padded to a multiple of 8, copied to and from the scratch
-  local na = M.padded_outs(h, V)
-  local pad, parts = na and tensor.empty({C, na + 8}, h.dtype, dev, op), na and M.out_parts(V, na)
   local at -- the first row of the chunk in flight (0-based)
   local ok, err = pcall(function()
     for r0 = 0, N - 1, C do
       at = r0
       local c = math.min(C, N - r0)
-      local lg, hc = scratch:narrow(1, 1, c), hd.hh:narrow(1, r0 + 1, c)
+      local hc = hd.hh:narrow(1, r0 + 1, c)
       local lp = pad and pad:narrow(1, 1, c)
+      local lg = direct and lp or scratch:narrow(1, 1, c)
       if pad then
         for _, p in ipairs(parts) do k.matmul(lp:narrow(2, p[1], p[2]), hc, wt:narrow(2, p[1], p[2])) end
-        k.copy(lg, lp:narrow(2, 1, V))
+        if direct then k.fill(lp:narrow(2, V + 1, na + 8 - V), -math.huge) else k.copy(lg, lp:narrow(2, 1, V)) end
       else
         k.matmul(lg, hc, wt)
       end
       kernel(loss:narrow(1, r0 + 1, c), lg, tg:narrow(1, r0 + 1, c), cnt, r0)
-      if pad and (dh or dw) then k.copy(lp:narrow(2, 1, V), lg) end -- dlogits
+      if pad and not direct and (dh or dw) then k.copy(lp:narrow(2, 1, V), lg) end -- dlogits
       if dh then
         local o = dh:narrow(1, r0 + 1, c)
         if pad then

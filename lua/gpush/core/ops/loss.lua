@@ -64,10 +64,12 @@ function gp.linear_cross_entropy(h, w, targets, opts)
   end
   local ignore = opts.ignore_index or -100
   local k = gp.k
+  -- (rows padded past V with -inf, read in place: classes = V bounds the targets)
+  local V = hd.V
   return common.head_loss(hd, targets:contiguous():reshape {hd.N}, ignore, opts, function(lc, lg, tc, cnt)
-    if cnt then k.cross_entropy_fwd_bwd(lc, lg, lg, tc, cnt, ignore, 1) -- dlogits over the logits
-    else k.cross_entropy(lc, lg, tc, ignore) end
-  end)
+    if cnt then k.cross_entropy_fwd_bwd(lc, lg, lg, tc, cnt, ignore, 1, V) -- dlogits over the logits
+    else k.cross_entropy(lc, lg, tc, ignore, V) end
+  end, true)
 end
 doc(gp.linear_cross_entropy, "gp.linear_cross_entropy(h, w, targets, {ignore_index=-100, reduction='mean', chunk=nil, grad=false})",
   "cross_entropy(h @ w^T, targets) for h (..., D) and an LM head's weight w (V, D), computed chunk by chunk over the rows so that the (N, V) logits never exist whole (a (chunk, V) scratch, default about 256 MiB); differentiable in h and w ('mean' or 'sum'); with grad=true also returns d(loss)/dh, d(loss)/dw")
