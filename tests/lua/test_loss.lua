@@ -118,6 +118,19 @@ T.test('cross_entropy (cuda): matches the CPU for every dtype; a bad target give
       T.ok(T.relnorm(dc, d) < tol, dt .. ' dlogits V=' .. V)
     end
   end
+  -- rows of 50257 bf16 (each its own distance from a 16-byte boundary): logits a row past the start of their
+  -- storage, dlogits fresh (not the same distance: one element a thread) or over the logits (vectors between
+  -- each row's head and tail)
+  local V = 50257
+  local big = gp.randn({6, V}, cpu):bf16()
+  local lg, tg = big:narrow(1, 2, 5), gp.randint(0, V, {5}, {device = 'cpu'})
+  local l, d = gp.cross_entropy(lg, tg, {grad = true, reduction = 'none'})
+  local lcd = big:cuda():narrow(1, 2, 5)
+  local lc, dc = gp.cross_entropy(lcd, tg:cuda(), {grad = true, reduction = 'none'})
+  T.ok(T.relnorm(lc, l) < 1e-5 and T.relnorm(dc, d) < 1e-2, 'V 50257, apart')
+  local li = gp.empty({5}, {device = 'cuda'})
+  gp.k.cross_entropy_fwd_bwd(li, lcd, lcd, tg:cuda(), gp.full({1}, 1, {device = 'cuda'}), -100, 1)
+  T.ok(T.relnorm(li, l) < 1e-5 and T.relnorm(lcd, d) < 1e-2, 'V 50257, in place')
   local loss = gp.cross_entropy(gp.randn({2, 5}, {device = 'cuda'}), gp.tensor({1, 9}, {dtype = 'i64', device = 'cuda'}), {reduction = 'none'})
   T.raises(function() loss:totable() end, 'cross_entropy', 'target 9', 'size 5', 'next synchronization')
   local v = loss:totable() -- reported once; the row holds NaN
