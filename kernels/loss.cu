@@ -2,11 +2,13 @@
  * for its max and sum of exponentials (online softmax, f32), pass 2 reads it
  * again and writes dlogits. Rows load in 16-byte vectors from their first
  * 16-byte boundary (the elements before it and after the last vector one a
- * thread) when logits and dlogits lie the same distance from one. A target outside [0, V) that is not ignore_index gives
- * a NaN loss and NaN gradient row and is reported as an error at the next
- * synchronization point (kernels/bad_index.cuh: no host sync here; the CPU
- * reference raises the error at once). dlogits may be logits itself (in
- * place: gp.linear_cross_entropy's chunks). */
+ * thread) when logits and dlogits lie the same distance from one. A target
+ * outside [0, classes) that is not ignore_index gives a NaN loss and NaN
+ * gradient row and is reported as an error at the next synchronization point
+ * (kernels/bad_index.cuh: no host sync here; the CPU reference raises the
+ * error at once). dlogits may be logits itself (in place:
+ * gp.linear_cross_entropy's chunks, whose rows may be padded past the classes
+ * with -inf). */
 #include "bad_index.cuh"
 #include "onchip.cuh"
 

@@ -181,8 +181,9 @@ end
 -- the chunk loop; kernel(loss_c, logits_c, tg_c, count, r0) writes the
 -- chunk's losses and, when count (a device tensor of 1) is given, dlogits
 -- over the logits divided by it: the mean's count of kept rows, counted on
--- the device first (grad_count), so that dh and dw come out final. Returns
--- the loss ('none': per row), and with opts.grad dh, dw
+-- the device first (grad_count), so that dh and dw come out final (padded:
+-- the kernel takes rows padded past V with -inf, logits_c then (c, na + 8)).
+-- Returns the loss ('none': per row), and with opts.grad dh, dw
 function M.head_loss(hd, tg, ignore, opts, kernel, padded)
   local op, h, w, N, D, V, C = hd.op, hd.h, hd.w, hd.N, hd.D, hd.V, hd.C
   local red, grad, dev = opts.reduction or 'mean', opts.grad, h.device
