@@ -1,5 +1,8 @@
 -- profile_gpt.lua: one training step of a GPT-2-small-sized model (bf16, AdamW), per kernel.
--- Run: gpush scripts/bench/profile_gpt.lua [--llama] [--per-head] [--unfused-mlp] [--vocab N]
+-- Run: gpush scripts/bench/profile_gpt.lua [--llama] [--per-head] [--unfused-mlp] [--vocab N] [--loss] [--shapes]
+-- --shapes: a row per kernel and argument shapes (gp.profile's shapes option)
+-- --loss: the loss by model:loss(x, y) (gp.linear_cross_entropy, the logits never
+-- whole) instead of model(x, y)
 -- --vocab N: the vocabulary (default 50304, the bench suite's GPT-2 row)
 -- --llama: the suite's Llama-shaped model instead (d 1024, 8 layers, 8 heads
 -- of 128, SwiGLU 2816, RMSNorm, no biases, V 32,000, batch 4 x 2048)
@@ -7,10 +10,14 @@
 -- before gp.attention_qkv; nn.attention swapped for a wrapper turns it off)
 -- --unfused-mlp: the MLPs as fc, gelu_tanh, proj (the path before
 -- gp.linear_gelu_linear; a Linear forward swapped on the instance turns it off)
-local unfused_mlp, V, llama = false, 50304, false
+local unfused_mlp, V, llama, fused_loss, shapes = false, 50304, false, false, false
 for i, a in ipairs(arg or {}) do
   if a == '--llama' then
     llama = true
+  elseif a == '--shapes' then
+    shapes = true
+  elseif a == '--loss' then
+    fused_loss = true
   elseif a == '--vocab' then
     V = tonumber(arg[i + 1]) or error('--vocab needs a number')
   elseif a == '--per-head' then
@@ -45,12 +52,13 @@ local x = gp.randint(0, cfg.vocab_size, {B, cfg.block_size})
 local y = gp.randint(0, cfg.vocab_size, {B, cfg.block_size})
 local function step()
   opt:zero_grad()
-  local _, loss = model(x, y)
+  local loss
+  if fused_loss then loss = model:loss(x, y) else local _; _, loss = model(x, y) end
   loss:backward()
   gp.optim.clip_grad_norm(opt, 1.0)
   opt:step()
 end
 for i = 1, 2 do local t = gp.train.now(); step(); gp.sync(); print('step', i, gp.train.now() - t) end
 print('gp.time step ms', (gp.time(step, {warmup = 1, iters = 5})))
-local p = gp.profile(step, {iters = 2, warmup = 0})
+local p = gp.profile(step, {iters = 2, warmup = 0, shapes = shapes})
 print(p)

@@ -72,6 +72,27 @@ test('profile lists every kernel launched (cpu, host timing)', function()
   T.ok(gp._docs[gp.k.add].kernel)
 end)
 
+test('profile by shapes: a row per kernel and argument shapes, transposes marked', function()
+  local a, b = gp.randn({4, 3}, {device = 'cpu'}), gp.randn({5, 3}, {device = 'cpu'})
+  local c = gp.randn({4, 6}, {device = 'cpu'})
+  local p = gp.profile(function()
+    gp.matmul(a, b:t())
+    gp.matmul(a, b:t())
+    gp.matmul(c:t(), a)
+  end, {device = 'cpu', shapes = true, iters = 1})
+  local names = {}
+  for _, k in ipairs(p.kernels) do names[k.name] = k.calls end
+  T.eq(names['matmul 4x5 4x3 3x5T'], 2)
+  T.eq(names['matmul 6x3 6x4T 4x3'], 1)
+  T.ok(tostring(p):find('matmul 6x3 6x4T 4x3', 1, true))
+  -- names past string.format's 99-column limit still print
+  for _, k in ipairs(p.kernels) do k.name = k.name .. string.rep('x', 120) end
+  T.ok(tostring(p):find('matmul 4x5 4x3 3x5T' .. string.rep('x', 120) .. '       2', 1, true))
+  -- without the option, one row a kernel
+  p = gp.profile(function() gp.matmul(a, b:t()) end, {device = 'cpu'})
+  T.eq(p.kernels[1].name, 'matmul')
+end)
+
 test('profile total agrees with gp.time within 50% (cuda)', function()
   T.cuda()
   local fn = workload(67108864, 'cuda') -- large kernels: the per-kernel events cost little next to them

@@ -39,7 +39,25 @@ local function tensor_bytes(t)
   return n * dtype.ELSIZE[c.dtype]
 end
 
-local function wrapper(name, f, rec)
+-- the shapes of a call's tensor arguments (a view's own), a 'T' after one whose last two
+-- dims are transposed (columns contiguous), 'x' between them: the key of
+-- gp.profile's {shapes = true}
+local function signature(...)
+  local mt, parts = tensor.mt, {}
+  for i = 1, select('#', ...) do
+    local x = select(i, ...)
+    if getmetatable(x) == mt then
+      local c, dims = x.c, {}
+      for d = 0, c.ndim - 1 do dims[#dims + 1] = tostring(tonumber(c.shape[d])) end
+      local n = c.ndim
+      local t = n >= 2 and c.stride[n - 1] ~= 1 and c.stride[n - 2] == 1 and c.shape[n - 2] > 1 and 'T' or ''
+      parts[#parts + 1] = table.concat(dims, 'x') .. t
+    end
+  end
+  return table.concat(parts, ' ')
+end
+
+local function wrapper(name, f, rec, shapes)
   local mt = tensor.mt
   return function(...)
     local first = ...
@@ -56,7 +74,7 @@ local function wrapper(name, f, rec)
     end
     C.gp_last_launch(info)
     local l = info[0]
-    rec[#rec + 1] = {name = name, a = a, b = b, bytes = bytes,
+    rec[#rec + 1] = {name = shapes and name .. ' ' .. signature(...) or name, a = a, b = b, bytes = bytes,
       regs = l.fn ~= nil and l.regs or nil, block = l.fn ~= nil and l.block or nil,
       occupancy = l.fn ~= nil and l.occupancy or nil}
     return r
@@ -66,17 +84,21 @@ end
 local function fmt(p)
   local out = {string.format('gp.profile: %.3f ms total over %d run(s) on %s; %.3f ms in %d kernel calls (%.1f%%)',
     p.total_ms, p.iters, p.device, p.kernel_ms, p.calls, p.total_ms > 0 and 100 * p.kernel_ms / p.total_ms or 0)}
-  out[#out + 1] = string.format('  %-22s %7s %11s %10s %6s %9s %5s %6s', 'kernel', 'calls', 'total us', 'mean us', '%',
-    'GB/s', 'regs', 'occ')
+  local w = 22 -- the kernel column's width (string.format pads to 99 at most)
+  for _, k in ipairs(p.kernels) do w = math.max(w, #k.name) end
+  local function pad(n) return '  ' .. n .. string.rep(' ', w - #n) end
+  out[#out + 1] = pad('kernel') ..
+    string.format(' %7s %11s %10s %6s %9s %5s %6s', 'calls', 'total us', 'mean us', '%', 'GB/s', 'regs', 'occ')
   for _, k in ipairs(p.kernels) do
-    out[#out + 1] = string.format('  %-22s %7d %11.1f %10.2f %6.1f %9s %5s %6s', k.name, k.calls, k.total_us, k.mean_us,
+    out[#out + 1] = pad(k.name) .. string.format(' %7d %11.1f %10.2f %6.1f %9s %5s %6s', k.calls, k.total_us, k.mean_us,
       k.pct, k.gbps and string.format('%.1f', k.gbps) or '-', k.regs and tostring(k.regs) or '-',
       k.occupancy and string.format('%.0f%%', 100 * k.occupancy) or '-')
   end
   return table.concat(out, '\n')
 end
 
--- opts: warmup (1), iters (1), device (gp.device())
+-- opts: warmup (1), iters (1), device (gp.device()), shapes (false: one row a
+-- kernel; true: one row a kernel and its arguments' shapes, see signature)
 function M.profile(fn, opts)
   if type(fn) ~= 'function' then rt.raise('profile: needs a function') end
   opts = opts or {}
@@ -90,11 +112,11 @@ function M.profile(fn, opts)
   local saved_k, saved_t = {}, {}
   for name, f in pairs(gp.k) do
     saved_k[name] = f
-    gp.k[name] = wrapper(name, f, rec)
+    gp.k[name] = wrapper(name, f, rec, opts.shapes)
   end
   for name, f in pairs(tensor.K) do
     saved_t[name] = f
-    tensor.K[name] = gp.k[name] or wrapper(name, f, rec)
+    tensor.K[name] = gp.k[name] or wrapper(name, f, rec, opts.shapes)
   end
   M.active = true
   used = 0
@@ -140,7 +162,7 @@ function M.profile(fn, opts)
     calls = ncalls, device = devname, kernels = list, by_name = by}, {__tostring = fmt})
 end
 
-gp.doc(M.profile, 'gp.profile(fn, {warmup=1, iters=1})',
-  'run fn with every gp.k call timed by events: per kernel calls, total/mean us, % of time, GB/s, registers, occupancy (print it)')
+gp.doc(M.profile, 'gp.profile(fn, {warmup=1, iters=1, shapes=false})',
+  'run fn with every gp.k call timed by events: per kernel calls, total/mean us, % of time, GB/s, registers, occupancy (print it); shapes = true: a row per kernel and argument shapes (a T after a transposed operand)')
 
 return M
