@@ -161,8 +161,19 @@ int gp_k_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tensor *db, const 
                              const gp_tensor *mean, const gp_tensor *rstd, const gp_tensor *dout, double accumulate) {
   GP_CHECK(layer_norm_backward, dx, dw, db, x, w, mean, rstd, dout);
   GP_TRY(check_accumulate("layer_norm_backward", accumulate));
-  GP_CUDA_DISPATCH(dx, gp_cuda_layer_norm_backward(dx, dw, db, x, w, mean, rstd, dout, (int)accumulate));
+  GP_CUDA_DISPATCH(dx, gp_cuda_layer_norm_backward(dx, dw, db, x, w, mean, rstd, dout, NULL, (int)accumulate));
   norm_dx_cpu(dx, x, w, mean, rstd, dout, NULL);
+  norm_dw_cpu(dw, db, x, mean, rstd, dout, (int)accumulate);
+  return GP_OK;
+}
+
+int gp_k_layer_norm_backward_add(gp_tensor *dx, gp_tensor *dw, gp_tensor *db, const gp_tensor *x, const gp_tensor *w,
+                                 const gp_tensor *mean, const gp_tensor *rstd, const gp_tensor *dout,
+                                 const gp_tensor *dres, double accumulate) {
+  GP_CHECK(layer_norm_backward_add, dx, dw, db, x, w, mean, rstd, dout, dres);
+  GP_TRY(check_accumulate("layer_norm_backward_add", accumulate));
+  GP_CUDA_DISPATCH(dx, gp_cuda_layer_norm_backward(dx, dw, db, x, w, mean, rstd, dout, dres, (int)accumulate));
+  norm_dx_cpu(dx, x, w, mean, rstd, dout, dres);
   norm_dw_cpu(dw, db, x, mean, rstd, dout, (int)accumulate);
   return GP_OK;
 }

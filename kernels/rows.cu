@@ -473,17 +473,26 @@ static int norm_dw(const char *name, gp_tensor *dw, gp_tensor *db, const gp_tens
 
 extern "C" int gp_cuda_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tensor *db, const gp_tensor *x,
                                            const gp_tensor *w, const gp_tensor *mean, const gp_tensor *rstd,
-                                           const gp_tensor *dout, int accumulate) {
+                                           const gp_tensor *dout, const gp_tensor *dres, int accumulate) {
   int64_t R = gp_rows_of(x), D = gp_cols_of(x);
   int rc = GP_OK;
-  bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx));
+  const char *name = dres ? "layer_norm_backward_add" : "layer_norm_backward";
+  bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx)) && (!dres || al16(gp_ptr(dres)));
   GP_FLOAT_SWITCH(x->dtype, T, {
-    NormDxOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
-                          (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
-    if (!norm_bwd_fused<T, false, false>(&rc, "layer_norm_backward", op, dw, db, R, al, accumulate)) {
-      rc = rows_launch<T>("layer_norm_backward", op, R, D, al);
-      if (rc == GP_OK) rc = norm_dw<T>("layer_norm_backward", dw, db, x, mean, rstd, dout, accumulate);
+    bool done;
+    if (dres) {
+      NormDxOp<T, false, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
+                                  (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D,
+                                  (const T *)gp_ptr(dres)};
+      done = norm_bwd_fused<T, false, true>(&rc, name, op, dw, db, R, al, accumulate);
+      if (!done) rc = rows_launch<T>(name, op, R, D, al);
+    } else {
+      NormDxOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
+                            (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
+      done = norm_bwd_fused<T, false, false>(&rc, name, op, dw, db, R, al, accumulate);
+      if (!done) rc = rows_launch<T>(name, op, R, D, al);
     }
+    if (!done && rc == GP_OK) rc = norm_dw<T>(name, dw, db, x, mean, rstd, dout, accumulate);
   });
   return rc;
 }

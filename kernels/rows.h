@@ -9,8 +9,10 @@ int gp_cuda_softmax(gp_tensor *out, const gp_tensor *x, int log);
 int gp_cuda_softmax_backward(gp_tensor *dx, const gp_tensor *y, const gp_tensor *dy, int log);
 int gp_cuda_layer_norm(gp_tensor *out, gp_tensor *mean, gp_tensor *rstd, const gp_tensor *x, const gp_tensor *w,
                        const gp_tensor *b, double eps);
+/* dres (or NULL) is added into dx */
 int gp_cuda_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tensor *db, const gp_tensor *x, const gp_tensor *w,
-                                const gp_tensor *mean, const gp_tensor *rstd, const gp_tensor *dout, int accumulate);
+                                const gp_tensor *mean, const gp_tensor *rstd, const gp_tensor *dout,
+                                const gp_tensor *dres, int accumulate);
 int gp_cuda_rms_norm(gp_tensor *out, gp_tensor *rstd, const gp_tensor *x, const gp_tensor *w, double eps);
 /* dres (or NULL) is added into dx */
 int gp_cuda_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_tensor *x, const gp_tensor *w,

@@ -94,6 +94,7 @@ for _, c in ipairs {
   NORM_BWD[#NORM_BWD + 1] = c
 end
 KCASES.layer_norm_backward, KCASES.rms_norm_backward, KCASES.rms_norm_backward_add = NORM_BWD, NORM_BWD, NORM_BWD
+KCASES.layer_norm_backward_add = NORM_BWD
 -- optimizer updates: no 1-element case, where m' = b1 m + (1 - b1) g can cancel
 -- and make f32 against double meaningless; f32 updates carry ~1e-6 relative error
 KCASES.optim = {

@@ -416,8 +416,8 @@ T.test('a GPT training step: norm weight/bias gradients need no extra launches',
     local names = {}
     for k in pairs(touched) do names[#names + 1] = k end
     table.sort(names)
-    -- (an RMS block's second norm takes the residual add with it: add_rms_norm)
-    local want = norm == 'layer' and 'layer_norm_backward' or 'rms_norm_backward,rms_norm_backward_add'
+    -- (a block's second norm takes the residual add with it: add_rms_norm, add_layer_norm)
+    local want = norm == 'layer' and 'layer_norm_backward,layer_norm_backward_add' or 'rms_norm_backward,rms_norm_backward_add'
     T.eq(table.concat(names, ','), want, norm .. ': the only kernel given a norm .grad')
   end
 end)
@@ -484,6 +484,6 @@ T.test('GPT with RMSNorm or LayerNorm: the residual adds fused into the norms gi
     T.eq(f1['add_' .. norm .. '_norm'], 6, norm .. ': fused norms')
     -- every norm after a residual add whose sum is used again (2 a block, less the first block's ln1; ln_f's
     -- sum has no other use: its plain backward)
-    if norm == 'rms' then T.eq(b1.rms_norm_backward_add, 5, 'fused norm backwards') end
+    T.eq(b1[norm .. '_norm_backward_add'], 5, norm .. ': fused norm backwards')
   end
 end)

@@ -85,6 +85,27 @@ T.test('rms_norm backward: finite differences of dx, dw', function()
   fd.check('rms_norm dw', dw, fd.grad(f, {x, w}, 2, dout), 1e-5)
 end)
 
+-- through gp.add_<norm>_norm's rule (nparam: w, or w and b): the same gradients
+-- as the norm and the add apart (gradcheck in f64), and the residual stream's
+-- gradient added by <norm>_norm_backward_add, no add kernel
+local function fused_rule(norm, nparam)
+  local cpu = {dtype = 'f64', device = 'cpu'}
+  local f = gp['add_' .. norm .. '_norm']
+  local ps = {}
+  for i = 1, nparam do ps[i] = gp.randn({9}, cpu) end
+  gp.gradcheck(function(a, b, ...)
+    local n, h = f(a, b, ...)
+    return n * 0.5 + h * h -- both outputs carry a gradient
+  end, {gp.randn({3, 4, 9}, cpu), gp.randn({3, 4, 9}, cpu), unpack(ps)})
+  local xr, rr = gp.randn({3, 4, 9}, cpu):requires_grad(), gp.randn({3, 4, 9}, cpu):requires_grad()
+  local n, h = f(xr, rr, unpack(ps))
+  local loss = (n * gp.randn({3, 4, 9}, cpu) + h * gp.randn({3, 4, 9}, cpu)):sum()
+  local _, k = T.launches(function() loss:backward() end)
+  T.eq(k[norm .. '_norm_backward_add'], 1)
+  T.eq(k[norm .. '_norm_backward'], 0)
+  T.eq(k.add, 0, 'no add kernel in add_' .. norm .. '_norm\'s backward')
+end
+
 -- rms_norm_backward_add: dx + dres in one pass (add_rms_norm's backward: the
 -- norm's gradient of h plus the residual stream's), dw as rms_norm_backward
 T.test('rms_norm_backward_add: rms_norm_backward\'s dx plus dres, dw unchanged (cpu; cuda against the cpu)', function()
@@ -107,20 +128,7 @@ T.test('rms_norm_backward_add: rms_norm_backward\'s dx plus dres, dw unchanged (
     T.ok(T.relnorm(dx, rdx + dres) < 1e-15, 'dx + dres')
     T.eq(T.relnorm(dw, rdw), 0, 'dw')
   end
-  -- through add_rms_norm's rule: the same gradients as the norm and the add apart, no add kernel
-  local cpu = {dtype = 'f64', device = 'cpu'}
-  local x, res, w = gp.randn({3, 4, 9}, cpu), gp.randn({3, 4, 9}, cpu), gp.randn({9}, cpu)
-  gp.gradcheck(function(a, b, c)
-    local n, h = gp.add_rms_norm(a, b, c)
-    return n * 0.5 + h * h -- both outputs carry a gradient
-  end, {x, res, w})
-  local xr, rr = gp.randn({3, 4, 9}, cpu):requires_grad(), gp.randn({3, 4, 9}, cpu):requires_grad()
-  local n, h = gp.add_rms_norm(xr, rr, gp.randn({9}, cpu))
-  local loss = (n * gp.randn({3, 4, 9}, cpu) + h * gp.randn({3, 4, 9}, cpu)):sum()
-  local _, k = T.launches(function() loss:backward() end)
-  T.eq(k.rms_norm_backward_add, 1)
-  T.eq(k.rms_norm_backward, 0)
-  T.eq(k.add, 0, 'no add kernel in add_rms_norm\'s backward')
+  fused_rule('rms', 1)
   T.cuda()
   for _, dt in ipairs {'f32', 'bf16'} do
     local tol = dt == 'f32' and 1e-4 or 1e-2
@@ -131,6 +139,46 @@ T.test('rms_norm_backward_add: rms_norm_backward\'s dx plus dres, dw unchanged (
         local what = string.format('%s %dx%d acc %d', dt, c[1], c[2], acc)
         T.ok(T.relnorm(g[1]:float(), r[1]:float()) < tol, what .. ' dx ' .. T.relnorm(g[1]:float(), r[1]:float()))
         T.ok(T.relnorm(g[2]:float(), r[2]:float()) < tol, what .. ' dw ' .. T.relnorm(g[2]:float(), r[2]:float()))
+      end
+    end
+  end
+end)
+
+-- layer_norm_backward_add: the same for LayerNorm (add_layer_norm's backward), dw and db as layer_norm_backward
+T.test('layer_norm_backward_add: layer_norm_backward\'s dx plus dres, dw and db unchanged (cpu; cuda against the cpu)', function()
+  local function run(dev, dt, R, D, acc, seed)
+    gp.manual_seed(seed)
+    local o = {dtype = dt, device = 'cpu'}
+    local x, w, b, dout, dres = gp.randn({R, D}, o), gp.randn({D}, o), gp.randn({D}, o), gp.randn({R, D}, o),
+      gp.randn({R, D}, o)
+    local dw0, db0 = gp.randn({D}, o), gp.randn({D}, o)
+    x, w, b, dout, dres = x:to(dev), w:to(dev), b:to(dev), dout:to(dev), dres:to(dev)
+    local _, mean, rs = gp.layer_norm(x, w, b)
+    local dx, dw, db = gp.full({R, D}, 77, {dtype = dt, device = dev}), dw0:clone():to(dev), db0:clone():to(dev)
+    gp.k.layer_norm_backward_add(dx, dw, db, x, w, mean, rs, dout, dres, acc)
+    local rdx, rdw, rdb = gp.empty({R, D}, {dtype = dt, device = dev}), dw0:clone():to(dev), db0:clone():to(dev)
+    gp.k.layer_norm_backward(rdx, rdw, rdb, x, w, mean, rs, dout, acc)
+    return dx:cpu(), dw:cpu(), db:cpu(), rdx:cpu(), rdw:cpu(), rdb:cpu(), dres:cpu()
+  end
+  for _, acc in ipairs {0, 1} do
+    local dx, dw, db, rdx, rdw, rdb, dres = run('cpu', 'f64', 5, 7, acc, 3)
+    T.ok(T.relnorm(dx, rdx + dres) < 1e-15, 'dx + dres')
+    T.eq(T.relnorm(dw, rdw), 0, 'dw')
+    T.eq(T.relnorm(db, rdb), 0, 'db')
+  end
+  fused_rule('layer', 2)
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16'} do
+    local tol = dt == 'f32' and 1e-4 or 1e-2
+    for _, c in ipairs {{4096, 128}, {64, 4096}, {300, 33}, {1, 5}, {7, 576}, {8192, 768}} do
+      for _, acc in ipairs {0, 1} do
+        local g = {run('cuda', dt, c[1], c[2], acc, 5)}
+        local r = {run('cpu', dt, c[1], c[2], acc, 5)}
+        local what = string.format('%s %dx%d acc %d', dt, c[1], c[2], acc)
+        for i, nm in ipairs {'dx', 'dw', 'db'} do
+          local e = T.relnorm(g[i]:float(), r[i]:float())
+          T.ok(e < tol, what .. ' ' .. nm .. ' ' .. e)
+        end
       end
     end
   end

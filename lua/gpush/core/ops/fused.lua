@@ -128,7 +128,8 @@ autograd.def_function('add_rms_norm', function(g, a, o)
 end, {nout = 2})
 
 -- add_layer_norm: the same with LayerNorm (h's gradient: the norm's backward
--- from the saved mean and rstd, plus the residual stream's)
+-- from the saved mean and rstd, plus the residual stream's, added by the
+-- kernel as it writes dx)
 autograd.def_function('add_layer_norm', function(g, a, o)
   local w, b = a[3], a[4]
   local h = o[2]
@@ -138,8 +139,12 @@ autograd.def_function('add_layer_norm', function(g, a, o)
     local dx = empty(h.shape, h.dtype, h.device, 'add_layer_norm')
     local dw, db, acc
     dw, db, acc, rw, rb = norm_outs(h, D, 'add_layer_norm', w, b, true)
-    K.layer_norm_backward(dx, dw, db, h, norm_w(w, h, D), o[3], o[4], like_dt(g[1], h), acc)
-    dh = dh and dx + like_dt(dh, h) or dx
+    if dh then
+      K.layer_norm_backward_add(dx, dw, db, h, norm_w(w, h, D), o[3], o[4], like_dt(g[1], h), like_dt(dh, h), acc)
+    else
+      K.layer_norm_backward(dx, dw, db, h, norm_w(w, h, D), o[3], o[4], like_dt(g[1], h), acc)
+    end
+    dh = dx
   end
   return dh, dh, rw, rb
 end, {nout = 2})
