@@ -9,7 +9,7 @@ extern "C" {
 #endif
 int gp_cuda_embedding(gp_tensor *out, const gp_tensor *weight, const gp_tensor *idx, int64_t n, int64_t v, int64_t d);
 int gp_cuda_embedding_backward(gp_tensor *dweight, const gp_tensor *dout, const gp_tensor *idx, int64_t n, int64_t v,
-                               int64_t d);
+                               int64_t d, int accumulate);
 int gp_cuda_gather(int mode, gp_tensor *out, const gp_tensor *x, const gp_tensor *idx);
 int gp_cuda_scatter_add(gp_tensor *out, const gp_tensor *x, const gp_tensor *idx, const gp_tensor *src);
 #ifdef __cplusplus
@@ -42,21 +42,25 @@ int gp_k_embedding(gp_tensor *out, const gp_tensor *weight, const gp_tensor *idx
   return GP_OK;
 }
 
-int gp_k_embedding_backward(gp_tensor *dweight, const gp_tensor *dout, const gp_tensor *idx) {
+int gp_k_embedding_backward(gp_tensor *dweight, const gp_tensor *dout, const gp_tensor *idx, double accumulate) {
   GP_CHECK(embedding_backward, dweight, dout, idx);
+  if (accumulate != 0 && accumulate != 1)
+    return gp_error("embedding_backward: accumulate = %g; it must be 0 or 1", accumulate);
   int64_t v = dweight->shape[0], d = dweight->shape[1], n = gp_numel(idx);
-  GP_CUDA_DISPATCH(dweight, gp_cuda_embedding_backward(dweight, dout, idx, n, v, d));
+  GP_CUDA_DISPATCH(dweight, gp_cuda_embedding_backward(dweight, dout, idx, n, v, d, (int)accumulate));
   GP_TRY(check_range("embedding_backward", idx, v, "dweight's rows"));
   int64_t vd = v * d;
   double *acc = calloc((size_t)(vd > 0 ? vd : 1), sizeof(double));
   if (!acc) return gp_error_oom("embedding_backward: out of host memory for a (%lld,%lld) accumulator", (long long)v,
                                 (long long)d);
+  void *pw = gp_ptr(dweight);
+  if (accumulate)
+    for (int64_t i = 0; i < vd; i++) acc[i] = gp_load(pw, dweight->dtype, i);
   const void *pg = gp_ptr(dout), *pi = gp_ptr(idx);
   for (int64_t i = 0; i < n; i++) {
     int64_t r = gp_load_i64(pi, idx->dtype, i);
     for (int64_t j = 0; j < d; j++) acc[r * d + j] += gp_load(pg, dout->dtype, i * d + j);
   }
-  void *pw = gp_ptr(dweight);
   for (int64_t i = 0; i < vd; i++) gp_store(pw, dweight->dtype, i, acc[i]);
   free(acc);
   return GP_OK;

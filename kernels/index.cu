@@ -2,7 +2,10 @@
  * Copies move raw element bits (dtype-agnostic); embedding rows move in the
  * widest aligned unit up to 16 bytes. Accumulating kernels add in f32 with
  * atomics (into the output when it is f32, else into an f32 scratch that is
- * then rounded), so their sums are not bitwise deterministic. */
+ * then rounded; embedding_backward: into the scratch rows idx names, then
+ * added to dweight), so their sums are not bitwise deterministic. */
+#include <limits.h>
+
 #include "bad_index.cuh"
 
 template <typename I> __device__ __forceinline__ int64_t ldi(const I *p, int64_t i) { return (int64_t)p[i]; }
@@ -50,14 +53,45 @@ extern "C" int gp_cuda_embedding(gp_tensor *out, const gp_tensor *weight, const 
   return gp_bad_end("embedding");
 }
 
-template <typename T, typename I>
-__global__ void k_embedding_bwd(float *acc, const T *g, const I *idx, int64_t n, int64_t v, int64_t d, gp_bad_ref bad) {
+/* embedding_backward in three passes over the n x d gradient elements, so that
+ * only the rows idx names are touched: (1) zero their f32 accumulator rows and
+ * make the first position naming each row its owner; (2) add the gradient
+ * into the accumulator with atomics; (3) each row's owner adds its
+ * accumulator row into dweight (one writer a row) */
+template <typename I>
+__global__ void k_embedding_bwd_claim(float *acc, int *owner, const I *idx, int64_t n, int64_t v, int64_t d,
+                                      gp_bad_ref bad) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   for (int64_t e = tid; e < n * d; e += nth) {
     int64_t i = e / d, j = e - i * d;
     int64_t r = ldi(idx, i);
-    if (r < 0 || r >= v) gp_report_bad(bad, r);
-    else atomicAdd(acc + r * d + j, ld(g[e]));
+    if (r < 0 || r >= v) {
+      if (j == 0) gp_report_bad(bad, r);
+      continue;
+    }
+    acc[r * d + j] = 0.f;
+    if (j == 0) atomicMin(owner + r, (int)i);
+  }
+}
+
+template <typename T, typename I>
+__global__ void k_embedding_bwd(float *acc, const T *g, const I *idx, int64_t n, int64_t v, int64_t d) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t e = tid; e < n * d; e += nth) {
+    int64_t i = e / d, j = e - i * d;
+    int64_t r = ldi(idx, i);
+    if (r >= 0 && r < v) atomicAdd(acc + r * d + j, ld(g[e]));
+  }
+}
+
+template <typename T, typename I>
+__global__ void k_embedding_bwd_flush(T *dw, const float *acc, const int *owner, const I *idx, int64_t n, int64_t v,
+                                      int64_t d) {
+  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  for (int64_t e = tid; e < n * d; e += nth) {
+    int64_t i = e / d, j = e - i * d;
+    int64_t r = ldi(idx, i);
+    if (r >= 0 && r < v && owner[r] == (int)i) dw[r * d + j] = st<T>(ld(dw[r * d + j]) + acc[r * d + j]);
   }
 }
 
@@ -84,28 +118,52 @@ static void f32_round(gp_tensor *out, const float *acc, int64_t n) {
 }
 
 extern "C" int gp_cuda_embedding_backward(gp_tensor *dweight, const gp_tensor *dout, const gp_tensor *idx, int64_t n,
-                                          int64_t v, int64_t d) {
+                                          int64_t v, int64_t d, int accumulate) {
   int64_t vd = v * d;
   if (vd == 0) return GP_OK;
+  cudaStream_t st = gp_cuda_stream();
+  if (!accumulate) {
+    cudaError_t e = cudaMemsetAsync(gp_ptr(dweight), 0, (size_t)vd * gp_elsize(dweight->dtype), st);
+    if (e != cudaSuccess) return gp_error("embedding_backward: %s", cudaGetErrorString(e));
+  }
+  if (n * d == 0) return GP_OK;
+  if (n > INT_MAX) return gp_error("embedding_backward: %lld indices; at most %d", (long long)n, INT_MAX);
   gp_tensor *scratch;
-  float *acc;
-  GP_TRY(f32_acc(&scratch, &acc, dweight));
+  int64_t shape[2] = {v, d};
+  GP_TRY(gp_tensor_scratch(&scratch, GP_F32, GP_CUDA, 2, shape));
+  float *acc = (float *)gp_ptr(scratch);
+  void *ob;
+  size_t obytes;
+  int rc = gp_alloc(&ob, &obytes, (size_t)v * sizeof(int), GP_CUDA);
+  if (rc != GP_OK) {
+    gp_tensor_free(scratch);
+    return rc;
+  }
+  int *owner = (int *)ob;
   gp_bad_ref bad;
-  int rc = gp_bad_begin(&bad, "embedding_backward", v, "dweight's rows");
-  cudaError_t e = cudaMemsetAsync(acc, 0, (size_t)vd * sizeof(float), gp_cuda_stream());
+  rc = gp_bad_begin(&bad, "embedding_backward", v, "dweight's rows");
+  cudaError_t e = cudaMemsetAsync(owner, 0x7f, (size_t)v * sizeof(int), st); /* 0x7f7f7f7f: above any position */
   if (rc == GP_OK && e != cudaSuccess) rc = gp_error("embedding_backward: %s", cudaGetErrorString(e));
   if (rc == GP_OK) {
-    if (n * d > 0) {
-      unsigned g = gp_grid(n * d, 256);
-      GP_FLOAT_SWITCH(dout->dtype, T,
-                      if (idx->dtype == GP_I32) k_embedding_bwd<T, int32_t><<<g, 256, 0, gp_cuda_stream()>>>(
-                          acc, (const T *)gp_ptr(dout), (const int32_t *)gp_ptr(idx), n, v, d, bad);
-                      else k_embedding_bwd<T, int64_t><<<g, 256, 0, gp_cuda_stream()>>>(
-                          acc, (const T *)gp_ptr(dout), (const int64_t *)gp_ptr(idx), n, v, d, bad));
-    }
-    f32_round(dweight, acc, vd);
+    unsigned g = gp_grid(n * d, 256);
+    bool i32 = idx->dtype == GP_I32;
+    const void *pi = gp_ptr(idx);
+    if (i32) k_embedding_bwd_claim<int32_t><<<g, 256, 0, st>>>(acc, owner, (const int32_t *)pi, n, v, d, bad);
+    else k_embedding_bwd_claim<int64_t><<<g, 256, 0, st>>>(acc, owner, (const int64_t *)pi, n, v, d, bad);
+    GP_FLOAT_SWITCH(dout->dtype, T, {
+      const T *pg = (const T *)gp_ptr(dout);
+      T *pw = (T *)gp_ptr(dweight);
+      if (i32) {
+        k_embedding_bwd<T, int32_t><<<g, 256, 0, st>>>(acc, pg, (const int32_t *)pi, n, v, d);
+        k_embedding_bwd_flush<T, int32_t><<<g, 256, 0, st>>>(pw, acc, owner, (const int32_t *)pi, n, v, d);
+      } else {
+        k_embedding_bwd<T, int64_t><<<g, 256, 0, st>>>(acc, pg, (const int64_t *)pi, n, v, d);
+        k_embedding_bwd_flush<T, int64_t><<<g, 256, 0, st>>>(pw, acc, owner, (const int64_t *)pi, n, v, d);
+      }
+    });
     rc = gp_bad_end("embedding_backward");
   }
+  gp_free(ob, obytes, GP_CUDA);
   gp_tensor_free(scratch);
   return rc;
 }

@@ -44,6 +44,55 @@ T.test('embedding_backward: finite differences in f64, repeated indices', functi
   T.same(flat(dw:narrow(1, 2, 1)), {0, 0, 0}) -- row 1 is never used
 end)
 
+-- accumulate = 1 adds into dweight (a kept .grad): the embedding's rule does
+-- that when the weight has a .grad, so a tied head's gradient and the
+-- embedding's meet without a (V, D) tensor and an add; on the GPU the sums run
+-- in f32 over the rows idx names only (a skewed idx: one row named 3000 times)
+T.test('embedding_backward accumulate: dweight + the scatter; the rule adds into .grad (cpu; cuda against the cpu)', function()
+  local function run(dev, dt, V, D, idx, seed)
+    gp.manual_seed(seed)
+    local o = {dtype = dt, device = 'cpu'}
+    local gs = {unpack(idx.shape)}
+    gs[#gs + 1] = D
+    local g, d0 = gp.randn(gs, o), gp.randn({V, D}, o)
+    local dw = d0:clone():to(dev)
+    gp.k.embedding_backward(dw, g:to(dev), idx:to(dev), 1)
+    local fresh = gp.full({V, D}, 5, {dtype = dt, device = dev})
+    gp.k.embedding_backward(fresh, g:to(dev), idx:to(dev)) -- accumulate 0 overwrites every row
+    return dw:cpu():float(), (d0:float() + gp.embedding_backward(g, idx, V):float()), fresh:cpu():float(),
+      gp.embedding_backward(g, idx, V):float()
+  end
+  local small = gp.tensor({0, 2, 2, 3, 0, 2}, {dtype = 'i64', device = 'cpu'})
+  local a, want, f, fwant = run('cpu', 'f64', 4, 3, small, 1)
+  T.ok(T.relnorm(a, want) < 1e-6 and T.relnorm(f, fwant) < 1e-6) -- (compared as f32)
+  T.raises(function() gp.k.embedding_backward(gp.empty({4, 3}, cpu64), gp.randn({6, 3}, cpu64), small, 2) end,
+    'embedding_backward', 'accumulate')
+  -- the rule: a leaf weight with a .grad gets the gradient added in place, no add kernel
+  local w = gp.randn({4, 3}, cpu64):requires_grad()
+  local g0 = gp.randn({4, 3}, cpu64)
+  w.grad = g0:clone()
+  local buf = w.grad
+  local gout = gp.randn({6, 3}, cpu64)
+  local _, k = T.launches(function() (gp.embedding(w, small) * gout):sum():backward() end)
+  T.ok(rawequal(w.grad, buf), 'the same .grad')
+  T.ok(T.relnorm(w.grad, g0 + gp.embedding_backward(gout, small, 4)) < 1e-15)
+  T.eq(k.add or 0, 0, 'no add kernel')
+  T.cuda()
+  local skew = gp.randint(0, 50, {4096}, {dtype = 'i32', device = 'cpu'})
+  skew:narrow(1, 1, 3000):fill_(7)
+  for _, dt in ipairs {'f32', 'bf16'} do
+    for _, c in ipairs {{50, 33, gp.randint(0, 50, {7, 9}, {device = 'cpu'})}, {50, 768, skew}, {50257, 64, gp.randint(0, 50257, {2048}, {device = 'cpu'})}} do
+      local a1, w1, f1, fw1 = run('cuda', dt, c[1], c[2], c[3], 3)
+      local a2, w2 = run('cpu', dt, c[1], c[2], c[3], 3)
+      local tol = dt == 'f32' and 1e-5 or 1e-2
+      local what = string.format('%s V %d D %d', dt, c[1], c[2])
+      T.ok(T.relnorm(a1, a2) < tol, what .. ' accumulate ' .. T.relnorm(a1, a2))
+      T.ok(T.relnorm(f1, fw1) < tol, what .. ' overwrite ' .. T.relnorm(f1, fw1))
+      T.ok(T.relnorm(w1, w2) < 1e-6)
+    end
+  end
+end)
+
 -- Lua oracle of gather along d (1-based) for 3-d tables
 local function gather3(x, d, idx)
   local out = {}

@@ -7,7 +7,8 @@ local tensor = require 'gpush.core.tensor'
 local gp = require 'gpush.core.ns'
 local autograd = require 'gpush.core.autograd'
 local raise = rt.raise
-local like = require('gpush.core.ops.common').like
+local common = require 'gpush.core.ops.common'
+local like = common.like
 local Tensor, is_tensor, empty, shape_str, dim0 = tensor.Tensor, tensor.is_tensor, tensor.empty, tensor.shape_str, tensor.dim0
 local doc = gp.doc
 
@@ -121,9 +122,17 @@ doc(Tensor.scatter_add_, 'x:scatter_add_(dim, idx, src)', 'scatter_add in place'
 ---------------------------------------------------------------------------
 -- index ops
 
+-- the weight's gradient is added into its kept .grad where it has one (a GPT's
+-- tied head has put its own there): no (V, D) tensor and add
 autograd.def_function('embedding', function(g, a)
-  local w = a[1]
-  return gp.embedding_backward(like(g[1], w), a[2], w:size(1))
+  local w, idx = a[1], a[2]
+  local gw = common.grad_buffer(w, w.dtype, w.device)
+  if gw and is_tensor(idx) then
+    need_index('embedding_backward', idx, w)
+    gp.k.embedding_backward(gw, like(g[1], w), idx:contiguous(), 1)
+    return nil
+  end
+  return gp.embedding_backward(like(g[1], w), idx, w:size(1))
 end)
 
 autograd.def_method('gather', function(g, a)
