@@ -50,6 +50,24 @@ T.test('linear_cross_entropy: gradcheck in f64 (h and w)', function()
 end)
 
 -- (V = 50257 in 16 bits: each chunk's products in two parts over rows padded to a multiple of 8)
+T.test('linear_cross_entropy default chunks: at most about 256 MiB of logits, of one size, multiples of 8 rows', function()
+  local head_args = require('gpush.core.ops.common').head_args
+  local function C(N, V, dt)
+    local o = {dtype = dt or 'bf16', device = 'cpu'}
+    return head_args('t', gp.empty({N, 8}, o), gp.empty({V, 8}, o), {}).C
+  end
+  T.eq(C(8192, 50257), 2048) -- 4 chunks of 2048, not 3 of 2670 and one of 182
+  T.eq(C(4096, 128256), 1024)
+  T.eq(C(8192, 32000), 4096)
+  T.eq(C(100, 50257), 100) -- one chunk: all rows
+  T.eq(C(9000, 50257, 'f32'), 1288) -- 7 chunks, the last 1272 rows
+  T.eq(head_args('t', gp.empty({10, 8}, CPU64), gp.empty({5, 8}, CPU64), {chunk = 3}).C, 3) -- chunk= as given
+  for _, c in ipairs {{8192, 50257}, {4096, 128256}, {9000, 50257, 'f32'}, {12345, 151936}} do
+    local n = C(c[1], c[2], c[3])
+    T.ok(n * c[2] * (c[3] == 'f32' and 4 or 2) <= 2 ^ 28 * 1.01, 'about 256 MiB at most')
+  end
+end)
+
 T.test('linear_cross_entropy (cuda): matches the CPU in f32 and bf16, chunks of 1000 rows over V = 50304 and 50257', function()
   T.cuda()
   for _, V in ipairs {50304, 50257} do
