@@ -91,6 +91,7 @@ local o = gp.args.parse(arg, {
   {'quiet', false, 'no progress lines'},
   {'nproc', 1, 'data parallel over N processes, one GPU each (re-runs this script under gpush --nproc N)'},
   {'bucket-mb', 25, 'data parallel: gradient bucket size in MB'},
+  {'fused-loss', 'auto', 'the training loss by model:loss (gp.linear_cross_entropy: the logits never whole): on, off, or auto (on at a vocabulary of 8192 or more that is not a multiple of 8, when the model has :loss)'},
   {'graph', true, 'on one GPU, capture the training step (batch, forward, backward, clip, AdamW) as a CUDA graph after one eager step and replay it (--no-graph: eager steps)'},
 }, {usage = 'gpush scripts/train_gpt.lua [flags]', description = 'Train a GPT on text (character level or BPE).'})
 
@@ -198,13 +199,33 @@ local function evaluate()
   return tr, va, gp.train.now() - t0
 end
 
+-- the training loss: at a large vocabulary that is not a multiple of 8
+-- (GPT-2's 50257) through model:loss (gp.linear_cross_entropy: the logits
+-- never whole, no padded rows copied; the GPT-2-small step 18.07 -> 17.05 ms
+-- on an H200, BENCHMARKS.md 2026-11-29 (g)); else (at 50304: 16.74 ms
+-- through model(x, y), 17.0 through model:loss), or for a model of --model
+-- without :loss, through model(x, y)
+if o.fused_loss ~= 'auto' and o.fused_loss ~= 'on' and o.fused_loss ~= 'off' then
+  error("--fused-loss: on, off or auto, got '" .. tostring(o.fused_loss) .. "'")
+end
+local fused_loss = o.fused_loss == 'on' or (o.fused_loss == 'auto' and ds.vocab_size >= 8192 and ds.vocab_size % 8 ~= 0)
+if fused_loss and type(model.loss) ~= 'function' then
+  if o.fused_loss == 'on' then error('--fused-loss on: the model has no :loss(idx, targets)') end
+  fused_loss = false
+end
+local function train_loss(x, y)
+  if fused_loss then return model:loss(x, y) end
+  local _, loss = model(x, y)
+  return loss
+end
+
 -- one optimizer step: its micro-batches' losses go to add(loss)
 local function train_step(add)
   opt:zero_grad()
   for micro = 1, accum do
     local function run()
       local x, y = batch('train')
-      local _, loss = model(x, y)
+      local loss = train_loss(x, y)
       add(world > 1 and global_mean(loss) or loss)
       if accum > 1 then loss = loss / accum end
       loss:backward()

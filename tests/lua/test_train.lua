@@ -151,6 +151,29 @@ end
 local TINY = '--device cpu --n-embd 32 --n-layer 1 --n-head 2 --block 16 --batch 4 --eval-every 5 --eval-iters 2 ' ..
              '--log-every 1 --dropout 0.1 --quiet'
 
+-- --fused-loss on trains through model:loss (gp.linear_cross_entropy): the
+-- same losses as model(x, y) within f32 rounding; off, and auto at a small
+-- vocabulary, through model(x, y); a bad value is an error
+T.test('train_gpt --fused-loss: model:loss gives model(x, y)\'s losses (cpu)', function()
+  local d = os.tmpname(); os.remove(d); os.execute('mkdir -p ' .. d)
+  local script = root .. '/scripts/train_gpt.lua'
+  local flags = TINY:gsub('%-%-dropout 0.1', '--dropout 0')
+  local runs = {}
+  for _, v in ipairs {'on', 'off', 'auto'} do
+    local out, rc = sh(string.format('%s %s %s --iters 6 --fused-loss %s --log %s/%s.jsonl', exe, script, flags, v, d, v))
+    T.eq(rc, 0, out)
+    runs[v] = losses(d .. '/' .. v .. '.jsonl')
+  end
+  for s = 1, 6 do
+    T.ok(runs.on[s] and math.abs(runs.on[s] - runs.off[s]) < 1e-4 * math.abs(runs.off[s]),
+      string.format('step %d: %s fused, %s not', s, tostring(runs.on[s]), tostring(runs.off[s])))
+    T.eq(runs.auto[s], runs.off[s], 'auto at a small vocabulary: model(x, y)')
+  end
+  local out, rc = sh(string.format('%s %s %s --iters 1 --fused-loss maybe', exe, script, flags))
+  T.ok(rc ~= 0 and out:find('--fused-loss: on, off or auto', 1, true), out)
+  os.execute('rm -rf ' .. d)
+end)
+
 T.test('train_gpt --resume: N steps in one go equal K steps, a checkpoint, then N-K resumed (bitwise, cpu)', function()
   local d = os.tmpname(); os.remove(d); os.execute('mkdir -p ' .. d)
   local script = root .. '/scripts/train_gpt.lua'
