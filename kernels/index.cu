@@ -53,45 +53,59 @@ extern "C" int gp_cuda_embedding(gp_tensor *out, const gp_tensor *weight, const 
   return gp_bad_end("embedding");
 }
 
-/* embedding_backward in three passes over the n x d gradient elements, so that
- * only the rows idx names are touched: (1) zero their f32 accumulator rows and
- * make the first position naming each row its owner; (2) add the gradient
- * into the accumulator with atomics; (3) each row's owner adds its
- * accumulator row into dweight (one writer a row) */
+/* embedding_backward of a bf16/f16 dweight in three passes, a block a
+ * position of idx at a time, so that only the rows idx names are touched:
+ * (1) zero their f32 accumulator rows and make the first position naming
+ * each row its owner; (2) add the gradient row into the accumulator row
+ * with atomics (4 floats an atomic where d allows); (3) each row's owner
+ * adds its accumulator row into dweight (one writer a row). An f32 dweight
+ * takes pass (2) alone, into itself. */
 template <typename I>
 __global__ void k_embedding_bwd_claim(float *acc, int *owner, const I *idx, int64_t n, int64_t v, int64_t d,
                                       gp_bad_ref bad) {
-  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t e = tid; e < n * d; e += nth) {
-    int64_t i = e / d, j = e - i * d;
-    int64_t r = ldi(idx, i);
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t r = ldi(idx, i);
     if (r < 0 || r >= v) {
-      if (j == 0) gp_report_bad(bad, r);
+      if (threadIdx.x == 0) gp_report_bad(bad, r);
       continue;
     }
-    acc[r * d + j] = 0.f;
-    if (j == 0) atomicMin(owner + r, (int)i);
+    if (threadIdx.x == 0) atomicMin(owner + r, (int)i);
+    float *a = acc + r * d;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) a[j] = 0.f;
   }
 }
 
-template <typename T, typename I>
-__global__ void k_embedding_bwd(float *acc, const T *g, const I *idx, int64_t n, int64_t v, int64_t d) {
-  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t e = tid; e < n * d; e += nth) {
-    int64_t i = e / d, j = e - i * d;
-    int64_t r = ldi(idx, i);
-    if (r >= 0 && r < v) atomicAdd(acc + r * d + j, ld(g[e]));
+/* V4: d % 4 == 0 (the accumulator's rows 16-byte aligned); report: bad
+ * indices are reported here (an f32 dweight: no claim pass) */
+template <typename T, typename I, bool V4>
+__global__ void k_embedding_bwd(float *acc, const T *g, const I *idx, int64_t n, int64_t v, int64_t d, int report,
+                                gp_bad_ref bad) {
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t r = ldi(idx, i);
+    if (r < 0 || r >= v) {
+      if (report && threadIdx.x == 0) gp_report_bad(bad, r);
+      continue;
+    }
+    float *a = acc + r * d;
+    const T *gi = g + i * d;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if constexpr (V4) {
+      for (int64_t j = 4 * threadIdx.x; j < d; j += 4 * blockDim.x)
+        atomicAdd((float4 *)(a + j), make_float4(ld(gi[j]), ld(gi[j + 1]), ld(gi[j + 2]), ld(gi[j + 3])));
+      continue;
+    }
+#endif
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) atomicAdd(a + j, ld(gi[j]));
   }
 }
 
 template <typename T, typename I>
 __global__ void k_embedding_bwd_flush(T *dw, const float *acc, const int *owner, const I *idx, int64_t n, int64_t v,
                                       int64_t d) {
-  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t e = tid; e < n * d; e += nth) {
-    int64_t i = e / d, j = e - i * d;
-    int64_t r = ldi(idx, i);
-    if (r >= 0 && r < v && owner[r] == (int)i) dw[r * d + j] = st<T>(ld(dw[r * d + j]) + acc[r * d + j]);
+  for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
+    const int64_t r = ldi(idx, i);
+    if (r < 0 || r >= v || owner[r] != (int)i) continue;
+    for (int64_t j = threadIdx.x; j < d; j += blockDim.x) dw[r * d + j] = st<T>(ld(dw[r * d + j]) + acc[r * d + j]);
   }
 }
 
@@ -127,43 +141,59 @@ extern "C" int gp_cuda_embedding_backward(gp_tensor *dweight, const gp_tensor *d
     if (e != cudaSuccess) return gp_error("embedding_backward: %s", cudaGetErrorString(e));
   }
   if (n * d == 0) return GP_OK;
-  if (n > INT_MAX) return gp_error("embedding_backward: %lld indices; at most %d", (long long)n, INT_MAX);
-  gp_tensor *scratch;
-  int64_t shape[2] = {v, d};
-  GP_TRY(gp_tensor_scratch(&scratch, GP_F32, GP_CUDA, 2, shape));
-  float *acc = (float *)gp_ptr(scratch);
-  void *ob;
-  size_t obytes;
-  int rc = gp_alloc(&ob, &obytes, (size_t)v * sizeof(int), GP_CUDA);
-  if (rc != GP_OK) {
-    gp_tensor_free(scratch);
-    return rc;
+  /* positions stay below the owners' initial 0x7f7f7f7f */
+  if (n >= 0x7f7f7f7fLL) return gp_error("embedding_backward: %lld indices; fewer than %d", (long long)n, 0x7f7f7f7f);
+  const bool f32 = dweight->dtype == GP_F32; /* dweight is the accumulator: atomics straight into it */
+  const bool i32 = idx->dtype == GP_I32;
+  const void *pi = gp_ptr(idx);
+  /* a block a position (grid-stride), its threads along the row */
+  const int64_t cap = (int64_t)gp_cuda_sm_count() * 32;
+  const unsigned g = (unsigned)(n < cap ? n : cap);
+  const int64_t lanes = d % 4 == 0 ? d / 4 : d;
+  const int th = lanes >= 256 ? 256 : (int)((lanes + 31) / 32 * 32);
+  gp_tensor *scratch = nullptr;
+  void *ob = nullptr;
+  size_t obytes = 0;
+  float *acc = (float *)gp_ptr(dweight);
+  int *owner = nullptr;
+  if (!f32) {
+    int64_t shape[2] = {v, d};
+    GP_TRY(gp_tensor_scratch(&scratch, GP_F32, GP_CUDA, 2, shape));
+    acc = (float *)gp_ptr(scratch);
+    int rc = gp_alloc(&ob, &obytes, (size_t)v * sizeof(int), GP_CUDA);
+    if (rc != GP_OK) {
+      gp_tensor_free(scratch);
+      return rc;
+    }
+    owner = (int *)ob;
   }
-  int *owner = (int *)ob;
+  const bool v4 = d % 4 == 0 && (uintptr_t)acc % 16 == 0; /* float4 atomics on 16-byte aligned rows */
   gp_bad_ref bad;
-  rc = gp_bad_begin(&bad, "embedding_backward", v, "dweight's rows");
-  cudaError_t e = cudaMemsetAsync(owner, 0x7f, (size_t)v * sizeof(int), st); /* 0x7f7f7f7f: above any position */
-  if (rc == GP_OK && e != cudaSuccess) rc = gp_error("embedding_backward: %s", cudaGetErrorString(e));
+  int rc = gp_bad_begin(&bad, "embedding_backward", v, "dweight's rows");
+  if (rc == GP_OK && owner) {
+    cudaError_t e = cudaMemsetAsync(owner, 0x7f, (size_t)v * sizeof(int), st); /* 0x7f7f7f7f: above any position */
+    if (e != cudaSuccess) rc = gp_error("embedding_backward: %s", cudaGetErrorString(e));
+    else if (i32) k_embedding_bwd_claim<int32_t><<<g, th, 0, st>>>(acc, owner, (const int32_t *)pi, n, v, d, bad);
+    else k_embedding_bwd_claim<int64_t><<<g, th, 0, st>>>(acc, owner, (const int64_t *)pi, n, v, d, bad);
+  }
   if (rc == GP_OK) {
-    unsigned g = gp_grid(n * d, 256);
-    bool i32 = idx->dtype == GP_I32;
-    const void *pi = gp_ptr(idx);
-    if (i32) k_embedding_bwd_claim<int32_t><<<g, 256, 0, st>>>(acc, owner, (const int32_t *)pi, n, v, d, bad);
-    else k_embedding_bwd_claim<int64_t><<<g, 256, 0, st>>>(acc, owner, (const int64_t *)pi, n, v, d, bad);
     GP_FLOAT_SWITCH(dout->dtype, T, {
       const T *pg = (const T *)gp_ptr(dout);
-      T *pw = (T *)gp_ptr(dweight);
-      if (i32) {
-        k_embedding_bwd<T, int32_t><<<g, 256, 0, st>>>(acc, pg, (const int32_t *)pi, n, v, d);
-        k_embedding_bwd_flush<T, int32_t><<<g, 256, 0, st>>>(pw, acc, owner, (const int32_t *)pi, n, v, d);
-      } else {
-        k_embedding_bwd<T, int64_t><<<g, 256, 0, st>>>(acc, pg, (const int64_t *)pi, n, v, d);
-        k_embedding_bwd_flush<T, int64_t><<<g, 256, 0, st>>>(pw, acc, owner, (const int64_t *)pi, n, v, d);
-      }
+      if (i32 && v4) k_embedding_bwd<T, int32_t, true><<<g, th, 0, st>>>(acc, pg, (const int32_t *)pi, n, v, d, f32, bad);
+      else if (i32) k_embedding_bwd<T, int32_t, false><<<g, th, 0, st>>>(acc, pg, (const int32_t *)pi, n, v, d, f32, bad);
+      else if (v4) k_embedding_bwd<T, int64_t, true><<<g, th, 0, st>>>(acc, pg, (const int64_t *)pi, n, v, d, f32, bad);
+      else k_embedding_bwd<T, int64_t, false><<<g, th, 0, st>>>(acc, pg, (const int64_t *)pi, n, v, d, f32, bad);
     });
+    if (owner) {
+      GP_FLOAT_SWITCH(dweight->dtype, T, {
+        T *pw = (T *)gp_ptr(dweight);
+        if (i32) k_embedding_bwd_flush<T, int32_t><<<g, th, 0, st>>>(pw, acc, owner, (const int32_t *)pi, n, v, d);
+        else k_embedding_bwd_flush<T, int64_t><<<g, th, 0, st>>>(pw, acc, owner, (const int64_t *)pi, n, v, d);
+      });
+    }
     rc = gp_bad_end("embedding_backward");
   }
-  gp_free(ob, obytes, GP_CUDA);
+  if (ob) gp_free(ob, obytes, GP_CUDA);
   gp_tensor_free(scratch);
   return rc;
 }

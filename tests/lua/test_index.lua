@@ -91,6 +91,16 @@ T.test('embedding_backward accumulate: dweight + the scatter; the rule adds into
       T.ok(T.relnorm(w1, w2) < 1e-6)
     end
   end
+  -- an f32 dweight whose rows do not start on 16 bytes (a view one element in): scalar atomics
+  local V, D, id = 50, 64, gp.randint(0, 50, {300}, {device = 'cpu'})
+  local base = gp.randn({V * D + 1}, {device = 'cpu'})
+  local g = gp.randn({300, D}, {device = 'cpu'})
+  local expect = base:narrow(1, 2, V * D):view {V, D} + gp.embedding_backward(g, id, V)
+  local gb = base:cuda()
+  local dw = gb:narrow(1, 2, V * D):view {V, D}
+  gp.k.embedding_backward(dw, g:cuda(), id:cuda(), 1)
+  T.ok(T.relnorm(dw:cpu(), expect) < 1e-5, 'unaligned f32 rows')
+  T.eq(gb:narrow(1, 1, 1):item(), base:narrow(1, 1, 1):item(), 'the element before the view untouched')
 end)
 
 -- Lua oracle of gather along d (1-based) for 3-d tables
