@@ -4,8 +4,6 @@
  * atomics (into the output when it is f32, else into an f32 scratch that is
  * then rounded; embedding_backward: into the scratch rows idx names, then
  * added to dweight), so their sums are not bitwise deterministic. */
-#include <limits.h>
-
 #include "bad_index.cuh"
 
 template <typename I> __device__ __forceinline__ int64_t ldi(const I *p, int64_t i) { return (int64_t)p[i]; }
