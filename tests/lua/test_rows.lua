@@ -106,6 +106,25 @@ local function fused_rule(norm, nparam)
   T.eq(k.add, 0, 'no add kernel in add_' .. norm .. '_norm\'s backward')
 end
 
+-- run(dev, dt, R, D, acc, seed)'s first outputs (named by names) on the GPU
+-- against the CPU, f32 and bf16, accumulate 0 and 1, over shapes {R, D}
+local function cuda_vs_cpu(run, names, shapes)
+  for _, dt in ipairs {'f32', 'bf16'} do
+    local tol = dt == 'f32' and 1e-4 or 1e-2
+    for _, c in ipairs(shapes) do
+      for _, acc in ipairs {0, 1} do
+        local g = {run('cuda', dt, c[1], c[2], acc, 5)}
+        local r = {run('cpu', dt, c[1], c[2], acc, 5)}
+        local what = string.format('%s %dx%d acc %d', dt, c[1], c[2], acc)
+        for i, nm in ipairs(names) do
+          local e = T.relnorm(g[i]:float(), r[i]:float())
+          T.ok(e < tol, what .. ' ' .. nm .. ' ' .. e)
+        end
+      end
+    end
+  end
+end
+
 -- rms_norm_backward_add: dx + dres in one pass (add_rms_norm's backward: the
 -- norm's gradient of h plus the residual stream's), dw as rms_norm_backward
 T.test('rms_norm_backward_add: rms_norm_backward\'s dx plus dres, dw unchanged (cpu; cuda against the cpu)', function()
@@ -130,18 +149,7 @@ T.test('rms_norm_backward_add: rms_norm_backward\'s dx plus dres, dw unchanged (
   end
   fused_rule('rms', 1)
   T.cuda()
-  for _, dt in ipairs {'f32', 'bf16'} do
-    local tol = dt == 'f32' and 1e-4 or 1e-2
-    for _, c in ipairs {{4096, 128}, {64, 4096}, {300, 33}, {1, 5}, {7, 576}} do
-      for _, acc in ipairs {0, 1} do
-        local g = {run('cuda', dt, c[1], c[2], acc, 5)}
-        local r = {run('cpu', dt, c[1], c[2], acc, 5)}
-        local what = string.format('%s %dx%d acc %d', dt, c[1], c[2], acc)
-        T.ok(T.relnorm(g[1]:float(), r[1]:float()) < tol, what .. ' dx ' .. T.relnorm(g[1]:float(), r[1]:float()))
-        T.ok(T.relnorm(g[2]:float(), r[2]:float()) < tol, what .. ' dw ' .. T.relnorm(g[2]:float(), r[2]:float()))
-      end
-    end
-  end
+  cuda_vs_cpu(run, {'dx', 'dw'}, {{4096, 128}, {64, 4096}, {300, 33}, {1, 5}, {7, 576}})
 end)
 
 -- layer_norm_backward_add: the same for LayerNorm (add_layer_norm's backward), dw and db as layer_norm_backward
@@ -168,20 +176,7 @@ T.test('layer_norm_backward_add: layer_norm_backward\'s dx plus dres, dw and db 
   end
   fused_rule('layer', 2)
   T.cuda()
-  for _, dt in ipairs {'f32', 'bf16'} do
-    local tol = dt == 'f32' and 1e-4 or 1e-2
-    for _, c in ipairs {{4096, 128}, {64, 4096}, {300, 33}, {1, 5}, {7, 576}, {8192, 768}} do
-      for _, acc in ipairs {0, 1} do
-        local g = {run('cuda', dt, c[1], c[2], acc, 5)}
-        local r = {run('cpu', dt, c[1], c[2], acc, 5)}
-        local what = string.format('%s %dx%d acc %d', dt, c[1], c[2], acc)
-        for i, nm in ipairs {'dx', 'dw', 'db'} do
-          local e = T.relnorm(g[i]:float(), r[i]:float())
-          T.ok(e < tol, what .. ' ' .. nm .. ' ' .. e)
-        end
-      end
-    end
-  end
+  cuda_vs_cpu(run, {'dx', 'dw', 'db'}, {{4096, 128}, {64, 4096}, {300, 33}, {1, 5}, {7, 576}, {8192, 768}})
 end)
 
 T.test('rows errors name the op and the shapes', function()
