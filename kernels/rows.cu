@@ -243,6 +243,39 @@ extern "C" int gp_cuda_rms_norm(gp_tensor *out, gp_tensor *rstd, const gp_tensor
 }
 
 /* ---- norm backward: dx per row ---- */
+/* w's V elements from element j (zeros past D; D % V == 0 when V > 1) */
+template <typename T, int V> __device__ __forceinline__ void row_vec(const T *w, int64_t j, int64_t D, float (&r)[V]) {
+  if constexpr (V > 1) {
+    if (j < D) {
+      const rowvec<T, V> t = *reinterpret_cast<const rowvec<T, V> *>(w + j);
+#pragma unroll
+      for (int e = 0; e < V; e++) r[e] = ld(t.v[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < V; e++) r[e] = 0.f;
+    }
+  } else {
+    r[0] = j < D ? ld(w[j]) : 0.f;
+  }
+}
+/* p[e] += a[e] b[e] (b given) or a[e], e < V; float4s when V % 4 == 0 */
+template <int V> __device__ __forceinline__ void acc_add(float *p, const float *a, const float *b, bool mul) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int q = 0; q < V; q += 4) {
+      float4 t = *reinterpret_cast<float4 *>(p + q);
+      t.x = mul ? fmaf(a[q], b[q], t.x) : t.x + a[q];
+      t.y = mul ? fmaf(a[q + 1], b[q + 1], t.y) : t.y + a[q + 1];
+      t.z = mul ? fmaf(a[q + 2], b[q + 2], t.z) : t.z + a[q + 2];
+      t.w = mul ? fmaf(a[q + 3], b[q + 3], t.w) : t.w + a[q + 3];
+      *reinterpret_cast<float4 *>(p + q) = t;
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < V; e++) p[e] = mul ? fmaf(a[e], b[e], p[e]) : p[e] + a[e];
+  }
+}
+
 /* RES: dres (the gradient of a residual stream that also feeds the norm) is added into dx */
 template <typename T, bool RMS, bool RES = false> struct NormDxOp {
   const T *x, *w, *dout;
@@ -251,38 +284,58 @@ template <typename T, bool RMS, bool RES = false> struct NormDxOp {
   int64_t D;
   const T *dres = nullptr;
   template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
-    float aw[1], ab[1];
-    run_acc<V, NV, false>(row, lane, tpr, sh, aw, ab);
+    run_acc<V, NV, false>(row, lane, tpr, sh, nullptr);
   }
-  /* ACC: also aw += dout x_hat and ab += dout, the row's share of dw and db
-   * (the thread's NV V elements) */
-  template <int V, int NV, bool ACC>
-  __device__ __forceinline__ void run_acc(int64_t row, int lane, int tpr, float *sh, float *aw, float *ab) const {
-    float xv[NV * V], g[NV * V], wv[NV * V];
+  /* ACC: also this row's share of dw (dout x_hat), db (dout, LayerNorm) and
+   * PL's last plane (SUM: dx itself, as stored) added into the group's
+   * accumulators in shared memory, acc + p D for plane p (this thread's
+   * columns only: no other thread touches them until the block's sum) */
+  template <int V, int NV, bool ACC, int PL = 1, bool SUM = false>
+  __device__ __forceinline__ void run_acc(int64_t row, int lane, int tpr, float *sh, float *acc) const {
+    float xv[NV * V], g[NV * V], rv[RES ? NV * V : 1];
     row_load<T, V, NV>(x + row * D, D, lane, tpr, xv, 0.f);
     row_load<T, V, NV>(dout + row * D, D, lane, tpr, g, 0.f);
-    row_load<T, V, NV, false>(w, D, lane, tpr, wv, 0.f);
+    if constexpr (RES) row_load<T, V, NV>(dres + row * D, D, lane, tpr, rv, 0.f); /* in flight with x, dout */
     const float mu = RMS ? 0.f : mean[row], rs = rstd[row];
     float2 s = make_float2(0.f, 0.f);
 #pragma unroll
-    for (int i = 0; i < NV * V; i++) {
-      xv[i] = (xv[i] - mu) * rs;
-      if constexpr (ACC) {
-        aw[i] = fmaf(g[i], xv[i], aw[i]);
-        if (!RMS) ab[i] += g[i];
+    for (int k = 0; k < NV; k++) {
+      const int64_t j = ((int64_t)k * tpr + lane) * V;
+      float wv[V];
+      row_vec<T, V>(w, j, D, wv);
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        const int i = k * V + e;
+        xv[i] = (xv[i] - mu) * rs;
       }
-      g[i] *= wv[i];
-      s.x += g[i];
-      s.y += g[i] * xv[i];
+      if constexpr (ACC) {
+        if (j < D) {
+          acc_add<V>(acc + j, &g[k * V], &xv[k * V], true);
+          if constexpr (!RMS) acc_add<V>(acc + D + j, &g[k * V], nullptr, false);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < V; e++) {
+        const int i = k * V + e;
+        g[i] *= wv[e];
+        s.x += g[i];
+        s.y += g[i] * xv[i];
+      }
     }
     s = group_sum2(s, tpr, sh);
     const float a = RMS ? 0.f : s.x / (float)D, c = s.y / (float)D;
 #pragma unroll
-    for (int i = 0; i < NV * V; i++) xv[i] = rs * (g[i] - a - xv[i] * c);
-    if constexpr (RES) {
-      row_load<T, V, NV>(dres + row * D, D, lane, tpr, g, 0.f);
+    for (int i = 0; i < NV * V; i++) {
+      xv[i] = rs * (g[i] - a - xv[i] * c);
+      if constexpr (RES) xv[i] += rv[i];
+      if constexpr (SUM) xv[i] = ld(st<T>(xv[i])); /* the sum of dx as stored */
+    }
+    if constexpr (ACC && SUM) {
 #pragma unroll
-      for (int i = 0; i < NV * V; i++) xv[i] += g[i];
+      for (int k = 0; k < NV; k++) {
+        const int64_t j = ((int64_t)k * tpr + lane) * V;
+        if (j < D) acc_add<V>(acc + (int64_t)(PL - 1) * D + j, &xv[k * V], nullptr, false);
+      }
     }
     row_store<T, V, NV>(dx + row * D, D, lane, tpr, xv);
   }
@@ -305,112 +358,120 @@ template <typename T, bool RMS, bool RES = false> struct NormDxOp {
   }
 };
 
-/* the norm backward in one pass: dx row by row (NormDxOp), and each block's
- * share of dw (and db) summed in registers over its rows, then over its row
- * groups in shared memory (sp: rpb x D floats when rpb > 1): part[b][j] (dw)
- * and part[gridDim + b][j] (db, LayerNorm), b the block. x and dout are read
- * once (the two-pass path below reads them twice, the second time with
- * 2-byte loads) */
-template <typename T, bool RMS, bool RES, int V, int NV>
+/* the norm backward in one pass: dx row by row (NormDxOp), and each row
+ * group's share of dw (and db, and with SUM the sum of dx) added into its
+ * own accumulators in shared memory (PL planes of D floats a group), then
+ * summed over the block's groups into part[p][b][j] (plane p, block b). x,
+ * dout (and dres) are read once, in flight together. */
+template <typename T, bool RMS, bool RES, bool SUM, int V, int NV>
 __global__ void __launch_bounds__(512) k_norm_bwd(NormDxOp<T, RMS, RES> op, float *__restrict__ part, int64_t rows,
                                                  int tpr) {
-  extern __shared__ float sp[];
+  constexpr int PL = (RMS ? 1 : 2) + (SUM ? 1 : 0);
+  extern __shared__ float4 sacc4[];
   __shared__ float sh[64];
+  float *sacc = reinterpret_cast<float *>(sacc4);
   const int rpb = blockDim.x / tpr, lane = threadIdx.x % tpr, g = threadIdx.x / tpr;
   const int64_t D = op.D;
-  float aw[NV * V], ab[NV * V];
+  float *mine = sacc + (int64_t)g * PL * D;
 #pragma unroll
-  for (int i = 0; i < NV * V; i++) aw[i] = ab[i] = 0.f;
+  for (int k = 0; k < NV; k++) {
+    const int64_t j = ((int64_t)k * tpr + lane) * V;
+    if (j < D)
+#pragma unroll
+      for (int p = 0; p < PL; p++)
+#pragma unroll
+        for (int e = 0; e < V; e++) mine[p * D + j + e] = 0.f;
+  }
   for (int64_t r0 = (int64_t)blockIdx.x * rpb; r0 < rows; r0 += (int64_t)gridDim.x * rpb) {
     const int64_t row = r0 + g;
-    if (row < rows) op.template run_acc<V, NV, true>(row, lane, tpr, sh, aw, ab); /* uniform when rpb == 1 */
+    if (row < rows) op.template run_acc<V, NV, true, PL, SUM>(row, lane, tpr, sh, mine); /* uniform when rpb == 1 */
   }
-  for (int plane = 0; plane < (RMS ? 1 : 2); plane++) {
-    const float *a = plane ? ab : aw;
-    float *out = part + ((int64_t)plane * gridDim.x + blockIdx.x) * D;
-    if (rpb == 1) {
-#pragma unroll
-      for (int k = 0; k < NV; k++)
-#pragma unroll
-        for (int e = 0; e < V; e++) {
-          const int64_t j = ((int64_t)k * tpr + lane) * V + e;
-          if (j < D) out[j] = a[k * V + e];
-        }
-      continue;
-    }
-    __syncthreads(); /* (the previous plane's reads are done) */
-#pragma unroll
-    for (int k = 0; k < NV; k++)
-#pragma unroll
-      for (int e = 0; e < V; e++) {
-        const int64_t j = ((int64_t)k * tpr + lane) * V + e;
-        if (j < D) sp[g * D + j] = a[k * V + e];
-      }
-    __syncthreads();
-    for (int64_t j = threadIdx.x; j < D; j += blockDim.x) {
-      float t = 0.f;
-      for (int q = 0; q < rpb; q++) t += sp[q * D + j];
-      out[j] = t;
-    }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < PL * D; i += blockDim.x) {
+    const int64_t p = i / D, j = i - p * D;
+    float t = 0.f;
+    for (int q = 0; q < rpb; q++) t += sacc[(q * PL + p) * D + j];
+    part[(p * gridDim.x + blockIdx.x) * D + j] = t;
   }
 }
 
-/* dw[j] (+)= sum over the S partial rows of part (acc: added to dw), db
- * likewise from the second plane: a block sums 32 columns, 16 threads down
- * the rows, then in shared memory */
+/* the planes' outputs: plane p's sums go to o[p] */
+template <typename T> struct PartOuts {
+  T *o[3];
+};
+
+/* o[p][j] (+)= the sum over the S partial rows of plane p (part + p S D; acc:
+ * added): a block sums 16 columns of one plane, 64 threads down the rows,
+ * then a fixed tree in shared memory (the same order every call) */
 template <typename T>
-__global__ void __launch_bounds__(512) k_norm_part_sum(const float *__restrict__ part, T *dw, T *db, int64_t D, int S,
-                                                      int acc) {
-  __shared__ float sw[16][33], sb[16][33];
-  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
-  const int64_t j = blockIdx.x * 32LL + tx;
-  float aw = 0.f, ab = 0.f;
+__global__ void __launch_bounds__(1024) k_norm_part_sum(const float *__restrict__ part, PartOuts<T> outs, int64_t D,
+                                                       int S, int acc) {
+  __shared__ float red[64][17];
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4, p = blockIdx.y;
+  const int64_t j = blockIdx.x * 16LL + tx;
+  const float *base = part + (int64_t)p * S * D;
+  float t = 0.f;
   if (j < D)
-    for (int s = ty; s < S; s += 16) {
-      aw += part[(int64_t)s * D + j];
-      if (db) ab += part[((int64_t)S + s) * D + j];
-    }
-  sw[ty][tx] = aw;
-  sb[ty][tx] = ab;
+    for (int s = ty; s < S; s += 64) t += base[(int64_t)s * D + j];
+  red[ty][tx] = t;
   __syncthreads();
-  if (ty == 0 && j < D) {
-    for (int k = 1; k < 16; k++) aw += sw[k][tx], ab += sb[k][tx];
-    dw[j] = st<T>(acc ? ld(dw[j]) + aw : aw);
-    if (db) db[j] = st<T>(acc ? ld(db[j]) + ab : ab);
+#pragma unroll
+  for (int n = 32; n >= 1; n >>= 1) {
+    if (ty < n) red[ty][tx] += red[ty + n][tx];
+    __syncthreads();
   }
+  if (ty == 0 && j < D) {
+    T *o = outs.o[p];
+    const float v = red[0][tx];
+    o[j] = st<T>(acc ? ld(o[j]) + v : v);
+  }
+}
+
+template <typename T> static void part_sum(const float *part, PartOuts<T> outs, int planes, int64_t D, int S, int acc) {
+  k_norm_part_sum<T><<<dim3((unsigned)((D + 15) / 16), (unsigned)planes), 1024, 0, gp_cuda_stream()>>>(part, outs, D, S,
+                                                                                                     acc);
 }
 
 /* the one-pass backward when the rows fit the row engine (aligned, D a
- * multiple of the vector width); false: the caller takes the two passes */
-template <typename T, bool RMS, bool RES>
-static bool norm_bwd_fused(int *rc, const char *name, const NormDxOp<T, RMS, RES> &op, gp_tensor *dw, gp_tensor *db,
-                           int64_t R, bool al, int acc) {
-  constexpr int VV = 16 / sizeof(T);
+ * multiple of the vector width) and the accumulators fit shared memory;
+ * false: the caller takes the two passes. outs: dw (db) (the sum of dx) */
+template <typename T, bool RMS, bool RES, bool SUM>
+static bool norm_bwd_fused(int *rc, const char *name, const NormDxOp<T, RMS, RES> &op, PartOuts<T> outs, int64_t R,
+                           bool al, int acc) {
+  constexpr int VV = 16 / sizeof(T), PL = (RMS ? 1 : 2) + (SUM ? 1 : 0);
   const int64_t D = op.D;
   int tpr, block, nv;
   if (!al || D % VV != 0 || R == 0 || !rows_config(D / VV, tpr, block, nv)) return false;
+  nv = (int)((D / VV + tpr - 1) / tpr); /* exactly the vectors a thread needs (not a power of 2) */
+  nv = nv <= 4 ? nv : nv <= 6 ? 6 : 8;
   const int rpb = block / tpr;
-  const size_t smem = rpb > 1 ? (size_t)rpb * D * sizeof(float) : 0;
-  if (smem > 48 * 1024) return false;
-  /* two blocks an SM's worth of partial rows (each block loops over many rows) */
-  int64_t blocks = (R + rpb - 1) / rpb, cap = (int64_t)gp_cuda_sm_count() * 2;
-  if (blocks > cap) blocks = cap;
-  void *scratch;
-  size_t sbytes;
-  *rc = gp_alloc(&scratch, &sbytes, (size_t)((RMS ? 1 : 2) * blocks * D) * sizeof(float), GP_CUDA);
-  if (*rc != GP_OK) return true;
-  float *part = (float *)scratch;
-  auto go = [&](auto kern) { kern<<<(unsigned)blocks, block, smem, gp_cuda_stream()>>>(op, part, R, tpr); };
+  const size_t smem = (size_t)rpb * PL * D * sizeof(float);
+  if (smem > 100 * 1024) return false;
+  auto go = [&](auto kern) {
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    int per_sm = 1;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, block, smem);
+    per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
+    int64_t blocks = (R + rpb - 1) / rpb, cap = (int64_t)gp_cuda_sm_count() * per_sm;
+    if (blocks > cap) blocks = cap;
+    void *scratch;
+    size_t sbytes;
+    *rc = gp_alloc(&scratch, &sbytes, (size_t)(PL * blocks * D) * sizeof(float), GP_CUDA);
+    if (*rc != GP_OK) return;
+    float *part = (float *)scratch;
+    kern<<<(unsigned)blocks, block, smem, gp_cuda_stream()>>>(op, part, R, tpr);
+    part_sum<T>(part, outs, PL, D, (int)blocks, acc);
+    *rc = gp_cuda_check_launch(name);
+    gp_free(scratch, sbytes, GP_CUDA);
+  };
   switch (nv) {
-    case 1: go(k_norm_bwd<T, RMS, RES, VV, 1>); break;
-    case 2: go(k_norm_bwd<T, RMS, RES, VV, 2>); break;
-    case 4: go(k_norm_bwd<T, RMS, RES, VV, 4>); break;
-    default: go(k_norm_bwd<T, RMS, RES, VV, 8>); break;
+    case 1: go(k_norm_bwd<T, RMS, RES, SUM, VV, 1>); break;
+    case 2: go(k_norm_bwd<T, RMS, RES, SUM, VV, 2>); break;
+    case 3: go(k_norm_bwd<T, RMS, RES, SUM, VV, 3>); break;
+    case 4: go(k_norm_bwd<T, RMS, RES, SUM, VV, 4>); break;
+    case 6: go(k_norm_bwd<T, RMS, RES, SUM, VV, 6>); break;
+    default: go(k_norm_bwd<T, RMS, RES, SUM, VV, 8>); break;
   }
-  k_norm_part_sum<T><<<(unsigned)((D + 31) / 32), 512, 0, gp_cuda_stream()>>>(
-      part, (T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, D, (int)blocks, acc);
-  *rc = gp_cuda_check_launch(name);
-  gp_free(scratch, sbytes, GP_CUDA);
   return true;
 }
 
@@ -464,8 +525,7 @@ static int norm_dw(const char *name, gp_tensor *dw, gp_tensor *db, const gp_tens
   k_norm_dw_part<T><<<dim3((unsigned)ct, (unsigned)S), 256, 0, stream>>>(
       (const T *)gp_ptr(x), (const T *)gp_ptr(dout), mean ? (const float *)gp_ptr(mean) : nullptr,
       (const float *)gp_ptr(rstd), part, R, D, chunk, (int)S);
-  k_norm_part_sum<T><<<(unsigned)ct, 512, 0, stream>>>(part, (T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, D, (int)S,
-                                                      acc);
+  part_sum<T>(part, PartOuts<T>{{(T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, nullptr}}, db ? 2 : 1, D, (int)S, acc);
   int rc = gp_cuda_check_launch(name);
   gp_free(scratch, sbytes, GP_CUDA);
   return rc;
@@ -480,16 +540,17 @@ extern "C" int gp_cuda_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tens
   bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx)) && (!dres || al16(gp_ptr(dres)));
   GP_FLOAT_SWITCH(x->dtype, T, {
     bool done;
+    const PartOuts<T> lnouts{{(T *)gp_ptr(dw), (T *)gp_ptr(db), nullptr}};
     if (dres) {
       NormDxOp<T, false, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
                                   (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D,
                                   (const T *)gp_ptr(dres)};
-      done = norm_bwd_fused<T, false, true>(&rc, name, op, dw, db, R, al, accumulate);
+      done = norm_bwd_fused<T, false, true, false>(&rc, name, op, lnouts, R, al, accumulate);
       if (!done) rc = rows_launch<T>(name, op, R, D, al);
     } else {
       NormDxOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
                             (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
-      done = norm_bwd_fused<T, false, false>(&rc, name, op, dw, db, R, al, accumulate);
+      done = norm_bwd_fused<T, false, false, false>(&rc, name, op, lnouts, R, al, accumulate);
       if (!done) rc = rows_launch<T>(name, op, R, D, al);
     }
     if (!done && rc == GP_OK) rc = norm_dw<T>(name, dw, db, x, mean, rstd, dout, accumulate);
@@ -506,15 +567,16 @@ extern "C" int gp_cuda_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_
   bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx)) && (!dres || al16(gp_ptr(dres)));
   GP_FLOAT_SWITCH(x->dtype, T, {
     bool done;
+    const PartOuts<T> rmsouts{{(T *)gp_ptr(dw), nullptr, nullptr}};
     if (dres) {
       NormDxOp<T, true, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
                                  (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D, (const T *)gp_ptr(dres)};
-      done = norm_bwd_fused<T, true, true>(&rc, name, op, dw, nullptr, R, al, accumulate);
+      done = norm_bwd_fused<T, true, true, false>(&rc, name, op, rmsouts, R, al, accumulate);
       if (!done) rc = rows_launch<T>(name, op, R, D, al);
     } else {
       NormDxOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
                            (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
-      done = norm_bwd_fused<T, true, false>(&rc, name, op, dw, nullptr, R, al, accumulate);
+      done = norm_bwd_fused<T, true, false, false>(&rc, name, op, rmsouts, R, al, accumulate);
       if (!done) rc = rows_launch<T>(name, op, R, D, al);
     }
     if (!done && rc == GP_OK) rc = norm_dw<T>(name, dw, nullptr, x, nullptr, rstd, dout, accumulate);
