@@ -20,18 +20,31 @@ template <typename L> __device__ __forceinline__ void store_low(L *lp, int64_t i
   if (lp) lp[i] = st<L>(x);
 }
 
+/* one AdamW update of p, m, v from the scaled gradient gi */
+__device__ __forceinline__ void adamw_val(float &p, float &m, float &v, float gi, float lr, float b1, float b2,
+                                          float eps, float wd, float bc1, float bc2) {
+  m = b1 * m + (1.f - b1) * gi;
+  v = b2 * v + (1.f - b2) * gi * gi;
+  p = p * (1.f - lr * wd) - lr * (m / bc1) / (sqrtf(v / bc2) + eps);
+}
+
 template <typename G, typename L = float>
 __device__ __forceinline__ void adamw_elem(float *p, float *m, float *v, const G *g, int64_t i, float gs, float lr,
                                            float b1, float b2, float eps, float wd, float bc1, float bc2,
                                            L *lp = nullptr) {
-  float gi = ld(g[i]) * gs;
-  float mi = b1 * m[i] + (1.f - b1) * gi, vi = b2 * v[i] + (1.f - b2) * gi * gi;
-  float pn = p[i] * (1.f - lr * wd) - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
-  p[i] = pn;
+  float pi = p[i], mi = m[i], vi = v[i];
+  adamw_val(pi, mi, vi, ld(g[i]) * gs, lr, b1, b2, eps, wd, bc1, bc2);
+  p[i] = pi;
   m[i] = mi;
   v[i] = vi;
-  store_low(lp, i, pn);
+  store_low(lp, i, pi);
 }
+
+/* four consecutive elements, one load or store */
+template <typename T> struct alignas(4 * sizeof(T)) vec4 {
+  T v[4];
+};
+static __device__ __forceinline__ bool al_to(const void *q, size_t a) { return ((uintptr_t)q & (a - 1)) == 0; }
 
 template <typename G, typename L = float>
 __device__ __forceinline__ void sgd_elem(float *p, float *buf, const G *g, int64_t i, float gs, float lr, float mom,
@@ -71,7 +84,28 @@ __global__ void k_multi_adamw(TL t, const float *gscale, const float *hyper, flo
     float *p = (float *)t.ptrs[i], *m = (float *)t.ptrs[t.n + i], *v = (float *)t.ptrs[2 * t.n + i];
     const G *g = (const G *)t.ptrs[3 * t.n + i];
     L *lp = t.low >= 0 ? (L *)t.ptrs[t.low * t.n + i] : nullptr;
-    for (int64_t j = s + threadIdx.x; j < e; j += blockDim.x)
+    int64_t j0 = s; /* the first element the scalar loop takes */
+    if (al_to(p + s, 16) && al_to(m + s, 16) && al_to(v + s, 16) && al_to(g + s, 4 * sizeof(G)) &&
+        (!lp || al_to(lp + s, 4 * sizeof(L)))) {
+      /* four elements a thread: 16-byte loads and stores of p, m, v */
+      const int64_t n4 = (e - s) / 4;
+      for (int64_t q = threadIdx.x; q < n4; q += blockDim.x) {
+        const int64_t j = s + 4 * q;
+        float4 P = *reinterpret_cast<const float4 *>(p + j), M = *reinterpret_cast<const float4 *>(m + j),
+               V = *reinterpret_cast<const float4 *>(v + j);
+        const vec4<G> gv = *reinterpret_cast<const vec4<G> *>(g + j);
+        adamw_val(P.x, M.x, V.x, ld(gv.v[0]) * gs, lr, b1, b2, eps, wd, bc1, bc2);
+        adamw_val(P.y, M.y, V.y, ld(gv.v[1]) * gs, lr, b1, b2, eps, wd, bc1, bc2);
+        adamw_val(P.z, M.z, V.z, ld(gv.v[2]) * gs, lr, b1, b2, eps, wd, bc1, bc2);
+        adamw_val(P.w, M.w, V.w, ld(gv.v[3]) * gs, lr, b1, b2, eps, wd, bc1, bc2);
+        *reinterpret_cast<float4 *>(p + j) = P;
+        *reinterpret_cast<float4 *>(m + j) = M;
+        *reinterpret_cast<float4 *>(v + j) = V;
+        if (lp) *reinterpret_cast<vec4<L> *>(lp + j) = vec4<L>{{st<L>(P.x), st<L>(P.y), st<L>(P.z), st<L>(P.w)}};
+      }
+      j0 = s + 4 * n4;
+    }
+    for (int64_t j = j0 + threadIdx.x; j < e; j += blockDim.x)
       adamw_elem(p, m, v, g, j, gs, lr, b1, b2, eps, wd, bc1, bc2, lp);
   }
 }
@@ -121,7 +155,22 @@ template <typename T> __global__ void k_multi_sumsq_partial(TL t, float *partial
     int64_t s0 = t.cs[c], e = min(s0 + (int64_t)GP_CHUNK, t.numel[i]);
     const T *x = (const T *)t.ptrs[i];
     float s = 0.f;
-    for (int64_t j = s0 + threadIdx.x; j < e; j += blockDim.x) {
+    int64_t j0 = s0; /* the first element the scalar loop takes */
+    if (al_to(x + s0, 16)) { /* 16-byte loads */
+      constexpr int V = 16 / sizeof(T);
+      const int64_t nv = (e - s0) / V;
+      for (int64_t q = threadIdx.x; q < nv; q += blockDim.x) {
+        const float4 f = *reinterpret_cast<const float4 *>(x + s0 + q * V);
+        const T *w = reinterpret_cast<const T *>(&f);
+#pragma unroll
+        for (int k = 0; k < V; k++) {
+          const float u = ld(w[k]);
+          s += u * u;
+        }
+      }
+      j0 = s0 + nv * V;
+    }
+    for (int64_t j = j0 + threadIdx.x; j < e; j += blockDim.x) {
       float v = ld(x[j]);
       s += v * v;
     }
