@@ -286,11 +286,11 @@ template <typename T, bool RMS, bool RES = false> struct NormDxOp {
   template <int V, int NV> __device__ __forceinline__ void run(int64_t row, int lane, int tpr, float *sh) const {
     run_acc<V, NV, false>(row, lane, tpr, sh, nullptr);
   }
-  /* ACC: also this row's share of dw (dout x_hat), db (dout, LayerNorm) and
-   * PL's last plane (SUM: dx itself, as stored) added into the group's
-   * accumulators in shared memory, acc + p D for plane p (this thread's
-   * columns only: no other thread touches them until the block's sum) */
-  template <int V, int NV, bool ACC, int PL = 1, bool SUM = false>
+  /* ACC: also this row's share of dw (dout x_hat) and db (dout, LayerNorm)
+   * added into the group's accumulators in shared memory, acc + p D for
+   * plane p (this thread's columns only: no other thread touches them until
+   * the block's sum) */
+  template <int V, int NV, bool ACC>
   __device__ __forceinline__ void run_acc(int64_t row, int lane, int tpr, float *sh, float *acc) const {
     float xv[NV * V], g[NV * V], rv[RES ? NV * V : 1];
     row_load<T, V, NV>(x + row * D, D, lane, tpr, xv, 0.f);
@@ -328,14 +328,6 @@ template <typename T, bool RMS, bool RES = false> struct NormDxOp {
     for (int i = 0; i < NV * V; i++) {
       xv[i] = rs * (g[i] - a - xv[i] * c);
       if constexpr (RES) xv[i] += rv[i];
-      if constexpr (SUM) xv[i] = ld(st<T>(xv[i])); /* the sum of dx as stored */
-    }
-    if constexpr (ACC && SUM) {
-#pragma unroll
-      for (int k = 0; k < NV; k++) {
-        const int64_t j = ((int64_t)k * tpr + lane) * V;
-        if (j < D) acc_add<V>(acc + (int64_t)(PL - 1) * D + j, &xv[k * V], nullptr, false);
-      }
     }
     row_store<T, V, NV>(dx + row * D, D, lane, tpr, xv);
   }
@@ -359,14 +351,14 @@ template <typename T, bool RMS, bool RES = false> struct NormDxOp {
 };
 
 /* the norm backward in one pass: dx row by row (NormDxOp), and each row
- * group's share of dw (and db, and with SUM the sum of dx) added into its
+ * group's share of dw (and db) added into its
  * own accumulators in shared memory (PL planes of D floats a group), then
  * summed over the block's groups into part[p][b][j] (plane p, block b). x,
  * dout (and dres) are read once, in flight together. */
-template <typename T, bool RMS, bool RES, bool SUM, int V, int NV>
+template <typename T, bool RMS, bool RES, int V, int NV>
 __global__ void __launch_bounds__(512) k_norm_bwd(NormDxOp<T, RMS, RES> op, float *__restrict__ part, int64_t rows,
                                                  int tpr) {
-  constexpr int PL = (RMS ? 1 : 2) + (SUM ? 1 : 0);
+  constexpr int PL = RMS ? 1 : 2;
   extern __shared__ float4 sacc4[];
   __shared__ float sh[64];
   float *sacc = reinterpret_cast<float *>(sacc4);
@@ -384,7 +376,7 @@ __global__ void __launch_bounds__(512) k_norm_bwd(NormDxOp<T, RMS, RES> op, floa
   }
   for (int64_t r0 = (int64_t)blockIdx.x * rpb; r0 < rows; r0 += (int64_t)gridDim.x * rpb) {
     const int64_t row = r0 + g;
-    if (row < rows) op.template run_acc<V, NV, true, PL, SUM>(row, lane, tpr, sh, mine); /* uniform when rpb == 1 */
+    if (row < rows) op.template run_acc<V, NV, true>(row, lane, tpr, sh, mine); /* uniform when rpb == 1 */
   }
   __syncthreads();
   for (int64_t i = threadIdx.x; i < PL * D; i += blockDim.x) {
@@ -397,7 +389,7 @@ __global__ void __launch_bounds__(512) k_norm_bwd(NormDxOp<T, RMS, RES> op, floa
 
 /* the planes' outputs: plane p's sums go to o[p] */
 template <typename T> struct PartOuts {
-  T *o[3];
+  T *o[2];
 };
 
 /* o[p][j] (+)= the sum over the S partial rows of plane p (part + p S D; acc:
@@ -434,11 +426,11 @@ template <typename T> static void part_sum(const float *part, PartOuts<T> outs, 
 
 /* the one-pass backward when the rows fit the row engine (aligned, D a
  * multiple of the vector width) and the accumulators fit shared memory;
- * false: the caller takes the two passes. outs: dw (db) (the sum of dx) */
-template <typename T, bool RMS, bool RES, bool SUM>
+ * false: the caller takes the two passes. outs: dw (and db) */
+template <typename T, bool RMS, bool RES>
 static bool norm_bwd_fused(int *rc, const char *name, const NormDxOp<T, RMS, RES> &op, PartOuts<T> outs, int64_t R,
                            bool al, int acc) {
-  constexpr int VV = 16 / sizeof(T), PL = (RMS ? 1 : 2) + (SUM ? 1 : 0);
+  constexpr int VV = 16 / sizeof(T), PL = RMS ? 1 : 2;
   const int64_t D = op.D;
   int tpr, block, nv;
   if (!al || D % VV != 0 || R == 0 || !rows_config(D / VV, tpr, block, nv)) return false;
@@ -448,7 +440,7 @@ static bool norm_bwd_fused(int *rc, const char *name, const NormDxOp<T, RMS, RES
   const size_t smem = (size_t)rpb * PL * D * sizeof(float);
   if (smem > 100 * 1024) return false;
   auto go = [&](auto kern) {
-    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (smem > 48 * 1024) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int per_sm = 1;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, block, smem);
     per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
@@ -465,12 +457,12 @@ static bool norm_bwd_fused(int *rc, const char *name, const NormDxOp<T, RMS, RES
     gp_free(scratch, sbytes, GP_CUDA);
   };
   switch (nv) {
-    case 1: go(k_norm_bwd<T, RMS, RES, SUM, VV, 1>); break;
-    case 2: go(k_norm_bwd<T, RMS, RES, SUM, VV, 2>); break;
-    case 3: go(k_norm_bwd<T, RMS, RES, SUM, VV, 3>); break;
-    case 4: go(k_norm_bwd<T, RMS, RES, SUM, VV, 4>); break;
-    case 6: go(k_norm_bwd<T, RMS, RES, SUM, VV, 6>); break;
-    default: go(k_norm_bwd<T, RMS, RES, SUM, VV, 8>); break;
+    case 1: go(k_norm_bwd<T, RMS, RES, VV, 1>); break;
+    case 2: go(k_norm_bwd<T, RMS, RES, VV, 2>); break;
+    case 3: go(k_norm_bwd<T, RMS, RES, VV, 3>); break;
+    case 4: go(k_norm_bwd<T, RMS, RES, VV, 4>); break;
+    case 6: go(k_norm_bwd<T, RMS, RES, VV, 6>); break;
+    default: go(k_norm_bwd<T, RMS, RES, VV, 8>); break;
   }
   return true;
 }
@@ -525,7 +517,7 @@ static int norm_dw(const char *name, gp_tensor *dw, gp_tensor *db, const gp_tens
   k_norm_dw_part<T><<<dim3((unsigned)ct, (unsigned)S), 256, 0, stream>>>(
       (const T *)gp_ptr(x), (const T *)gp_ptr(dout), mean ? (const float *)gp_ptr(mean) : nullptr,
       (const float *)gp_ptr(rstd), part, R, D, chunk, (int)S);
-  part_sum<T>(part, PartOuts<T>{{(T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr, nullptr}}, db ? 2 : 1, D, (int)S, acc);
+  part_sum<T>(part, PartOuts<T>{{(T *)gp_ptr(dw), db ? (T *)gp_ptr(db) : nullptr}}, db ? 2 : 1, D, (int)S, acc);
   int rc = gp_cuda_check_launch(name);
   gp_free(scratch, sbytes, GP_CUDA);
   return rc;
@@ -540,17 +532,17 @@ extern "C" int gp_cuda_layer_norm_backward(gp_tensor *dx, gp_tensor *dw, gp_tens
   bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx)) && (!dres || al16(gp_ptr(dres)));
   GP_FLOAT_SWITCH(x->dtype, T, {
     bool done;
-    const PartOuts<T> lnouts{{(T *)gp_ptr(dw), (T *)gp_ptr(db), nullptr}};
+    const PartOuts<T> lnouts{{(T *)gp_ptr(dw), (T *)gp_ptr(db)}};
     if (dres) {
       NormDxOp<T, false, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
                                   (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D,
                                   (const T *)gp_ptr(dres)};
-      done = norm_bwd_fused<T, false, true, false>(&rc, name, op, lnouts, R, al, accumulate);
+      done = norm_bwd_fused<T, false, true>(&rc, name, op, lnouts, R, al, accumulate);
       if (!done) rc = rows_launch<T>(name, op, R, D, al);
     } else {
       NormDxOp<T, false> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout),
                             (const float *)gp_ptr(mean), (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
-      done = norm_bwd_fused<T, false, false, false>(&rc, name, op, lnouts, R, al, accumulate);
+      done = norm_bwd_fused<T, false, false>(&rc, name, op, lnouts, R, al, accumulate);
       if (!done) rc = rows_launch<T>(name, op, R, D, al);
     }
     if (!done && rc == GP_OK) rc = norm_dw<T>(name, dw, db, x, mean, rstd, dout, accumulate);
@@ -567,16 +559,16 @@ extern "C" int gp_cuda_rms_norm_backward(gp_tensor *dx, gp_tensor *dw, const gp_
   bool al = al16(gp_ptr(x)) && al16(gp_ptr(w)) && al16(gp_ptr(dout)) && al16(gp_ptr(dx)) && (!dres || al16(gp_ptr(dres)));
   GP_FLOAT_SWITCH(x->dtype, T, {
     bool done;
-    const PartOuts<T> rmsouts{{(T *)gp_ptr(dw), nullptr, nullptr}};
+    const PartOuts<T> rmsouts{{(T *)gp_ptr(dw), nullptr}};
     if (dres) {
       NormDxOp<T, true, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
                                  (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D, (const T *)gp_ptr(dres)};
-      done = norm_bwd_fused<T, true, true, false>(&rc, name, op, rmsouts, R, al, accumulate);
+      done = norm_bwd_fused<T, true, true>(&rc, name, op, rmsouts, R, al, accumulate);
       if (!done) rc = rows_launch<T>(name, op, R, D, al);
     } else {
       NormDxOp<T, true> op{(const T *)gp_ptr(x), (const T *)gp_ptr(w), (const T *)gp_ptr(dout), nullptr,
                            (const float *)gp_ptr(rstd), (T *)gp_ptr(dx), D};
-      done = norm_bwd_fused<T, true, false, false>(&rc, name, op, rmsouts, R, al, accumulate);
+      done = norm_bwd_fused<T, true, false>(&rc, name, op, rmsouts, R, al, accumulate);
       if (!done) rc = rows_launch<T>(name, op, R, D, al);
     }
     if (!done && rc == GP_OK) rc = norm_dw<T>(name, dw, nullptr, x, nullptr, rstd, dout, accumulate);
