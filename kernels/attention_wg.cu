@@ -16,6 +16,9 @@
 #include "attention_tc.cuh"
 #include "wgmma.cuh"
 
+#include <algorithm>
+#include <cstdlib>
+
 /* the kernels' bodies exist in the sm_90a pass only (GP_WG: in the others,
  * and in the host pass, they are empty; the dispatch launches them only on a
  * compute capability 9.0 device of a build with sm_90a code, GP_SM90A) */
@@ -232,6 +235,272 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   cp_async_wait<0>();
 
   store_out_rows<T, DT>(P, bh, i0 + wrow, o, m, l, P.scale, lane);
+#endif
+}
+
+
+#if GP_WG
+/* mbarriers (shared memory, 8 bytes each) */
+__device__ __forceinline__ void mb_init(uint32_t a, int n) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(a), "r"(n) : "memory");
+}
+__device__ __forceinline__ void mb_arrive(uint32_t a) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(a) : "memory");
+}
+/* an arrival when every cp.async this thread issued before it has landed */
+__device__ __forceinline__ void mb_cp_arrive(uint32_t a) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(a) : "memory");
+}
+__device__ __forceinline__ void mb_wait(uint32_t a, uint32_t parity) {
+  asm volatile("{\n.reg .pred p;\nWAIT:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra WAIT;\n}\n" ::"r"(a),
+               "r"(parity)
+               : "memory");
+}
+template <int R> __device__ __forceinline__ void reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
+template <int R> __device__ __forceinline__ void reg_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+#endif
+
+/* forward, warp-specialized and persistent (FlashAttention-3's layout of the
+ * work, with cp.async for the loads): NC + 1 warpgroups, the first a
+ * producer that copies each work item's Q tile (BM = 64 NC rows, two
+ * buffers) and its K and V tiles (BN keys, NS stages each) into shared
+ * memory, the other NC consumers of 64 query rows each running the pipelined
+ * loop of k_attn_fwd_wg (S_t = Q K_t^T issued with O += P_{t-1} V_{t-1}, the
+ * softmax of S_t while the second product runs), taking turns at the tensor
+ * cores. Full and empty mbarriers a buffer replace the block barrier: the
+ * producer's cp.asyncs arrive on a full barrier when they land
+ * (cp.async.mbarrier.arrive.noinc; every producer thread counts), a consumer
+ * fences the generic proxy's writes against its wgmma reads after the wait,
+ * and each consumer warp arrives on the empty barrier once its products have
+ * read the buffer. The producer gives up most of its registers to the
+ * consumers (setmaxnreg). The grid is one block an SM: block b's first item
+ * is b, the next ones come from a counter in global memory (sched: {next,
+ * blocks done}, zero at launch; the last block to finish zeroes it again),
+ * in head_tile's order (the longest causal rows first), so the blocks'
+ * work evens out as with hardware scheduling of one block an item, and the
+ * producer loads the next item's Q and first tiles while the consumers
+ * finish the current one. */
+template <typename T, int D, int BN, int NS, int NC>
+__global__ void __launch_bounds__(128 * (NC + 1), 1) k_attn_fwd_ws(AttnP P, int BH, int n_items, int *sched) {
+#if GP_WG
+  constexpr int BM = 64 * NC, NT = BN / 8, DT = D / 8, NCW = 4 * NC; /* NCW: consumer warps */
+  /* registers a thread: the producer's few, the consumers' the rest of 64K */
+  constexpr int PREG = NC == 2 ? 56 : 32, CREG = NC == 2 ? 224 : 160;
+  extern __shared__ uint4 attn_smem[];
+  T *Qs = (T *)align1k(attn_smem); /* 2 buffers */
+  T *Ks = Qs + 2 * BM * D;         /* NS stages */
+  T *Vs = Ks + NS * BN * D;
+  const uint32_t bar = smem_u32(Vs + NS * BN * D);
+  volatile int *slot = (volatile int *)(Vs + NS * BN * D) + 2 * (4 + 4 * NS); /* each Q buffer's item */
+  /* barriers: Q full [2], Q empty [2], then K full, K empty, V full, V empty [NS] each */
+  const auto QF = [&](int b) { return bar + 8 * b; };
+  const auto QE = [&](int b) { return bar + 8 * (2 + b); };
+  const auto KF = [&](int s) { return bar + 8 * (4 + s); };
+  const auto KE = [&](int s) { return bar + 8 * (4 + NS + s); };
+  const auto VF = [&](int s) { return bar + 8 * (4 + 2 * NS + s); };
+  const auto VE = [&](int s) { return bar + 8 * (4 + 3 * NS + s); };
+  if (threadIdx.x == 0) {
+    for (int b = 0; b < 2; b++) mb_init(QF(b), 129), mb_init(QE(b), NCW); /* QF: + the item's arrival */
+    for (int s = 0; s < NS; s++) mb_init(KF(s), 128), mb_init(KE(s), NCW), mb_init(VF(s), 128), mb_init(VE(s), NCW);
+  }
+  __syncthreads();
+  const int n_m = (P.T + BM - 1) / BM, off = P.S - P.T;
+  const int64_t bytes_head = (int64_t)P.S * D * 2 * sizeof(T);
+  const int wgi = threadIdx.x >> 7;
+
+  if (wgi == 0) { /* the producer */
+    reg_dealloc<PREG>();
+    int g = 0; /* the block's K/V tiles so far */
+    for (int i = 0;; i++) {
+      if (i >= 2) mb_wait(QE(i & 1), ((i >> 1) - 1) & 1);
+      if (threadIdx.x == 0) slot[i & 1] = i == 0 ? blockIdx.x : gridDim.x + atomicAdd(sched, 1);
+      asm volatile("bar.sync 1, 128;\n" ::: "memory");
+      const int item = slot[i & 1];
+      if (item >= n_items) { /* the consumers stop too */
+        mb_cp_arrive(QF(i & 1));
+        if (threadIdx.x == 0) {
+          mb_arrive(QF(i & 1));
+          /* the last block to finish resets the counters for the next launch */
+          __threadfence();
+          if (atomicAdd(sched + 1, 1) == (int)gridDim.x - 1) sched[0] = sched[1] = 0;
+        }
+        break;
+      }
+      int bh, mt;
+      head_tile(item, BH, n_m, bytes_head, P.l2, bh, mt);
+      const int i0 = (n_m - 1 - mt) * BM;
+      const KvTiles kt = kv_tiles(P, i0 + off, min(i0 + BM, P.T) - 1 + off, BN);
+      const T *k = (const T *)P.k + kv_at(P.sk, bh, P), *v = (const T *)P.v + kv_at(P.sv, bh, P);
+      load_tile<T, D, BM, 128, true>(Qs + (i & 1) * BM * D, (const T *)P.q + head_at(P.sq, bh, P.H), P.sq.r, i0, P.T);
+      mb_cp_arrive(QF(i & 1));
+      if (threadIdx.x == 0) mb_arrive(QF(i & 1));
+      for (int t = 0; t < kt.n; t++, g++) {
+        const int s = g % NS, u = g / NS;
+        if (u > 0) mb_wait(KE(s), (u - 1) & 1);
+        load_tile<T, D, BN, 128, true>(Ks + s * BN * D, k, P.sk.r, kt.j0(t), P.S);
+        mb_cp_arrive(KF(s));
+        if (u > 0) mb_wait(VE(s), (u - 1) & 1);
+        load_tile<T, D, BN, 128, true>(Vs + s * BN * D, v, P.sv.r, kt.j0(t), P.S);
+        mb_cp_arrive(VF(s));
+      }
+    }
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    return;
+  }
+
+  reg_alloc<CREG>();
+  const int warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+  const int wrow = (wgi - 1) * 64 + warp * 16; /* the warp's first row in the tile */
+  const bool lead = lane == 0;                 /* the lane that arrives on empty barriers */
+  /* the consumer warpgroups issue their products in turn (named barrier 1 +
+   * w is warpgroup w's turn; FlashAttention-3's ping-pong), so that one's
+   * softmax runs while another's products hold the tensor cores; the last
+   * warpgroup opens the first turn */
+  const auto turn_wait = [&]() { asm volatile("bar.sync %0, 256;\n" ::"r"(1 + wgi) : "memory"); };
+  const auto turn_pass = [&]() {
+    asm volatile("bar.arrive %0, 256;\n" ::"r"(1 + (wgi == NC ? 1 : wgi + 1)) : "memory");
+  };
+  if (wgi == NC) turn_pass();
+  const float sl2 = P.scale * LOG2E;
+  float o[DT][4], m[2], l[2], s[NT][4];
+  uint32_t pa[BN / 16][4]; /* P of the previous tile: the A operand of O += P V */
+
+  /* the block's i-th item, its Q tile in place (item >= n_items: no more) */
+  struct Item {
+    int item, bh, i0, pmin, pmax, g; /* g: the block's K/V tiles before this item's */
+    KvTiles kt;
+    uint32_t qa; /* this warpgroup's rows of the Q tile */
+  };
+  const auto fetch = [&](int i, int g) {
+    Item it;
+    mb_wait(QF(i & 1), (i >> 1) & 1);
+    it.item = slot[i & 1];
+    it.g = g;
+    if (it.item >= n_items) return it;
+    int mt;
+    head_tile(it.item, BH, n_m, bytes_head, P.l2, it.bh, mt);
+    it.i0 = (n_m - 1 - mt) * BM;
+    it.pmin = it.i0 + off;
+    it.pmax = min(it.i0 + BM, P.T) - 1 + off;
+    it.kt = kv_tiles(P, it.pmin, it.pmax, BN);
+    it.qa = smem_u32(Qs + (i & 1) * BM * D + (wgi - 1) * 64 * 64);
+    return it;
+  };
+  /* the K or V tile of the block's gi-th K/V tile in place */
+  const auto wait_k = [&](int gi) { mb_wait(KF(gi % NS), (gi / NS) & 1); };
+  const auto wait_v = [&](int gi) { mb_wait(VF(gi % NS), (gi / NS) & 1); };
+  /* S = Q K^T issued (K: the block's gi-th tile; the first k-slice
+   * overwrites S, which no other instruction defines while a product may be
+   * in flight) */
+  const auto s_issue = [&](uint32_t qa, int gi) {
+    const uint32_t ka = smem_u32(Ks + (gi % NS) * BN * D);
+    wg::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+      wg::mma<BN, T>::ss(&s[0][0], wg_kmajor(qa + (kk >> 2) * BM * 128 + (kk & 3) * 32),
+                         wg_kmajor(ka + (kk >> 2) * BN * 128 + (kk & 3) * 32), kk > 0);
+    wg::commit();
+  };
+  /* O += P V issued (P in pa, V: the block's gi-th tile); first: O = P V (so
+   * that O is never zeroed by other instructions while a product is in
+   * flight, which would make ptxas serialize every product) */
+  const auto pv_issue = [&](int gi, bool first) {
+    const uint32_t va = smem_u32(Vs + (gi % NS) * BN * D);
+    wg::fence_operand<DT * 4>(&o[0][0]);
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++)
+      wg::mma<D, T>::template rs<1>(&o[0][0], pa[kk], wg::desc(va + kk * 2048, BN * 128, 1024), first && kk == 0 ? 0 : 1);
+    wg::commit();
+  };
+  /* S of tile t of item c done: its K stage (and, after the item's last tile,
+   * its Q buffer) released; S masked where needed and turned into P (in pa);
+   * alpha: O's factor */
+  const auto s_soft = [&](const Item &c, int i, int t, float *alpha) {
+    wg::fence_operand<NT * 4>(&s[0][0]);
+    if (lead) {
+      mb_arrive(KE((c.g + t) % NS));
+      if (t == c.kt.n - 1) mb_arrive(QE(i & 1));
+    }
+    const int j0 = c.kt.j0(t);
+    if (tile_masked(P, c.pmin, c.pmax, j0, BN)) {
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int p = c.i0 + wrow + (lane >> 2) + ((e >> 1) << 3) + off;
+          const int j = j0 + nt * 8 + ((lane & 3) << 1) + (e & 1);
+          if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) s[nt][e] = -INFINITY;
+        }
+    }
+    softmax_p<NT>(s, m, l, alpha, sl2);
+  };
+  const auto reset = [&]() {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.f;
+  };
+
+  /* The items run back to back: the next item's first S = Q K^T is issued
+   * with the current item's last O += P V, so that the output's store and
+   * the next item's first wait overlap a product. The loop is straight-line
+   * code around the products (no branch joins with a product in flight,
+   * where ptxas would serialize them all): every item has a key tile (S >=
+   * 1, causal S >= T), and after the block's last item its last S is issued
+   * once more (its Q and K stay in place: the producer is done). */
+  Item c = fetch(0, 0); /* a valid item: the grid has at most one block an item */
+  reset();
+#pragma unroll
+  for (int dt = 0; dt < DT; dt++) o[dt][0] = o[dt][1] = o[dt][2] = o[dt][3] = 0.f;
+  wait_k(c.g);
+  wg::fence_proxy();
+  turn_wait();
+  s_issue(c.qa, c.g);
+  turn_pass();
+  for (int i = 0;; i++) {
+    const int n = c.kt.n;
+    float alpha[2];
+    wg::wait<0>();
+    s_soft(c, i, 0, alpha); /* (O is zero: no rescale) */
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
+    for (int t = 1; t < n; t++) {
+      wait_k(c.g + t);
+      wait_v(c.g + t - 1);
+      wg::fence_proxy();
+      turn_wait();
+      s_issue(c.qa, c.g + t);
+      pv_issue(c.g + t - 1, t == 1); /* the previous tile's O += P V */
+      turn_pass();
+      wg::wait<1>(); /* S_t */
+      s_soft(c, i, t, alpha);
+      wg::wait<0>(); /* O */
+      wg::fence_operand<DT * 4>(&o[0][0]);
+      wg::fence_operand<BN / 4>(&pa[0][0]);
+      if (lead) mb_arrive(VE((c.g + t - 1) % NS));
+      rescale_rows<DT>(o, alpha);
+#pragma unroll
+      for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
+    }
+    /* the last O += P V, with the next item's first S */
+    const Item nx = fetch(i + 1, c.g + n);
+    const bool more = nx.item < n_items;
+    wait_v(c.g + n - 1);
+    if (more) wait_k(nx.g);
+    wg::fence_proxy();
+    wg::fence();
+    turn_wait();
+    pv_issue(c.g + n - 1, n == 1);
+    s_issue(more ? nx.qa : c.qa, more ? nx.g : c.g + n - 1);
+    turn_pass();
+    wg::wait<1>();
+    wg::fence_operand<DT * 4>(&o[0][0]);
+    if (lead) mb_arrive(VE((c.g + n - 1) % NS));
+    store_out_rows<T, DT>(P, c.bh, c.i0 + wrow, o, m, l, P.scale, lane);
+    reset();
+    if (!more) break;
+    c = nx;
+  }
+  wg::wait<0>();
+  if (wgi == 1) turn_wait(); /* the last warpgroup's last pass */
 #endif
 }
 
@@ -545,6 +814,36 @@ int launch_fwd_wg(const AttnP &P, int64_t BH) {
                           (BM + 2 * NS * BN) * D * (int)sizeof(T) + 1024, attr);
 }
 
+/* the warp-specialized forward's work counters: {next item, blocks done}
+ * pairs, zero between launches (the last block resets its pair); a launch
+ * takes the next pair in turn, so that launches running at once on different
+ * streams (fewer than 64 of them) count apart */
+__device__ int g_ws_sched[64][2];
+inline int *sched_slot() {
+  static int *base = nullptr;
+  static unsigned n = 0;
+  if (!base && cudaGetSymbolAddress((void **)&base, g_ws_sched) != cudaSuccess) return nullptr;
+  return base + 2 * (n++ % 64);
+}
+
+/* the warp-specialized forward: one block an SM (or fewer, one an item) */
+template <typename T, int D, int BN, int NS, int NC> int launch_fwd_ws(const AttnP &P, int64_t BH) {
+  constexpr int BM = 64 * NC;
+  static bool attr = false; /* per instantiation */
+  auto kern = k_attn_fwd_ws<T, D, BN, NS, NC>;
+  const int smem = (2 * BM + 2 * NS * BN) * D * (int)sizeof(T) + 1024 + 8 * (4 + 4 * NS) + 8;
+  GP_TRY(smem_attr(kern, smem, attr, "attn_fwd"));
+  int *sched = sched_slot();
+  if (!sched) return gp_error("attn_fwd: cannot find the scheduler's counters (%s)", cudaGetErrorString(cudaGetLastError()));
+  const int64_t items = BH * ((P.T + BM - 1) / BM);
+  if (items > INT32_MAX / 2)
+    return gp_error("attn_fwd: too many tiles for one launch (B * H = %lld, T = %d)", (long long)BH, P.T);
+  const int grid = (int)std::min<int64_t>(items, std::max(1, gp_cuda_sm_count()));
+  GP_NOTE_LAUNCH(kern, 128 * (NC + 1), smem);
+  kern<<<grid, 128 * (NC + 1), smem, gp_cuda_stream()>>>(P, (int)BH, (int)items, sched);
+  return GP_OK;
+}
+
 /* the wgmma backward in two kernels (D 64 or 128): dk/dv by NWG1 warpgroups
  * of 64 keys (query tiles of BQ), dq by NWG2 warpgroups of 64 queries (key
  * tiles of BN); GQA: G > 1 */
@@ -587,15 +886,30 @@ template <bool GQA> int bwd_wg_g(const AttnP &P, int64_t BH, int dtype, int D, b
 } // namespace
 
 int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
-  /* D 64: 2 warpgroups of 64 rows, key tiles of 64 in 3 stages, 2 CTAs an SM,
-   * one product at a time (the two CTAs overlap each other's softmax);
-   * D 128: key tiles of 128, tiles as two 64-column halves, 1 CTA an SM, the
-   * products pipelined with the softmax. Measured on the H100 (BENCHMARKS.md,
-   * 2026-11-25): pipelined, D 64 lost 3-5% of its forward; D 128 pipelined
-   * with tiles of 128 gained 6-17% over one product at a time with tiles of
-   * 64 (tiles of 128 alone: 420-434 TFLOP/s against 378-410 at T 2048-8192);
-   * D 64 with 3 warpgroups and key tiles of 128 was slower (81-356 against
-   * 138-360), as were 2 warpgroups with tiles of 128 at one CTA an SM (94-305
+  /* The warp-specialized kernel (GP_ATTN_WS=0: never): D 128 with 2
+   * consumer warpgroups, key tiles of 128 in 2 stages; D 64 with 3, key
+   * tiles of 128 in 3 stages, without a causal mask or causal from T 8192.
+   * Measured on the H200 against the kernel below (BENCHMARKS.md, 2026-11-29
+   * (i), forward): D 128 +12-19% at every shape; D 64 non-causal +14-29%,
+   * causal T 16384 +24%, but causal T 4096 level and T 1024 / 512 25-29%
+   * slower (2 consumer warpgroups: 7-16% slower there), where the items are
+   * a few tiles long and the two blocks an SM of the kernel below overlap
+   * each other's first and last tiles. */
+  static const int ws = getenv("GP_ATTN_WS") ? atoi(getenv("GP_ATTN_WS")) : 1;
+  if (ws != 0 && (D == 128 || !P.causal || P.T >= 8192)) {
+    if (dtype == GP_BF16)
+      return D == 64 ? launch_fwd_ws<__nv_bfloat16, 64, 128, 3, 3>(P, BH) : launch_fwd_ws<__nv_bfloat16, 128, 128, 2, 2>(P, BH);
+    return D == 64 ? launch_fwd_ws<__half, 64, 128, 3, 3>(P, BH) : launch_fwd_ws<__half, 128, 128, 2, 2>(P, BH);
+  }
+  /* The block-synchronous kernel: D 64: 2 warpgroups of 64 rows, key tiles
+   * of 64 in 3 stages, 2 CTAs an SM, one product at a time (the two CTAs
+   * overlap each other's softmax); D 128 (GP_ATTN_WS=0): key tiles of 128,
+   * tiles as two 64-column halves, 1 CTA an SM, the products pipelined with
+   * the softmax. Measured on the H100 (BENCHMARKS.md, 2026-11-25):
+   * pipelined, D 64 lost 3-5% of its forward; D 128 pipelined with tiles of
+   * 128 gained 6-17% over one product at a time with tiles of 64; D 64 with
+   * 3 warpgroups and key tiles of 128 was slower (81-356 against 138-360
+   * TFLOP/s), as were 2 warpgroups with tiles of 128 at one CTA an SM (94-305
    * against 140-338); 4 stages with the loads issued a tile earlier,
    * pipelined, level with 3 */
   if (dtype == GP_BF16)
