@@ -457,12 +457,46 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) k_attn_fwd_ws(AttnP P, int 
   turn_pass();
   for (int i = 0;; i++) {
     const int n = c.kt.n;
+    /* nw: the item's tiles this warpgroup's rows see (causal: the tiles past
+     * its last row are skipped, as are all but the first for rows past T;
+     * the K and V of a skipped tile are still waited for and released, and
+     * the turns taken, so that every barrier counts the same) */
+    int nw = n;
+    if (P.causal) {
+      const int r = c.i0 + (wgi - 1) * 64;
+      const int pw = min(r + 63, P.T - 1) + off;
+      if (r >= P.T) nw = 1;
+      else
+        while (nw > 1 && c.kt.j0(nw - 1) > pw) nw--;
+      nw = __shfl_sync(FULL, nw, 0); /* warp-uniform, so ptxas sees the branches below as such */
+    }
     float alpha[2];
     wg::wait<0>();
     s_soft(c, i, 0, alpha); /* (O is zero: no rescale) */
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
     for (int t = 1; t < n; t++) {
+      if (t >= nw) { /* tile t skipped: only O += P_{t-1} V_{t-1} (P = 0 after nw) */
+        wait_k(c.g + t);
+        wait_v(c.g + t - 1);
+        wg::fence_proxy();
+        wg::fence();
+        turn_wait();
+        pv_issue(c.g + t - 1, t == 1);
+        turn_pass();
+        wg::wait<0>();
+        wg::fence_operand<DT * 4>(&o[0][0]);
+        wg::fence_operand<BN / 4>(&pa[0][0]);
+        if (lead) {
+          mb_arrive(VE((c.g + t - 1) % NS));
+          mb_arrive(KE((c.g + t) % NS));
+          if (t == n - 1) mb_arrive(QE(i & 1));
+        }
+        /* P = 0: the products of the tiles after nw add nothing */
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) pa[kk][0] = pa[kk][1] = pa[kk][2] = pa[kk][3] = 0u;
+        continue;
+      }
       wait_k(c.g + t);
       wait_v(c.g + t - 1);
       wg::fence_proxy();
@@ -886,17 +920,16 @@ template <bool GQA> int bwd_wg_g(const AttnP &P, int64_t BH, int dtype, int D, b
 } // namespace
 
 int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
-  /* The warp-specialized kernel (GP_ATTN_WS=0: never): D 128 with 2
-   * consumer warpgroups, key tiles of 128 in 2 stages; D 64 with 3, key
-   * tiles of 128 in 3 stages, without a causal mask or causal from T 8192.
-   * Measured on the H200 against the kernel below (BENCHMARKS.md, 2026-11-29
-   * (i), forward): D 128 +12-19% at every shape; D 64 non-causal +14-29%,
-   * causal T 16384 +24%, but causal T 4096 level and T 1024 / 512 25-29%
-   * slower (2 consumer warpgroups: 7-16% slower there), where the items are
-   * a few tiles long and the two blocks an SM of the kernel below overlap
-   * each other's first and last tiles. */
+  /* The warp-specialized kernel (GP_ATTN_WS=0: never, 2: always): D 128
+   * with 2 consumer warpgroups, key tiles of 128 in 2 stages; D 64 with 3,
+   * key tiles of 128 in 3 stages, without a causal mask or causal from T
+   * 4096. Measured on the H200 against the kernel below (BENCHMARKS.md,
+   * 2026-11-29 (i), forward): D 128 +12-19% at every shape; D 64 non-causal
+   * +14-29%, causal T 4096 +9%, T 16384 +26%, but causal T 1024 and 512
+   * 17-25% slower, where the items are a few tiles long and the two blocks
+   * an SM of the kernel below overlap each other's first and last tiles. */
   static const int ws = getenv("GP_ATTN_WS") ? atoi(getenv("GP_ATTN_WS")) : 1;
-  if (ws != 0 && (D == 128 || !P.causal || P.T >= 8192)) {
+  if (ws == 2 || (ws != 0 && (D == 128 || !P.causal || P.T >= 4096))) {
     if (dtype == GP_BF16)
       return D == 64 ? launch_fwd_ws<__nv_bfloat16, 64, 128, 3, 3>(P, BH) : launch_fwd_ws<__nv_bfloat16, 128, 128, 2, 2>(P, BH);
     return D == 64 ? launch_fwd_ws<__half, 64, 128, 3, 3>(P, BH) : launch_fwd_ws<__half, 128, 128, 2, 2>(P, BH);
