@@ -299,6 +299,24 @@ int gp_multi_sgd(gp_tlist *l, const gp_tensor *gscale, const gp_tensor *hyper, d
 /* out f32[1] = sum of squares of every tensor of group 0 */
 int gp_multi_sumsq(gp_tensor *out, gp_tlist *l);
 
+/* ---- the Llama decode step as one kernel (kernels/decode_step.c, .cu) ----
+ * A plan over L layers, each 8 tensors in this order (bf16, contiguous, one
+ * device): wqkv (Nq, d) the fused q/k/v projection (Nq = (H + 2 J) hd), wo
+ * (d, H hd), wgu (2 I, d) the fused gate/up projection, wdown (d, I), ln1 and
+ * ln2 (d) the two RMSNorm weights, kc and vc (B, J, C, hd) the layer's
+ * caches; norm (d) the final RMSNorm's weight. Head dim 64 or 128, 1 to 8
+ * rows. The tensors must outlive the plan; on the GPU the plan holds its
+ * pointers and scratch (one step at a time per plan). run: one token a row,
+ * x (B, d) the embeddings, out (B, d) the final norm's output; the new key
+ * (turned by RoPE with inv_freq f32 (hd / 2)) and value written at the
+ * position pos (i64 or i32 [1], on the device), row b attending over its
+ * first lens[b] positions (i64 (B)) with softmax scale `scale`. */
+typedef struct gp_decode_plan gp_decode_plan;
+int gp_decode_plan_create(gp_decode_plan **out, int L, const gp_tensor *const *ts, const gp_tensor *norm, double eps);
+void gp_decode_plan_free(gp_decode_plan *p);
+int gp_decode_plan_run(gp_decode_plan *p, gp_tensor *out, const gp_tensor *x, const gp_tensor *pos,
+                       const gp_tensor *lens, const gp_tensor *inv_freq, double scale);
+
 /* ---- matrix products (kernels/matmul.c) ---- */
 /* Options, each 0 or 1: "tf32" (1: f32 GEMMs may use TF32 tensor cores;
  * default 0), "gemv" (how a product with m == 1 or n == 1 runs: 0 GEMM, the

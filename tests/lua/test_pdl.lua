@@ -49,7 +49,7 @@ end
 -- one decode step after 16 cached positions, with chains on or off: eager
 -- logits, the logits of three graph replays, and the chain counts of each
 local function step(m, on)
-  local prev = gp.pdl(on)
+  local prev, prev_step = gp.pdl(on), gp.decode_step(false) -- the op-by-op step (its chains)
   local ok, r = pcall(function()
     gp.manual_seed(5)
     local cache = m:new_cache(1, 33, 'bf16', 'cuda')
@@ -69,6 +69,7 @@ local function step(m, on)
     return {eager = eager, reps = reps, se = se, sg = sg}
   end)
   gp.pdl(prev)
+  gp.decode_step(prev_step)
   if not ok then error(r, 0) end
   return r
 end

@@ -116,6 +116,21 @@ doc(Graph.replay, 'g:replay()', 'launch the captured graph (on the CPU: call fn 
 doc(Graph.free, 'g:free()', "release the graph and its memory pool (also done when g is collected)")
 gp.GraphClass = Graph
 
+-- the Llama decode step as one kernel (models/llama.lua, Llama:_step_plan)
+local step_mode = os.getenv('GPUSH_DECODE_STEP') ~= '0'
+gp.decode_step = doc(function(on)
+  if on ~= nil and type(on) ~= 'boolean' and on ~= 'always' then
+    raise('decode_step: on must be true, false, \'always\' or nil, got ' .. tostring(on))
+  end
+  local prev = step_mode
+  if on ~= nil then step_mode = on end
+  return prev
+end, "gp.decode_step(on)", "the Llama decode step (one token a row at device positions, gp.generate's step) as one " ..
+  "persistent kernel (docs/generation.md): true (the default: on the GPU, up to 4 rows; GPUSH_DECODE_STEP=0 sets " ..
+  "false), false (the op-by-op step), 'always' (up to 8 rows, and on the CPU through the kernel's C reference); nil " ..
+  "only reads; returns the previous setting")
+
+
 -- chains of dependent launches (src/gpush.h, gp_pdl_option)
 local pdl_old, pdl_box = ffi.new('int[1]'), ffi.new('gp_pdl_stats[1]')
 gp.pdl = doc(function(on)

@@ -358,11 +358,87 @@ local function plain_norms(body)
   return true
 end
 
+-- The decode step as one kernel (gp_decode_plan, kernels/decode_step.cu):
+-- gp.decode_step(on) switches it (on by default, GPUSH_DECODE_STEP=0 turns it
+-- off; 'always' takes it up to 8 rows and on the CPU too, where its C
+-- reference runs). A step takes it when the model is a plain bf16 Llama:
+-- RMSNorms, the fused q/k/v and gate/up weights without biases (no unmerged
+-- LoRA, no NF4), o and down plain Linears without biases, no sliding window,
+-- head dim 64 or 128, at most 4 rows (past 4 the op-by-op step was as fast on
+-- the H200: BENCHMARKS.md 2026-11-30), a bf16 cache that is not compressed.
+-- Otherwise, or when the plan cannot be made on this device
+-- (cache._step_why says why), the op-by-op step runs.
+local ffi, C = require 'ffi', rt.C
+local plan_box = ffi.new('gp_decode_plan*[1]')
+
+-- the plan of a one-kernel decode step of B rows over cache, or nil (the op-by-op step then runs)
+function Llama:_step_plan(cache, B, dev)
+  local mode = gp.decode_step()
+  if not mode or (dev ~= 'cuda' and mode ~= 'always') then return nil end
+  if type(cache) ~= 'table' or cache.fmt or type(cache.k) ~= 'table' or cache.dtype ~= 'bf16' or
+    B > (mode == 'always' and 8 or 4) or
+    cache.batch ~= B or not plain_norms(self.model) then
+    return nil
+  end
+  local body, ts, n = self.model, {}, 0
+  local scale
+  for _, l in ipairs(body.layers) do
+    local at, mlp = l.self_attn, l.mlp
+    local W, Wb = fused_weight(at, '_qkv')
+    local G, Gb = fused_weight(mlp, '_gate_up')
+    local o, dn = rawget(at, 'o_proj'), rawget(mlp, 'down_proj')
+    if not W or Wb or not G or Gb or getmetatable(o) ~= Linear._imt or rawget(o, 'bias') or
+      getmetatable(dn) ~= Linear._imt or rawget(dn, 'bias') or (at.window or 0) ~= 0 then
+      return nil
+    end
+    local opts = at:decode_opts()
+    if scale and opts.scale ~= scale then return nil end
+    scale = opts.scale
+    local li = n / 8 + 1
+    for _, t in ipairs {W, o.weight, G, dn.weight, l.input_layernorm.weight, l.post_attention_layernorm.weight,
+                        cache.k[li], cache.v[li]} do
+      if not is_tensor(t) or t.dtype ~= 'bf16' or t.device ~= dev then return nil end
+      n = n + 1
+      ts[n] = t
+    end
+  end
+  local norm = body.norm.weight
+  if n == 0 or norm.dtype ~= 'bf16' then return nil end
+  local parts = {}
+  for i = 1, n do parts[i] = tostring(ffi.cast('uintptr_t', ts[i].c.data)) .. '+' .. tostring(ts[i].c.offset) end
+  local key = table.concat(parts, ' ') .. ' ' .. tostring(ffi.cast('uintptr_t', norm.c.data)) .. ' ' ..
+    tostring(body.norm.eps)
+  -- every plan made stays with the cache (a captured graph keeps using its scratch)
+  local plans = rawget(cache, '_step_plans')
+  if not plans then plans = {}; rawset(cache, '_step_plans', plans) end
+  local p = plans[key]
+  if p == nil then
+    local arr = ffi.new('const gp_tensor *[?]', n)
+    for i = 1, n do arr[i - 1] = ts[i].c end
+    if C.gp_decode_plan_create(plan_box, n / 8, arr, norm.c, body.norm.eps) ~= 0 then
+      rawset(cache, '_step_why', rt.last_error())
+      p = false
+    else
+      p = {c = ffi.gc(plan_box[0], C.gp_decode_plan_free), keep = ts, norm = norm, scale = scale}
+    end
+    plans[key] = p
+  end
+  return p or nil
+end
+
 function Llama:_body(idx, pos, cache, at)
   local x = self.model.embed_tokens(idx)
   local freqs = rawget(self, '_inv_freq')
   local inv_freq = freqs[x.device]
   if not inv_freq then inv_freq = freqs.cpu:to(x.device); freqs[x.device] = inv_freq end
+  if at and idx:size(2) == 1 then
+    local plan = self:_step_plan(cache, idx:size(1), x.device)
+    if plan then
+      local out = tensor.empty(x.shape, x.dtype, x.device, 'Llama:forward_cached')
+      rt.call(C.gp_decode_plan_run, plan.c, out.c, x.c, at.pos.c, at.lens.c, inv_freq.c, plan.scale)
+      return out
+    end
+  end
   local layers = self.model.layers
   if #layers == 0 or not plain_norms(self.model) then
     for i, layer in ipairs(layers) do x = layer(x, pos, inv_freq, cache, i, at) end
