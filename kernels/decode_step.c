@@ -136,12 +136,16 @@ static int run_cpu(gp_decode_plan *p, gp_tensor *out, const gp_tensor *x, int64_
                    const gp_tensor *inv_freq, double scale) {
   const int B = p->B, d = p->d, H = p->H, J = p->J, hd = p->hd, I = p->I, E = hd / 2, Nq = (H + 2 * J) * hd;
   const int64_t C = p->C;
-  const size_t nf = (size_t)B * d * 3 + (size_t)Nq + (size_t)H * hd + 3 * (size_t)I + (size_t)C + (size_t)hd;
+  const size_t nf = (size_t)B * d * 3 + (size_t)Nq + (size_t)H * hd + 3 * (size_t)I + (size_t)C + 2 * (size_t)hd;
   float *buf = calloc(nf, sizeof(float));
   if (!buf) return gp_error_oom("decode_step: out of host memory");
   float *h = buf, *n = h + (size_t)B * d, *o = n + (size_t)B * d, *qkv = o + (size_t)B * d, *y = qkv + Nq;
-  float *gu = y + (size_t)H * hd, *act = gu + 2 * (size_t)I, *sc = act + I, *q = sc + C;
+  float *gu = y + (size_t)H * hd, *act = gu + 2 * (size_t)I, *pr = act + I, *q = pr + C, *cs = q + hd, *sn = cs + E;
   for (int64_t i = 0; i < (int64_t)B * d; i++) h[i] = bfat(x, i);
+  for (int i = 0; i < E; i++) { /* the angles of pos, once */
+    const float f = (float)pos * (float)gp_load(gp_ptr(inv_freq), GP_F32, i);
+    cs[i] = cosf(f), sn[i] = sinf(f);
+  }
   for (int l = 0; l < p->L; l++) {
     const gp_tensor *const *t = p->ts + (size_t)l * GP_DPLAN_PER_LAYER;
     uint16_t *kc = gp_ptr(t[6]), *vc = gp_ptr(t[7]);
@@ -155,9 +159,8 @@ static int run_cpu(gp_decode_plan *p, gp_tensor *out, const gp_tensor *x, int64_
         const int64_t c0 = (((int64_t)b * J + j) * C + pos) * hd;
         const float *k = qkv + (H + j) * hd, *v = qkv + (H + J + j) * hd;
         for (int i = 0; i < E; i++) {
-          const float f = (float)pos * (float)gp_load(gp_ptr(inv_freq), GP_F32, i), cs = cosf(f), sn = sinf(f);
-          gp_store(kc, GP_BF16, c0 + i, k[i] * cs - k[i + E] * sn);
-          gp_store(kc, GP_BF16, c0 + i + E, k[i + E] * cs + k[i] * sn);
+          gp_store(kc, GP_BF16, c0 + i, k[i] * cs[i] - k[i + E] * sn[i]);
+          gp_store(kc, GP_BF16, c0 + i + E, k[i + E] * cs[i] + k[i] * sn[i]);
           gp_store(vc, GP_BF16, c0 + i, v[i]);
           gp_store(vc, GP_BF16, c0 + i + E, v[i + E]);
         }
@@ -166,22 +169,24 @@ static int run_cpu(gp_decode_plan *p, gp_tensor *out, const gp_tensor *x, int64_
         const int j = hh / (H / J);
         const float *qs = qkv + hh * hd;
         for (int i = 0; i < E; i++) {
-          const float f = (float)pos * (float)gp_load(gp_ptr(inv_freq), GP_F32, i), cs = cosf(f), sn = sinf(f);
-          q[i] = rbf(qs[i] * cs - qs[i + E] * sn);
-          q[i + E] = rbf(qs[i + E] * cs + qs[i] * sn);
+          q[i] = rbf(qs[i] * cs[i] - qs[i + E] * sn[i]);
+          q[i + E] = rbf(qs[i + E] * cs[i] + qs[i] * sn[i]);
         }
         const int64_t base = ((int64_t)b * J + j) * C * hd;
         double mx = -INFINITY, den = 0;
-        for (int64_t tp = 0; tp < len; tp++) {
+        for (int64_t tp = 0; tp < len; tp++) { /* pr: the scores, then their exponentials */
           double s = 0;
           for (int i = 0; i < hd; i++) s += (double)q[i] * gp_load(kc, GP_BF16, base + tp * hd + i);
-          sc[tp] = (float)(s * scale);
-          if (sc[tp] > mx) mx = sc[tp];
+          pr[tp] = (float)(s * scale);
+          if (pr[tp] > mx) mx = pr[tp];
         }
-        for (int64_t tp = 0; tp < len; tp++) den += exp(sc[tp] - mx);
+        for (int64_t tp = 0; tp < len; tp++) {
+          pr[tp] = (float)exp(pr[tp] - mx);
+          den += pr[tp];
+        }
         for (int i = 0; i < hd; i++) {
           double s = 0;
-          for (int64_t tp = 0; tp < len; tp++) s += exp(sc[tp] - mx) * gp_load(vc, GP_BF16, base + tp * hd + i);
+          for (int64_t tp = 0; tp < len; tp++) s += (double)pr[tp] * gp_load(vc, GP_BF16, base + tp * hd + i);
           y[hh * hd + i] = len ? rbf(s / den) : 0.f;
         }
       }

@@ -19,11 +19,19 @@ local function llama(dev, o)
   return gp.models.Llama(cfg, {dtype = o.dtype or 'bf16', device = dev}):eval()
 end
 
+-- fn() with gp.decode_step(mode), the setting restored after it (also on an error)
+local function with_mode(mode, fn)
+  local prev = gp.decode_step(mode)
+  local ok, r = pcall(fn)
+  gp.decode_step(prev)
+  if not ok then error(r, 0) end
+  return r
+end
+
 -- one step of B rows at position P after a prefill of P tokens: the op-by-op
 -- step (mode false) or the kernel's; the logits (B, V) and the cache
 local function step(m, mode, dev, B, P, cap)
-  local prev = gp.decode_step(mode)
-  local ok, r = pcall(function()
+  return with_mode(mode, function()
     gp.manual_seed(5)
     local cache = m:new_cache(B, cap or (P + 17), 'bf16', dev)
     local ids = gp.randint(0, 256, {B, P}, {device = dev})
@@ -43,9 +51,6 @@ local function step(m, mode, dev, B, P, cap)
     end
     return {logits = logits:float():view {B, -1}, cache = cache}
   end)
-  gp.decode_step(prev)
-  if not ok then error(r, 0) end
-  return r
 end
 
 T.test('decode_step: the option reads, toggles and restores', function()
@@ -81,8 +86,7 @@ T.test('decode_step: models and caches the kernel does not take run op by op', f
     {m = llama('cpu', {dtype = 'f32'}), B = 1, why = 'f32'},
     {m = llama('cpu'), B = 9, why = '9 rows'},
   }
-  local prev = gp.decode_step('always')
-  local ok, err = pcall(function()
+  with_mode('always', function()
     for _, c in ipairs(cases) do
       local cache = c.m:new_cache(c.B, 8, 'bf16', 'cpu')
       T.eq(gp.no_grad(function() return c.m:_step_plan(cache, c.B, 'cpu') end), nil, c.why)
@@ -97,13 +101,10 @@ T.test('decode_step: models and caches the kernel does not take run op by op', f
     local m2 = llama('cpu')
     T.eq(plan(m2, m2:new_cache(1, 8, 'bf16', 'cpu')), nil, 'on: the GPU only')
   end)
-  gp.decode_step(prev)
-  if not ok then error(err, 0) end
 end)
 
 T.test('decode_step: bad arguments to the plan are errors naming the op and the shapes', function()
-  local prev = gp.decode_step('always')
-  local ok, err = pcall(function()
+  with_mode('always', function()
     local m = llama('cpu')
     local cache = m:new_cache(2, 8, 'bf16', 'cpu')
     T.eq(m:_step_plan(cache, 2, 'cpu'), nil, 'none while autograd records (the fused weights are not used then)')
@@ -143,8 +144,6 @@ T.test('decode_step: bad arguments to the plan are errors naming the op and the 
     T.raises(function() create(ts, z {128}) end,
       "decode_plan: the final norm's weight must be a contiguous bf16 (256)")
   end)
-  gp.decode_step(prev)
-  if not ok then error(err, 0) end
 end)
 
 -- the GPU: kernel against the op-by-op step, eager and replayed
@@ -179,21 +178,17 @@ end)
 T.test('decode_step: by default up to 4 rows take the kernel, more run op by op', function()
   T.cuda()
   local m = llama('cuda')
-  local prev = gp.decode_step(true)
-  local ok, err = pcall(function()
+  with_mode(true, function()
     local function plan(B) return gp.no_grad(function() return m:_step_plan(m:new_cache(B, 8, 'bf16', 'cuda'), B, 'cuda') end) end
     T.ok(plan(1) and plan(4), 'rows 1 and 4: the kernel')
     T.eq(plan(5), nil, 'row 5: op by op')
   end)
-  gp.decode_step(prev)
-  if not ok then error(err, 0) end
 end)
 
 T.test('decode_step: a captured step replays what the eager kernel computes; generate greedy is unchanged', function()
   T.cuda()
   local m = llama('cuda')
-  local prev = gp.decode_step(true)
-  local ok, err = pcall(function()
+  with_mode(true, function()
     gp.manual_seed(5)
     local cache = m:new_cache(2, 40, 'bf16', 'cuda')
     gp.no_grad(function() m:forward_cached(gp.randint(0, 256, {2, 20}, {device = 'cuda'}), cache, 0) end)
@@ -218,6 +213,4 @@ T.test('decode_step: a captured step replays what the eager kernel computes; gen
     end
     T.ok(same >= 40, 'greedy tokens agree for ' .. same .. ' of 48')
   end)
-  gp.decode_step(prev)
-  if not ok then error(err, 0) end
 end)

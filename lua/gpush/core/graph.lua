@@ -130,7 +130,6 @@ end, "gp.decode_step(on)", "the Llama decode step (one token a row at device pos
   "false), false (the op-by-op step), 'always' (up to 8 rows, and on the CPU through the kernel's C reference); nil " ..
   "only reads; returns the previous setting")
 
-
 -- chains of dependent launches (src/gpush.h, gp_pdl_option)
 local pdl_old, pdl_box = ffi.new('int[1]'), ffi.new('gp_pdl_stats[1]')
 gp.pdl = doc(function(on)

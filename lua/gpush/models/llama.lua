@@ -382,7 +382,7 @@ function Llama:_step_plan(cache, B, dev)
   end
   local body, ts, n = self.model, {}, 0
   local scale
-  for _, l in ipairs(body.layers) do
+  for li, l in ipairs(body.layers) do
     local at, mlp = l.self_attn, l.mlp
     local W, Wb = fused_weight(at, '_qkv')
     local G, Gb = fused_weight(mlp, '_gate_up')
@@ -394,7 +394,6 @@ function Llama:_step_plan(cache, B, dev)
     local opts = at:decode_opts()
     if scale and opts.scale ~= scale then return nil end
     scale = opts.scale
-    local li = n / 8 + 1
     for _, t in ipairs {W, o.weight, G, dn.weight, l.input_layernorm.weight, l.post_attention_layernorm.weight,
                         cache.k[li], cache.v[li]} do
       if not is_tensor(t) or t.dtype ~= 'bf16' or t.device ~= dev then return nil end
@@ -419,6 +418,7 @@ function Llama:_step_plan(cache, B, dev)
       rawset(cache, '_step_why', rt.last_error())
       p = false
     else
+      -- keep and norm hold the tensors the plan points at
       p = {c = ffi.gc(plan_box[0], C.gp_decode_plan_free), keep = ts, norm = norm, scale = scale}
     end
     plans[key] = p
