@@ -4,8 +4,10 @@
 #include <lua.h>
 #include <lualib.h>
 #include <luajit.h>
+#include <execinfo.h>
 #include <libgen.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +49,7 @@ static const char *usage =
     "  GP_ATTN_IMPL, GP_ATTN_DETERMINISTIC\n"
     "                      the attention kernels to use (docs/attention.md)\n"
     "  GPUSH_MATMUL_TUNE   1: cuBLASLt algorithms chosen by timing, cached per shape (gp.matmul_option('tune'))\n"
+    "  GPUSH_JIT           0: LuaJIT's compiler off; 1: on under compute-sanitizer too (off there by default)\n"
     "\n";
 
 #if GP_LUA_SYSTEM_ALLOC
@@ -260,7 +263,66 @@ static int launcher(int argc, char **argv) {
   return code;
 }
 
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+/* A fatal signal (a crash in gpush, a library it calls or LuaJIT; an abort)
+ * prints its number and the C stack to stderr, then takes the default action
+ * (a core file where they are enabled): a process never dies without a word.
+ * The frames name gpush's functions (it links with -E) or give offsets for
+ * addr2line -e build/gpush. On its own stack, so that a stack overflow is
+ * reported too. (Not in the AddressSanitizer build, whose handlers report
+ * more.) */
+static const char *sig_name(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    default: return "SIGILL";
+  }
+}
+
+static void on_fatal(int sig) {
+  char msg[96];
+  int n = snprintf(msg, sizeof msg, "gpush: fatal signal %d (%s); the C stack:\n", sig, sig_name(sig));
+  if (n > 0 && write(2, msg, (size_t)n) < 0) n = 0;
+  void *frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+static void fatal_handlers(void) {
+  static char stack[1 << 16];
+  stack_t ss = {.ss_sp = stack, .ss_size = sizeof stack, .ss_flags = 0};
+  void *f[1];
+  backtrace(f, 1); /* loads libgcc's unwinder now, not inside the handler */
+  sigaltstack(&ss, NULL);
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_fatal;
+  sa.sa_flags = SA_ONSTACK | SA_RESETHAND;
+  sigemptyset(&sa.sa_mask);
+  const int sigs[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
+  for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) sigaction(sigs[i], &sa, NULL);
+}
+#else
+static void fatal_handlers(void) {}
+#endif
+
+/* LuaJIT's compiler: off with GPUSH_JIT=0, and by default under
+ * compute-sanitizer (which sets NV_SANITIZER_INJECTION_PORT_BASE and loads
+ * itself through CUDA_INJECTION64_PATH): the sanitizer records the host's
+ * stack at every CUDA call, and libgcc's unwinder aborts the process
+ * (SIGABRT, no report) when that stack holds a frame of LuaJIT's compiled
+ * code (BENCHMARKS.md, 2026-11-30 (b)) */
+static int jit_wanted(void) {
+  const char *e = getenv("GPUSH_JIT"), *inj = getenv("CUDA_INJECTION64_PATH");
+  if (e && *e) return strcmp(e, "0") != 0;
+  return !getenv("NV_SANITIZER_INJECTION_PORT_BASE") && !(inj && strstr(inj, "sanitizer"));
+}
+
 int main(int argc, char **argv) {
+  fatal_handlers();
   const char *device = NULL;
   /* launcher options come before the script */
   for (int i = 1; i < argc; i++) {
@@ -327,6 +389,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   luaL_openlibs(L);
+  if (!jit_wanted()) luaJIT_setmode(L, 0, LUAJIT_MODE_ENGINE | LUAJIT_MODE_OFF);
   /* os.exit closes the state first (unless os.exit(code, false)): finalizers
    * run and free what Lua objects hold (tensors, files), then the allocator's
    * cached device blocks go back to CUDA, so nothing is left behind and a

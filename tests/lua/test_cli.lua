@@ -1,5 +1,6 @@
 -- The gpush command line: scripts and their arguments, -e, -, -i, --device,
--- --version, --help, and a script error's traceback and exit status.
+-- --version, --help, a script error's traceback and exit status, the C stack
+-- printed on a fatal signal, and GPUSH_JIT (the compiler off under compute-sanitizer).
 local T = require 'lib'
 
 local exe = T.exe
@@ -102,7 +103,8 @@ T.test('--help lists the environment variables and points to examples/ and docs/
   T.eq(rc, 0)
   -- every variable gpush reads (grep getenv in src/ and os.getenv in lua/)
   for _, v in ipairs {'GPUSH_HOME', 'GPUSH_HISTORY', 'GPUSH_CACHE', 'GPUSH_CUDA_DEVICE', 'GPUSH_DIST_TIMEOUT', 'LOCAL_RANK',
-                      'MASTER_ADDR', 'GP_NCCL_LIB', 'GP_ATTN_IMPL', 'GPUSH_MATMUL_TUNE', '/examples', '/docs', 'help()'} do
+                      'MASTER_ADDR', 'GP_NCCL_LIB', 'GP_ATTN_IMPL', 'GPUSH_MATMUL_TUNE', 'GPUSH_JIT', '/examples', '/docs',
+                      'help()'} do
     T.ok(out:find(v, 1, true), v .. ' in ' .. out)
   end
 end)
@@ -115,4 +117,30 @@ T.test('without a GPU, the reason is said plainly (no "insufficient driver versi
     T.ok(out:find('no CUDA driver is installed', 1, true) or out:find('no CUDA GPU is visible', 1, true)
       or out:find('without CUDA', 1, true), cmd .. ': ' .. out)
   end
+end)
+
+T.test('a crash or an abort prints the signal and the C stack, then ends as the signal does', function()
+  local asan = exe:find('asan', 1, true) -- the AddressSanitizer build leaves the signals to its own handlers
+  local out, rc = sh(exe .. [[ -e 'local ffi = require "ffi"; ffi.cdef "int raise(int)"; ffi.C.raise(6)']])
+  T.eq(rc, 134, 'the default action of SIGABRT still ends the process: ' .. out)
+  if not asan then
+    T.ok(out:find('gpush: fatal signal 6 (SIGABRT); the C stack:', 1, true), out)
+    T.ok(out:find('(main+', 1, true), 'the frames name gpush\'s functions: ' .. out)
+  end
+  out, rc = sh(exe .. [[ -e 'local ffi = require "ffi"; print(ffi.cast("int *", 0)[0])']])
+  T.ok(rc ~= 0, out)
+  if not asan then
+    T.eq(rc, 139, out)
+    T.ok(out:find('gpush: fatal signal 11 (SIGSEGV); the C stack:', 1, true), out)
+  end
+end)
+
+T.test('LuaJIT\'s compiler is off under compute-sanitizer and with GPUSH_JIT=0, on otherwise', function()
+  local under = os.getenv('NV_SANITIZER_INJECTION_PORT_BASE') ~= nil or
+    (os.getenv('CUDA_INJECTION64_PATH') or ''):find('sanitizer', 1, true) ~= nil
+  local function jit_on(env) return (sh(env .. ' ' .. exe .. [[ -e 'print(jit.status())']])):match('^(%a+)') end
+  T.eq(jit_on('GPUSH_JIT='), under and 'false' or 'true') -- (empty: as if unset)
+  T.eq(jit_on('NV_SANITIZER_INJECTION_PORT_BASE=49152'), 'false')
+  T.eq(jit_on('NV_SANITIZER_INJECTION_PORT_BASE=49152 GPUSH_JIT=1'), 'true')
+  T.eq(jit_on('GPUSH_JIT=0'), 'false')
 end)
