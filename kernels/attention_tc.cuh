@@ -288,7 +288,7 @@ int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64
     return gp_error("attn_bwd: too many blocks for one launch (B * H = %lld, T = %d, S = %d)", (long long)BH, P.T, P.S);
   gp_tensor *dl = 0, *acc = 0;
   GP_TRY(gp_tensor_scratch(&dl, GP_F32, GP_CUDA, 1, &rows));
-  const int64_t nacc = BH * ((P.T + 63) / 64) * 4096;
+  const int64_t nacc = BH * ((P.T + 63) / 64) * 64 * D; /* the fused kernel's dQ tiles of 64 rows */
   int rc = SPLIT ? GP_OK : gp_tensor_scratch(&acc, GP_F32, GP_CUDA, 1, &nacc);
   if (rc == GP_OK && acc) {
     P.dqa = (float *)gp_ptr(acc);

@@ -547,16 +547,20 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) k_attn_fwd_ws(AttnP P, int 
  * aligned to 64 rows): dS^T goes to shared memory, the product reads it as an
  * MN-major A operand, and the tile is added to P.dqa with f32 vector atomics
  * (red.global.add.v4.f32, in the accumulator's fragment order so that each
- * warp's adds are 512 contiguous bytes); k_attn_bwd_dq_store converts.
+ * warp's adds are 512 contiguous bytes); k_attn_bwd_dq_store converts. At
+ * D 128 the dQ tile is computed and added in two halves of 64 columns (32
+ * registers a thread for it beside dK and dV): with one warpgroup, one half
+ * after the other over its 64 keys; with two (128 keys), warpgroup w the
+ * half w over all 128 keys, both dS^T in shared memory, so that the atomics
+ * are half those of 64-key tiles.
  * Block b holds a key tile of one of the NKV = B * Hkv KV heads (head_tile's
  * order) and walks the query tiles of its G query heads in turn (one
  * double-buffered sequence of G * n_qt tiles), dk and dv summed in registers.
- * D 64 or 128 (tiles in 64-column halves; DQ at D 64 only). */
+ * D 64 or 128 (tiles in 64-column halves). */
 template <typename T, int NWG, int BQ, int MINB, bool DQ, bool GQA, int D = 64>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int NKV) {
   static_assert(!DQ || BQ == 64, "the fused dQ needs query tiles of 64");
-  static_assert(!DQ || D == 64, "the fused dQ's accumulator fits beside dK and dV at head dim 64 only");
 #if GP_WG
   constexpr int NTH = NWG * 128, BNK = 64 * NWG, NQ = BQ / 8, DT = D / 8;
   extern __shared__ uint4 attn_smem[];
@@ -687,21 +691,33 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
           *(uint32_t *)(Dw + swz<BQ>(r, nt) + t2) = da[nt >> 1][(nt & 1) * 2 + h];
         }
       wg::fence_proxy();
-      asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wgi) : "memory"); /* the warpgroup's dS^T is written */
-      float dq[DT][4];
-      wg::fence();
+      float *dst = P.dqa + ((int64_t)(GQA ? qt.head(t) : bkv) * ((P.T + 63) >> 6) + (i0 >> 6)) * (64 * D) +
+                   (threadIdx.x & 127) * 4;
+      /* dQ's columns 64 hf .. 64 hf + 63 from the NK keys of the dS^T at a (MN-major A) and K at b */
+      constexpr bool SPLIT = D == 128 && NWG == 2;
+      constexpr int NK = SPLIT ? 128 : 64;
+      auto dq_half = [&](uint32_t a, uint32_t b, int hf) {
+        float dq[8][4];
+        wg::fence();
 #pragma unroll
-      for (int kk = 0; kk < 64 / 16; kk++)
-        wg::mma<D, T>::template ss<1, 1>(&dq[0][0], wg_mnmajor(smem_u32(Dw) + kk * 2048), wg_mnmajor(ka + kk * 2048),
-                                         kk > 0);
-      wg::commit();
-      wg::wait<0>();
-      float *dst = P.dqa + ((int64_t)(GQA ? qt.head(t) : bkv) * ((P.T + 63) >> 6) + (i0 >> 6)) * 4096 + (threadIdx.x & 127) * 4;
+        for (int kk = 0; kk < NK / 16; kk++)
+          wg::mma<64, T>::template ss<1, 1>(&dq[0][0], wg_mnmajor(a + kk * 2048), wg_mnmajor(b + kk * 2048), kk > 0);
+        wg::commit();
+        wg::wait<0>();
 #pragma unroll
-      for (int j = 0; j < DT; j++)
-        asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + j * 512), "f"(dq[j][0]),
-                     "f"(dq[j][1]), "f"(dq[j][2]), "f"(dq[j][3])
-                     : "memory");
+        for (int j = 0; j < 8; j++)
+          asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst + (hf * 8 + j) * 512), "f"(dq[j][0]),
+                       "f"(dq[j][1]), "f"(dq[j][2]), "f"(dq[j][3])
+                       : "memory");
+      };
+      if constexpr (SPLIT) { /* warpgroup w: K's half w over all 128 keys (both dS^T, side by side in Ds) */
+        __syncthreads();     /* both warpgroups' dS^T written */
+        dq_half(smem_u32(Ds), smem_u32(Ks) + wgi * BNK * 128, wgi);
+      } else {
+        asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wgi) : "memory"); /* the warpgroup's dS^T is written */
+#pragma unroll
+        for (int hf = 0; hf < D / 64; hf++) dq_half(smem_u32(Dw), ka + hf * BNK * 128, hf); /* BNK rows a half */
+      }
     } else {
       wg::wait<0>();
     }
@@ -719,20 +735,20 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
 #endif
 }
 
-/* the fused backward's dQ: one CTA a tile of 64 rows of P.dqa (fragment
- * order: float4 j of thread tid is at (j 128 + tid) 4, holding the
+/* the fused backward's dQ: one CTA a tile of 64 rows of P.dqa (64 D floats;
+ * fragment order: float4 j of thread tid is at (j 128 + tid) 4, holding the
  * accumulator entries d[4j .. 4j + 3] of that thread) to dq, times scale */
-template <typename T> __global__ void __launch_bounds__(128) k_attn_bwd_dq_store(AttnP P, int n_mt) {
+template <typename T, int D> __global__ void __launch_bounds__(128) k_attn_bwd_dq_store(AttnP P, int n_mt) {
   const int bh = blockIdx.x / n_mt, mt = blockIdx.x % n_mt;
-  const float4 *src = (const float4 *)(P.dqa + (int64_t)blockIdx.x * 4096);
-  float a[8][4];
+  const float4 *src = (const float4 *)(P.dqa + (int64_t)blockIdx.x * (64 * D));
+  float a[D / 8][4];
 #pragma unroll
-  for (int j = 0; j < 8; j++) {
+  for (int j = 0; j < D / 8; j++) {
     const float4 f = src[j * 128 + threadIdx.x];
     a[j][0] = f.x, a[j][1] = f.y, a[j][2] = f.z, a[j][3] = f.w;
   }
-  store_acc_rows<T, 8>((T *)P.dq + head_at(P.sdq, bh, P.H), P.sdq.r, mt * 64 + (threadIdx.x >> 5) * 16, P.T, a, P.scale,
-                       threadIdx.x & 31);
+  store_acc_rows<T, D / 8>((T *)P.dq + head_at(P.sdq, bh, P.H), P.sdq.r, mt * 64 + (threadIdx.x >> 5) * 16, P.T, a,
+                           P.scale, threadIdx.x & 31);
 }
 
 /* backward, dq: NWG warpgroups, 64 queries each (BM = 64 NWG, the longest
@@ -892,29 +908,44 @@ int launch_bwd_wg(const AttnP &P, int64_t BH) {
       (P.T + BM - 1) / BM, a2);
 }
 
-/* the fused wgmma backward at D 64: dk/dv and the dQ atomics by NWG
- * warpgroups of 64 keys, query tiles of 64 */
-template <typename T, int NWG, int MINB, bool GQA> int launch_bwd_wg_fused(const AttnP &P, int64_t BH) {
+/* the fused wgmma backward: dk/dv and the dQ atomics by NWG warpgroups of
+ * 64 keys, query tiles of 64 (shared memory: K, V, 2 stages of Q and dout,
+ * dS^T, 2 stages of lse and delta) */
+template <typename T, int D, int NWG, int MINB, bool GQA> int launch_bwd_wg_fused(const AttnP &P, int64_t BH) {
   constexpr int BNK = 64 * NWG;
   static bool a1 = false, unused = false; /* per instantiation */
-  return launch_bwd_kernels<T, 64, true>(P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true, GQA>, NWG * 128,
-                                         (3 * BNK + 4 * 64) * 64 * (int)sizeof(T) + 4 * 64 * (int)sizeof(float) + 1024,
-                                         (P.S + BNK - 1) / BNK, a1, k_attn_bwd_dq_store<T>, 0, 0, 0, unused);
+  return launch_bwd_kernels<T, D, true>(
+      P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true, GQA, D>, NWG * 128,
+      ((2 * BNK + 4 * 64) * D + BNK * 64) * (int)sizeof(T) + 4 * 64 * (int)sizeof(float) + 1024, (P.S + BNK - 1) / BNK,
+      a1, k_attn_bwd_dq_store<T, D>, 0, 0, 0, unused);
 }
 
 template <bool GQA> int bwd_wg_g(const AttnP &P, int64_t BH, int dtype, int D, bool deterministic) {
-  /* D 128: the two kernels always (a dQ accumulator does not fit beside dK
-   * and dV) */
-  if (D == 128)
-    return dtype == GP_BF16 ? launch_bwd_wg<__nv_bfloat16, 128, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
-                            : launch_bwd_wg<__half, 128, 1, 64, 2, 1, 64, 2, GQA>(P, BH);
-  /* deterministic: the two kernels; else dQ by atomics in the dk/dv kernel,
-   * 3 CTAs an SM (BENCHMARKS.md) */
+  /* deterministic: the two kernels; else dQ by atomics in the dk/dv kernel:
+   * D 64 one warpgroup of 64 keys, 3 CTAs an SM; D 128 two warpgroups of 128
+   * keys, each adding half of dQ's columns over all 128 keys (half the
+   * atomics of 64-key tiles), 1 CTA an SM, or up to 512 keys one warpgroup
+   * of 64 keys, 2 CTAs an SM. GP_ATTN_FUSED_BWD=0 / 1 / 2 picks the two
+   * kernels / one / two warpgroups at D 128. Measured on the H200
+   * (BENCHMARKS.md, 2026-11-30 (c)), backward ms, two kernels / one / two:
+   * B4 H8 T2048 causal 0.330 / 0.318 / 0.300, B1 H16 T16384 8.37 / 7.73 /
+   * 6.35, B4 H16 T4096 2.18 / 2.05 / 1.80, B32 H16 T512 0.542 / 0.513 / 0.552 */
+  static const int fused128 = getenv("GP_ATTN_FUSED_BWD") ? atoi(getenv("GP_ATTN_FUSED_BWD")) : -1;
+  if (D == 128) {
+    if (deterministic || fused128 == 0)
+      return dtype == GP_BF16 ? launch_bwd_wg<__nv_bfloat16, 128, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
+                              : launch_bwd_wg<__half, 128, 1, 64, 2, 1, 64, 2, GQA>(P, BH);
+    if (fused128 == 1 || (fused128 != 2 && P.S <= 512))
+      return dtype == GP_BF16 ? launch_bwd_wg_fused<__nv_bfloat16, 128, 1, 2, GQA>(P, BH)
+                              : launch_bwd_wg_fused<__half, 128, 1, 2, GQA>(P, BH);
+    return dtype == GP_BF16 ? launch_bwd_wg_fused<__nv_bfloat16, 128, 2, 1, GQA>(P, BH)
+                            : launch_bwd_wg_fused<__half, 128, 2, 1, GQA>(P, BH);
+  }
   if (dtype == GP_BF16)
     return deterministic ? launch_bwd_wg<__nv_bfloat16, 64, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
-                         : launch_bwd_wg_fused<__nv_bfloat16, 1, 3, GQA>(P, BH);
+                         : launch_bwd_wg_fused<__nv_bfloat16, 64, 1, 3, GQA>(P, BH);
   return deterministic ? launch_bwd_wg<__half, 64, 1, 64, 2, 1, 64, 2, GQA>(P, BH)
-                       : launch_bwd_wg_fused<__half, 1, 3, GQA>(P, BH);
+                       : launch_bwd_wg_fused<__half, 64, 1, 3, GQA>(P, BH);
 }
 
 } // namespace

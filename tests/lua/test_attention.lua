@@ -393,7 +393,7 @@ end)
 local DET_SNIPPET = [[
 gp.manual_seed(5)
 local CU = {dtype = 'bf16', device = 'cuda'}
-local sh, kvsh = {2, 3, 300, 64}, {2, HKV, 300, 64}
+local sh, kvsh = {2, 3, 300, HD}, {2, HKV, 300, HD}
 local q, k, v, g = gp.randn(sh, CU), gp.randn(kvsh, CU), gp.randn(kvsh, CU), gp.randn(sh, CU)
 local out, lse = gp.empty(sh, CU), gp.empty({2, 3, 300}, {device = 'cuda'})
 gp.k.attn_fwd(out, lse, q, k, v, 0, 0, 0, 1)
@@ -455,22 +455,37 @@ T.test('attention forward on the GPU: GP_ATTN_WS=2 runs the warp-specialized ker
   T.ok(select(2, out:gsub('WS T', '')) == 3, out)
 end)
 
-local function det_run(env, hkv)
-  local out = run_snippet(env, (DET_SNIPPET:gsub('HKV', tostring(hkv or 3))))
+T.test('attention backward on the GPU at head dim 128: each dQ path (GP_ATTN_FUSED_BWD 0, 1, 2) against the CPU', function()
+  T.cuda()
+  -- 0: the dk/dv and dq kernels; 1: dQ by atomics from one warpgroup of 64 keys; 2: from two of 128 keys
+  -- (the default by the key count); the kernel test's cases in a process each
+  for _, v in ipairs {0, 1, 2} do
+    local out, rc = T.sh(string.format('GP_ATTN_FUSED_BWD=%d %s %s/tests/lua/run.lua %q', v, T.exe, T.root,
+      'test_attention: attention kernels on the GPU: forward and backward'))
+    T.ok(rc == 0 and out:find('1 passed, 0 failed', 1, true), 'GP_ATTN_FUSED_BWD=' .. v .. ': ' .. out)
+  end
+end)
+
+local function det_run(env, hkv, hd)
+  local out = run_snippet(env, (DET_SNIPPET:gsub('HKV', tostring(hkv or 3)):gsub('HD', tostring(hd or 64))))
   local dq, dqr, dk, dv = out:match('DET (%d+):(%S+) (%d+):%S+ (%d+):%S+')
   T.ok(dq, out)
   return tonumber(dq), tonumber(dqr), tonumber(dk), tonumber(dv)
 end
-T.test('attention backward on the GPU: GP_ATTN_DETERMINISTIC=1 repeats bitwise; the default repeats dk, dv bitwise', function()
+T.test('attention backward on the GPU: GP_ATTN_DETERMINISTIC=1 repeats bitwise; the default repeats dk, dv bitwise (D 64, 128)', function()
   T.cuda()
-  -- 3 KV heads (multi-head) and 1 (multi-query: dk, dv summed over 3 query heads)
-  for _, hkv in ipairs {3, 1} do
-    local dq, _, dk, dv = det_run('GP_ATTN_DETERMINISTIC=1', hkv)
-    T.eq(dq + dk + dv, 0, 'elements that differ between two deterministic backwards, Hkv ' .. hkv)
-    local dqr
-    _, dqr, dk, dv = det_run('GP_ATTN_DETERMINISTIC=0', hkv)
-    T.eq(dk + dv, 0, 'dk, dv elements that differ between two default backwards, Hkv ' .. hkv)
-    T.ok(dqr < 2e-2, 'dq of two default backwards within bf16 rounding: ' .. dqr)
+  -- 3 KV heads (multi-head) and 1 (multi-query: dk, dv summed over 3 query heads); at both head dims the
+  -- default adds dQ by atomics in the dk/dv kernel, the deterministic backward runs a dq kernel
+  for _, hd in ipairs {64, 128} do
+    for _, hkv in ipairs {3, 1} do
+      local what = string.format('D %d, Hkv %d', hd, hkv)
+      local dq, _, dk, dv = det_run('GP_ATTN_DETERMINISTIC=1', hkv, hd)
+      T.eq(dq + dk + dv, 0, 'elements that differ between two deterministic backwards, ' .. what)
+      local dqr
+      _, dqr, dk, dv = det_run('GP_ATTN_DETERMINISTIC=0', hkv, hd)
+      T.eq(dk + dv, 0, 'dk, dv elements that differ between two default backwards, ' .. what)
+      T.ok(dqr < 2e-2, 'dq of two default backwards within bf16 rounding (' .. what .. '): ' .. dqr)
+    end
   end
 end)
 
