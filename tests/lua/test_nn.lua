@@ -110,6 +110,42 @@ T.test('gradcheck MLP, SwiGLUMLP, attention, CausalSelfAttention in f64', functi
   check_module(nn.CausalSelfAttention {n_embd = 4, n_head = 2, device = 'cpu'}:to('f64'), {rn {2, 3, 4}})
 end)
 
+T.test('gp.linear_group: the values and gradients of separate gp.linear calls, one node, dx without an add kernel', function()
+  local x, w1, w2, w3, b1 = rn {2, 3, 4}, rn {5, 4}, rn {6, 4}, rn {2, 4}, rn {5}
+  T.ok(gp.gradcheck(function(a, p, q, r, bb)
+    local y1, y2, y3 = gp.linear_group(a, {p, q, r}, {bb})
+    return y1:sum() + (y2 * y2):sum() + (y3 * 3):sum()
+  end, {x, w1, w2, w3, b1}))
+  T.ok(gp.gradcheck(function(a, b, c) local y1, y2 = gp.linear_group(a, {b, c}); return y1:sum() + (y2 * y2):sum() end,
+    {x, w1, w2}))
+  -- against the module calls: values, gradients accumulated twice into .grad, one output unused
+  local function grads(group)
+    local xs, ws = x:clone():requires_grad_(), {w1:clone():requires_grad_(), w2:clone():requires_grad_()}
+    local bb = b1:clone():requires_grad_()
+    local ya, yb
+    for _ = 1, 2 do
+      if group then ya, yb = gp.linear_group(xs, ws, {bb}) else ya, yb = gp.linear(xs, ws[1], bb), gp.linear(xs, ws[2]) end
+      (ya:sum() * 2):backward()
+    end
+    return ya, yb, xs.grad, ws[1].grad, ws[2].grad, bb.grad
+  end
+  local a, b = {grads(true)}, {grads(false)}
+  T.eq(a[5], nil, 'no gradient for the unused output\'s weight')
+  for _, i in ipairs {1, 2, 3, 4, 6} do T.ok(T.relnorm(a[i], b[i]) < 1e-14, 'result ' .. i) end
+  -- nn.SwiGLUMLP takes it for plain unbiased gate and up: no add kernel in its backward
+  local m = nn.SwiGLUMLP(4, 6, {device = 'cpu'})
+  local xi = gp.randn({2, 3, 4}, CPU):requires_grad_()
+  local y = m(xi)
+  local _, n = T.launches(function() y:sum():backward() end)
+  T.eq(n.add, 0, 'add kernels in the SwiGLU MLP\'s backward')
+  rawset(m.up, 'forward', function(self, t) return gp.linear(t, self.weight) end) -- a swapped forward: the module calls
+  local y2 = m(xi)
+  T.ok(T.relnorm(y2, y) < 1e-6)
+  T.raises(function() gp.linear_group(x, {}) end, 'linear_group: ws must be a non-empty list')
+  T.raises(function() gp.linear_group(x, {w1, rn {3, 5}}) end, 'linear_group: ws[2] must be a 2-d weight (out, 4) for x (2,3,4), got (3,5)')
+  T.raises(function() gp.linear_group(x, {w1}, w1) end, 'linear_group: bs must be nil or a list of biases')
+end)
+
 T.test('gradcheck TransformerBlock (gelu/layer, swiglu/rms) and GPT logits and loss in f64', function()
   check_module(nn.TransformerBlock {n_embd = 4, n_head = 2, mlp_hidden = 6, device = 'cpu'}:to('f64'), {rn {1, 3, 4}})
   check_module(nn.TransformerBlock {n_embd = 4, n_head = 1, mlp = 'swiglu', norm = 'rms', mlp_hidden = 6, device = 'cpu'}

@@ -45,7 +45,20 @@ function SwiGLUMLP:init(d, hidden, opts)
   self.proj = Linear(hidden, d, o)
   self.drop = Dropout(opts.dropout or 0)
 end
-function SwiGLUMLP:forward(x) return self.drop(self.proj(gp.swiglu(self.gate(x), self.up(x)))) end
+local function plain_unbiased(m)
+  return getmetatable(m) == Linear._imt and m.forward == linear_forward and is_tensor(rawget(m, 'weight'))
+    and rawget(m, 'bias') == nil
+end
+function SwiGLUMLP:forward(x)
+  local gate, up = self.gate, self.up
+  local g, u
+  if plain_unbiased(gate) and plain_unbiased(up) then -- one node: the backward's dx without an add kernel
+    g, u = gp.linear_group(x, {gate.weight, up.weight})
+  else
+    g, u = gate(x), up(x)
+  end
+  return self.drop(self.proj(gp.swiglu(g, u)))
+end
 
 doc(nn.MLP, 'nn.MLP(d, hidden=4d, {dropout=0})', 'Linear(d, hidden), GELU (tanh form), Linear(hidden, d)')
 doc(nn.SwiGLUMLP, 'nn.SwiGLUMLP(d, hidden=4d)', 'proj(silu(gate(x)) * up(x)) without biases')

@@ -397,6 +397,33 @@ function gp.lora_linear_group(x, ws, bs, As, Bs, s) return unpack(lora_group(x, 
 doc(gp.lora_linear_group, 'gp.lora_linear_group(x, ws, bs, As, Bs, s)',
   'y_1, ..., y_n with y_i = x @ ws[i]^T + bs[i] + s (x @ As[i]^T) @ Bs[i]^T: n LoRA projections of one input (q, k, v; gate, up) as one autograd node; bs nil or a list (entries may be nil). One base product when the ws are consecutive row blocks of one dense tensor (else one each: quantized weights), one product x @ [As]^T for all the adapters (one tensor when the As are its row blocks, as gp.lora.apply makes them), one per B added by the GEMM; the backward makes one dA product and one dx product for the adapters')
 
+-- gp.linear_group(x, ws, bs): y_i = x w_i^T + b_i, n projections of one
+-- input (a SwiGLU MLP's gate and up) as one autograd node: the forward one
+-- gp.linear each; the backward adds the g_i w_i into one dx by the GEMMs
+-- (beta 1), where separate Linears made an add kernel of x's size
+local function group_check(x, ws, bs)
+  local op = 'linear_group'
+  if not is_tensor(x) then raise(op .. ': x must be a tensor, got ' .. type(x)) end
+  if type(ws) ~= 'table' or is_tensor(ws) or #ws == 0 then raise(op .. ': ws must be a non-empty list of weights') end
+  if bs ~= nil and (type(bs) ~= 'table' or is_tensor(bs)) then raise(op .. ': bs must be nil or a list of biases') end
+  local I = x.shape[#x.shape]
+  for i, w in ipairs(ws) do
+    if not is_tensor(w) or w:dim() ~= 2 or w:size(2) ~= I then
+      raise(string.format('%s: ws[%d] must be a 2-d weight (out, %d) for x %s, got %s', op, i, I or 0,
+        shape_str(x.shape), is_tensor(w) and shape_str(w.shape) or type(w)))
+    end
+  end
+end
+function gp.linear_group(x, ws, bs)
+  group_check(x, ws, bs)
+  local ys = {}
+  for i, w in ipairs(ws) do ys[i] = gp.linear(x, w, bs and bs[i]) end
+  return unpack(ys)
+end
+doc(gp.linear_group, 'gp.linear_group(x, ws, bs)',
+  'y_1, ..., y_n with y_i = x @ ws[i]^T + bs[i] (bs nil or a list whose entries may be nil): n projections of one input (a SwiGLU MLP\'s gate and up) as one autograd node, whose backward adds every g_i @ ws[i] into one dx by the GEMMs instead of an add kernel')
+
+
 -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2:
 -- two products, GELU in the first one's epilogue. With save (autograd's
 -- forward, grad_rules.lua) it also returns h = gelu_tanh(pre) and pre (aux),
@@ -579,6 +606,32 @@ autograd.def_function('linear', function(g, a)
   end
   return dx, dw, bias_grad_into(b, gq)
 end)
+
+-- gp.linear_group's rule (its forward above)
+autograd.def_function('linear_group', function(g, a)
+  local x, ws, bs = a[1], a[2], a[3]
+  local I = x:size(-1)
+  local rows = x:numel() / math.max(I, 1)
+  local x2 = x:reshape {rows, I}
+  local g2 = {}
+  for i, w in ipairs(ws) do
+    if g[i] then g2[i] = tensor.to_dtype(g[i], x.dtype):reshape {rows, w:size(1)} end
+  end
+  local dx
+  if autograd.needs(x) then
+    for i, w in ipairs(ws) do
+      if g2[i] then
+        if dx then gp.matmul(g2[i], w, {out = dx, beta = 1}) else dx = g2[i]:matmul(w) end
+      end
+    end
+    if dx then dx = dx:reshape(x.shape) end
+  end
+  local dws, dbs = {}, {}
+  for i, w in ipairs(ws) do
+    if g2[i] then dws[i], dbs[i] = weight_grad(w, g2[i], x2), bs and bias_grad_into(bs[i], g2[i]) end
+  end
+  return dx, dws, dbs
+end, {check = function(x, ws, bs) group_check(x, ws, bs) end})
 
 -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2.
 -- The forward saves h (rows, hidden) and the pre-activation pre (the GEMM's
