@@ -423,7 +423,6 @@ end
 doc(gp.linear_group, 'gp.linear_group(x, ws, bs)',
   'y_1, ..., y_n with y_i = x @ ws[i]^T + bs[i] (bs nil or a list whose entries may be nil): n projections of one input (a SwiGLU MLP\'s gate and up) as one autograd node, whose backward adds every g_i @ ws[i] into one dx by the GEMMs instead of an add kernel')
 
-
 -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2:
 -- two products, GELU in the first one's epilogue. With save (autograd's
 -- forward, grad_rules.lua) it also returns h = gelu_tanh(pre) and pre (aux),
@@ -631,7 +630,7 @@ autograd.def_function('linear_group', function(g, a)
     if g2[i] then dws[i], dbs[i] = weight_grad(w, g2[i], x2), bs and bias_grad_into(bs[i], g2[i]) end
   end
   return dx, dws, dbs
-end, {check = function(x, ws, bs) group_check(x, ws, bs) end})
+end)
 
 -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2.
 -- The forward saves h (rows, hidden) and the pre-activation pre (the GEMM's
