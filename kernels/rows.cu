@@ -440,7 +440,9 @@ static bool norm_bwd_fused(int *rc, const char *name, const NormDxOp<T, RMS, RES
   const size_t smem = (size_t)rpb * PL * D * sizeof(float);
   if (smem > 100 * 1024) return false;
   auto go = [&](auto kern) {
-    if (smem > 48 * 1024) cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    /* at every size: the kernel's static sh[64] comes on top, so 48 KB of planes (LayerNorm's two at D 768 in
+     * blocks of 8 rows, GPT-2's shape) already need the opt-in; without it the launch fails */
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     int per_sm = 1;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, block, smem);
     per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;

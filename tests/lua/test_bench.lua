@@ -213,13 +213,19 @@ T.test('kv agreement bench (scripts/bench/kv_agree.lua) compares the caches and 
 end)
 
 T.test('decode step profile with --random: SmolLM2\'s shapes, random weights, no checkpoint; the fused decode kernels', function()
-  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root ..
-    '/scripts/bench/profile_decode.lua --random smollm2 --layers 1 --context 4 --top 12')
+  -- the op-by-op step (on a GPU the default runs the layers as one kernel: gp.decode_step)
+  local cmd = '/scripts/bench/profile_decode.lua --random smollm2 --layers 1 --context 4 --top 12'
+  local out, rc = T.sh('GPUSH_DECODE_STEP=0 ' .. timeout(120) .. exe .. ' ' .. root .. cmd)
   T.eq(rc, 0, out)
   T.ok(out:find('random smollm2, 1 layers', 1, true), out)
   T.ok(tonumber(out:match('(%d+) kernels a step')) < 20, out)
   T.ok(out:find('\n  rope_kv_at%s+1 '), out)
   T.ok(out:find('\n  swiglu_linear%s+1 '), out)
+  if gp.cuda_available() then -- the default: the embedding, the one kernel, the head
+    out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. cmd)
+    T.eq(rc, 0, out)
+    T.ok(tonumber(out:match('(%d+) kernels a step')) < 10, out)
+  end
   -- --nf4: q/k/v and gate/up stacked, so 4 NF4 GEMVs a layer; the weights counted as codes and scales
   local mb = tonumber(out:match('; ([%d.]+) MB of weights'))
   out, rc = T.sh(timeout(120) .. exe .. ' ' .. root ..
@@ -257,8 +263,9 @@ T.test('decode step profile with --kv-dtype int8: the step reads the codes (attn
 end)
 
 T.test('decode step profile (scripts/bench/profile_decode.lua) lists the step\'s kernels', function()
-  local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/profile_decode.lua --model ' .. root ..
-    '/tests/fixtures/models/llama3_rope --context 16 --top 5')
+  -- op by op (on a GPU the default step is one kernel for the layers)
+  local out, rc = T.sh('GPUSH_DECODE_STEP=0 ' .. timeout(120) .. exe .. ' ' .. root ..
+    '/scripts/bench/profile_decode.lua --model ' .. root .. '/tests/fixtures/models/llama3_rope --context 16 --top 5')
   T.eq(rc, 0, out)
   local n = tonumber(out:match('(%d+) kernels a step'))
   T.ok(n and n > 10, out)
