@@ -19,15 +19,15 @@ function MLP:init(d, hidden, opts)
   self.drop = Dropout(opts.dropout or 0)
 end
 -- the Linear class's own forward, so that a swapped one (on the class or the
--- instance) keeps MLP on the module calls
+-- instance) keeps the MLPs on the module calls; with a bias (biased) or without
 local linear_forward = Linear.forward
-local function plain_linear(m)
+local function plain_linear(m, biased)
   return getmetatable(m) == Linear._imt and m.forward == linear_forward and is_tensor(rawget(m, 'weight'))
-    and is_tensor(rawget(m, 'bias'))
+    and (biased and is_tensor(rawget(m, 'bias')) or not biased and rawget(m, 'bias') == nil)
 end
 function MLP:forward(x)
   local fc, proj = self.fc, self.proj
-  if plain_linear(fc) and plain_linear(proj) then -- one node, GELU in the GEMM epilogues
+  if plain_linear(fc, true) and plain_linear(proj, true) then -- one node, GELU in the GEMM epilogues
     return self.drop(gp.linear_gelu_linear(x, fc.weight, fc.bias, proj.weight, proj.bias))
   end
   return self.drop(proj(fc(x):gelu_tanh()))
@@ -45,14 +45,10 @@ function SwiGLUMLP:init(d, hidden, opts)
   self.proj = Linear(hidden, d, o)
   self.drop = Dropout(opts.dropout or 0)
 end
-local function plain_unbiased(m)
-  return getmetatable(m) == Linear._imt and m.forward == linear_forward and is_tensor(rawget(m, 'weight'))
-    and rawget(m, 'bias') == nil
-end
 function SwiGLUMLP:forward(x)
   local gate, up = self.gate, self.up
   local g, u
-  if plain_unbiased(gate) and plain_unbiased(up) then -- one node: the backward's dx without an add kernel
+  if plain_linear(gate, false) and plain_linear(up, false) then -- one node: the backward's dx without an add kernel
     g, u = gp.linear_group(x, {gate.weight, up.weight})
   else
     g, u = gate(x), up(x)
