@@ -214,22 +214,22 @@ end)
 
 T.test('decode step profile with --random: SmolLM2\'s shapes, random weights, no checkpoint; the fused decode kernels', function()
   -- the op-by-op step (on a GPU the default runs the layers as one kernel: gp.decode_step)
+  -- (f32 here and with --nf4 below, the CPU's default, so that the weights' MB compare on a GPU too)
   local cmd = '/scripts/bench/profile_decode.lua --random smollm2 --layers 1 --context 4 --top 12'
-  local out, rc = T.sh('GPUSH_DECODE_STEP=0 ' .. timeout(120) .. exe .. ' ' .. root .. cmd)
+  local out, rc = T.sh('GPUSH_DECODE_STEP=0 ' .. timeout(120) .. exe .. ' ' .. root .. cmd .. ' --dtype f32')
   T.eq(rc, 0, out)
   T.ok(out:find('random smollm2, 1 layers', 1, true), out)
   T.ok(tonumber(out:match('(%d+) kernels a step')) < 20, out)
   T.ok(out:find('\n  rope_kv_at%s+1 '), out)
   T.ok(out:find('\n  swiglu_linear%s+1 '), out)
-  if gp.cuda_available() then -- the default: the embedding, the one kernel, the head
-    out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. cmd)
-    T.eq(rc, 0, out)
-    T.ok(tonumber(out:match('(%d+) kernels a step')) < 10, out)
+  local mb = tonumber(out:match('; ([%d.]+) MB of weights'))
+  if gp.cuda_available() then -- the default (bf16): the embedding, the one kernel, the head
+    local o2, rc2 = T.sh(timeout(120) .. exe .. ' ' .. root .. cmd)
+    T.eq(rc2, 0, o2)
+    T.ok(tonumber(o2:match('(%d+) kernels a step')) < 10, o2)
   end
   -- --nf4: q/k/v and gate/up stacked, so 4 NF4 GEMVs a layer; the weights counted as codes and scales
-  local mb = tonumber(out:match('; ([%d.]+) MB of weights'))
-  out, rc = T.sh(timeout(120) .. exe .. ' ' .. root ..
-    '/scripts/bench/profile_decode.lua --random smollm2 --layers 1 --context 4 --top 12 --nf4')
+  out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. cmd .. ' --dtype f32 --nf4')
   T.eq(rc, 0, out)
   T.ok(out:find('(NF4 Linears)', 1, true), out)
   T.ok(out:find('\n  nf4_gemv%s+4 '), out)
