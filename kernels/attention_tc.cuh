@@ -87,6 +87,36 @@ __device__ __forceinline__ bool tile_masked(const AttnP &P, int pmin, int pmax, 
   return (j0 + BN > P.S) || (P.causal && j0 + BN - 1 > pmin) || (P.win > 0 && j0 + BN > P.ng && pmax - j0 >= P.win);
 }
 
+/* the mask a tile of keys [j0, j0 + BN) needs for positions [pmin, pmax]: 0
+ * none, 1 the general test (vis, keys past S), 2 the causal diagonal alone
+ * (causal, no window, every key below S): one compare an element
+ * (causal_hide) in place of vis' tests */
+__device__ __forceinline__ int tile_mask(const AttnP &P, int pmin, int pmax, int j0, int BN) {
+  if (!tile_masked(P, pmin, pmax, j0, BN)) return 0;
+  return P.causal && P.win == 0 && j0 + BN <= P.S ? 2 : 1;
+}
+/* f(tag) with tag the mask kind mk as a compile-time constant */
+template <typename F> __device__ __forceinline__ void with_mask(int mk, F &&f) {
+  if (mk == 2) f(std::integral_constant<int, 2>());
+  else if (mk == 1) f(std::integral_constant<int, 1>());
+  else f(std::integral_constant<int, 0>());
+}
+/* an accumulator fragment's elements (nt, e) hidden by the causal mask set to
+ * v: element (nt, e) is row 8 (e >> 1) by column 8 nt + (e & 1) past the
+ * thread's first; QROWS (rows: queries, columns: keys): d = the thread's
+ * first key - its first position, hidden where key > position; else (rows:
+ * keys, columns: queries) d = the first key - the first position likewise,
+ * the offsets the other way round */
+template <int NT, bool QROWS> __device__ __forceinline__ void causal_hide(float (*s)[4], int d, float v) {
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int c = QROWS ? 8 * nt + (e & 1) - 8 * (e >> 1) : 8 * (e >> 1) - 8 * nt - (e & 1);
+      if (d + c > 0) s[nt][e] = v;
+    }
+}
+
 /* the A fragment (16 x 16) made of the accumulators of n-tiles 2 kk and 2 kk + 1 */
 template <typename T> __device__ __forceinline__ void acc_to_a(uint32_t *a, const float (*c)[4], int kk) {
   a[0] = pack2<T>(c[2 * kk][0], c[2 * kk][1]);

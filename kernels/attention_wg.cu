@@ -144,6 +144,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
           const int j = j0 + nt * 8 + ((lane & 3) << 1) + (e & 1);
           if (j >= P.S || !vis(p, j, P.win, P.ng, P.causal)) s[nt][e] = -INFINITY;
         }
+    } else if constexpr (MK == 2) {
+      causal_hide<NT, true>(s, kt.j0(t) + ((lane & 3) << 1) - (i0 + wrow + (lane >> 2) + off), -INFINITY);
     }
     softmax_p<NT>(s, m, l, alpha, sl2);
   };
@@ -158,8 +160,8 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     cp_async_commit();
   };
   /* tile t in place and visible to every warpgroup, tile t + 1's loads
-   * issued, S = Q K_t^T issued */
-  auto s_issue = [&](int t) {
+   * issued, S = Q K_t^T issued (mma: false, only the wait and the loads) */
+  auto s_issue = [&](int t, bool mma) {
     if constexpr (!PIPE || NS >= 4) {
       /* tile t + 1's stage last held tile t + 1 - NS, whose O += P V every
        * warpgroup finished before the barrier of tile t - 1 (PIPE: that
@@ -175,6 +177,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
       __syncthreads();
       load_next(t);
     }
+    if (!mma) return;
     const uint32_t ka = smem_u32(Ks + (t % NS) * BN * D);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
@@ -189,14 +192,21 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
   /* S_t done: P_t and its factor for O */
   auto s_soft = [&](int t, float *alpha) {
     wg::fence_operand<NT * 4>(&s[0][0]);
-    if (tile_masked(P, pmin, pmax, kt.j0(t), BN)) soft(std::integral_constant<int, 1>(), t, alpha);
-    else soft(std::integral_constant<int, 0>(), t, alpha);
+    with_mask(tile_mask(P, pmin, pmax, kt.j0(t), BN), [&](auto mk) { soft(mk, t, alpha); });
   };
 
   if constexpr (!PIPE) { /* one product at a time */
+    /* causal without a window: the tiles past the warpgroup's last row hide
+     * every key from it (P = 0); it only waits at their barriers */
+    int nw = n_tiles;
+    if (P.causal && P.win == 0) nw = min(n_tiles, max(0, (min(i0 + wgi * 64 + 63, P.T - 1) + off) / BN + 1));
     for (int t = 0; t < n_tiles; t++) {
       float alpha[2];
-      s_issue(t);
+      if (t >= nw) {
+        s_issue(t, false);
+        continue;
+      }
+      s_issue(t, true);
       wg::wait<0>();
       s_soft(t, alpha);
       rescale_rows<DT>(o, alpha);
@@ -209,13 +219,13 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_fwd_wg(AttnP P, int BH
     }
   } else if (n_tiles > 0) {
     float alpha[2];
-    s_issue(0);
+    s_issue(0, true);
     wg::wait<0>();
     s_soft(0, alpha); /* (O is zero: no rescale) */
 #pragma unroll
     for (int kk = 0; kk < BN / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
     for (int t = 1; t < n_tiles; t++) {
-      s_issue(t);
+      s_issue(t, true);
       pv_issue(t - 1); /* the previous tile's O += P V */
       wg::wait<1>();   /* S_t */
       s_soft(t, alpha);
@@ -421,8 +431,10 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) k_attn_fwd_ws(AttnP P, int 
       mb_arrive(KE((c.g + t) % NS));
       if (t == c.kt.n - 1) mb_arrive(QE(i & 1));
     }
-    const int j0 = c.kt.j0(t);
-    if (tile_masked(P, c.pmin, c.pmax, j0, BN)) {
+    const int j0 = c.kt.j0(t), mk = tile_mask(P, c.pmin, c.pmax, j0, BN);
+    if (mk == 2) {
+      causal_hide<NT, true>(s, j0 + ((lane & 3) << 1) - (c.i0 + wrow + (lane >> 2) + off), -INFINITY);
+    } else if (mk == 1) {
 #pragma unroll
       for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -619,8 +631,10 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
 #pragma unroll
     for (int e = 0; e < 4; e++) dk[dt][e] = dv[dt][e] = 0.f;
   const float sl2 = P.scale * LOG2E;
-  auto q_masked = [&](int i0) {
-    return i0 + BQ > P.T || tile_masked(P, i0 + off, min(i0 + BQ, P.T) - 1 + off, j0, BNK);
+  /* the mask a query tile needs (tile_mask; 1 with rows past T) */
+  auto q_mask = [&](int i0) {
+    const int mk = tile_mask(P, i0 + off, min(i0 + BQ, P.T) - 1 + off, j0, BNK);
+    return mk == 2 && i0 + BQ > P.T ? 1 : mk;
   };
   const int wrow = wgi * 64 + warp * 16, g8 = lane >> 2, t2 = (lane & 3) << 1;
   /* the warpgroup's rows in each column half (tiles in halves of 64 columns) */
@@ -655,6 +669,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
         }
         s[nt][e] = pv;
       }
+    if constexpr (MK == 2) causal_hide<NQ, false>(s, j0 + wrow + g8 - (i0 + t2 + off), 0.f);
     uint32_t pa[BQ / 16][4], da[BQ / 16][4];
 #pragma unroll
     for (int kk = 0; kk < BQ / 16; kk++) acc_to_a<T>(pa[kk], s, kk);
@@ -724,8 +739,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     __syncthreads(); /* the next iteration loads into this stage (DQ: and writes Ds) */
   };
   for (int t = 0; t < qt.n; t++) {
-    if (q_masked(row0(t))) tile(std::integral_constant<int, 1>(), t);
-    else tile(std::integral_constant<int, 0>(), t);
+    with_mask(q_mask(row0(t)), [&](auto mk) { tile(mk, t); });
   }
   cp_async_wait<0>();
 
@@ -829,6 +843,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
         }
         s[nt][e] = pv;
       }
+    if constexpr (MK == 2) causal_hide<NT, true>(s, j0 + t2 - (i0 + wrow + g8 + off), 0.f);
     wg::wait<0>();
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -847,8 +862,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
     __syncthreads(); /* the next iteration loads into this stage */
   };
   for (int t = 0; t < n_tiles; t++) {
-    if (tile_masked(P, pmin, pmax, kt.j0(t), BN)) tile(std::integral_constant<int, 1>(), t);
-    else tile(std::integral_constant<int, 0>(), t);
+    with_mask(tile_mask(P, pmin, pmax, kt.j0(t), BN), [&](auto mk) { tile(mk, t); });
   }
   cp_async_wait<0>();
 
@@ -951,16 +965,16 @@ template <bool GQA> int bwd_wg_g(const AttnP &P, int64_t BH, int dtype, int D, b
 } // namespace
 
 int fwd_wg(const AttnP &P, int64_t BH, int dtype, int D) {
-  /* The warp-specialized kernel (GP_ATTN_WS=0: never, 2: always): D 128
+  /* The warp-specialized kernel (GP_ATTN_WS=0: the kernel below): D 128
    * with 2 consumer warpgroups, key tiles of 128 in 2 stages; D 64 with 3,
-   * key tiles of 128 in 3 stages, without a causal mask or causal from T
-   * 4096. Measured on the H200 against the kernel below (BENCHMARKS.md,
-   * 2026-11-29 (i), forward): D 128 +12-19% at every shape; D 64 non-causal
-   * +14-29%, causal T 4096 +9%, T 16384 +26%, but causal T 1024 and 512
-   * 17-25% slower, where the items are a few tiles long and the two blocks
-   * an SM of the kernel below overlap each other's first and last tiles. */
+   * key tiles of 128 in 3 stages. Measured on the H200 against the kernel
+   * below (BENCHMARKS.md, 2026-11-29 (i) and 2026-11-30 (f), forward): D 128
+   * +12-19% at every shape; D 64 non-causal +14-29%; D 64 causal, with the
+   * diagonal tiles' one-compare mask, +8% at T 512, +13-15% at T 1024, +29%
+   * at T 2048, level at T 4096 (before that mask, 17-25% slower at T 512
+   * and 1024, where the kernel below was kept). */
   static const int ws = getenv("GP_ATTN_WS") ? atoi(getenv("GP_ATTN_WS")) : 1;
-  if (ws == 2 || (ws != 0 && (D == 128 || !P.causal || P.T >= 4096))) {
+  if (ws != 0) {
     if (dtype == GP_BF16)
       return D == 64 ? launch_fwd_ws<__nv_bfloat16, 64, 128, 3, 3>(P, BH) : launch_fwd_ws<__nv_bfloat16, 128, 128, 2, 2>(P, BH);
     return D == 64 ? launch_fwd_ws<__half, 64, 128, 3, 3>(P, BH) : launch_fwd_ws<__half, 128, 128, 2, 2>(P, BH);
