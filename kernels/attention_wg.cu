@@ -50,18 +50,28 @@ __device__ __forceinline__ uint4 *align1k(uint4 *p) {
 template <int N, typename T, int D>
 __device__ __forceinline__ void wg_s_dp(float (*s)[4], float (*dp)[4], uint32_t a1, uint32_t b1, uint32_t a2,
                                         uint32_t b2, int ahs, int bhs) {
+  /* D 64: the first k-slices write s and dp (zeroing them first made ptxas
+   * serialize every product of the 3-CTA dk/dv kernel for want of
+   * registers); D 128 zeroes them as before (with the first slices written,
+   * here and in the dQ product, its backward measured 1-2% slower at B4 H8
+   * T2048 causal on the H200, level at T4096) */
+  constexpr int K0 = D == 64 ? 1 : 0;
+  if constexpr (!K0) {
 #pragma unroll
-  for (int nt = 0; nt < N / 8; nt++)
+    for (int nt = 0; nt < N / 8; nt++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+      for (int e = 0; e < 4; e++) s[nt][e] = dp[nt][e] = 0.f;
+  }
   wg::fence();
+  if constexpr (K0) wg::mma<N, T>::ss0(&s[0][0], wg_kmajor(a1), wg_kmajor(b1));
 #pragma unroll
-  for (int kk = 0; kk < D / 16; kk++)
+  for (int kk = K0; kk < D / 16; kk++)
     wg::mma<N, T>::ss(&s[0][0], wg_kmajor(a1 + (kk >> 2) * ahs + (kk & 3) * 32),
                       wg_kmajor(b1 + (kk >> 2) * bhs + (kk & 3) * 32), 1);
   wg::commit();
+  if constexpr (K0) wg::mma<N, T>::ss0(&dp[0][0], wg_kmajor(a2), wg_kmajor(b2));
 #pragma unroll
-  for (int kk = 0; kk < D / 16; kk++)
+  for (int kk = K0; kk < D / 16; kk++)
     wg::mma<N, T>::ss(&dp[0][0], wg_kmajor(a2 + (kk >> 2) * ahs + (kk & 3) * 32),
                       wg_kmajor(b2 + (kk >> 2) * bhs + (kk & 3) * 32), 1);
   wg::commit();
@@ -714,8 +724,11 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
       auto dq_half = [&](uint32_t a, uint32_t b, int hf) {
         float dq[8][4];
         wg::fence();
+        /* D 64: the first k-slice writes dq (as wg_s_dp's first products) */
+        constexpr int K0 = D == 64 ? 1 : 0;
+        if constexpr (K0) wg::mma<64, T>::template ss0<1, 1>(&dq[0][0], wg_mnmajor(a), wg_mnmajor(b));
 #pragma unroll
-        for (int kk = 0; kk < NK / 16; kk++)
+        for (int kk = K0; kk < NK / 16; kk++)
           wg::mma<64, T>::template ss<1, 1>(&dq[0][0], wg_mnmajor(a + kk * 2048), wg_mnmajor(b + kk * 2048), kk > 0);
         wg::commit();
         wg::wait<0>();
