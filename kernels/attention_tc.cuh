@@ -140,8 +140,19 @@ __device__ __forceinline__ void load_tile(T *sm, const T *g, int64_t rs, int row
   constexpr int DC = D / 8, RSTEP = NTH / DC, N = ROWS * DC, W = HALVES ? 64 : D; /* W: a row's elements in smem */
   static_assert(NTH % DC == 0 && (RSTEP % 8 == 0 || RSTEP >= ROWS), "load_tile: the swizzle needs rows 8k apart");
   const int c = threadIdx.x % DC, r0 = threadIdx.x / DC;
-  const T *src = g + (int64_t)row0 * rs + c * 8;
   const uint32_t dst = smem_u32(HALVES ? sm + (c >> 3) * ROWS * 64 + swz<64>(r0, c & 7) : sm + swz<D>(r0, c));
+  if (row0 + ROWS <= nrows) { /* every row there: no checks, the source advanced RSTEP rows a copy */
+    const T *src = g + ((int64_t)row0 + r0) * rs + c * 8;
+    const int64_t step = (int64_t)RSTEP * rs;
+#pragma unroll
+    for (int it = 0; it < (N + NTH - 1) / NTH; it++, src += step) {
+      if (N % NTH != 0 && r0 + it * RSTEP >= ROWS) break;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + it * RSTEP * W * (int)sizeof(T)),
+                   "l"(src));
+    }
+    return;
+  }
+  const T *src = g + (int64_t)row0 * rs + c * 8;
 #pragma unroll
   for (int it = 0; it < (N + NTH - 1) / NTH; it++) {
     const int r = r0 + it * RSTEP;

@@ -45,8 +45,8 @@ __device__ __forceinline__ uint4 *align1k(uint4 *p) {
 
 /* the backward's first two products, each over D / 16 K-major k-slices of
  * two tiles of 64-column halves (an operand's second half ahs / bhs bytes
- * after its first; D 64 has one): s = A1 B1^T, then dp = A2 B2^T, in two
- * commit groups; returns with s done and dp still on the tensor cores */
+ * after its first; D 64 has one): s = A1 B1^T, then dp = A2 B2^T, issued in
+ * two commit groups (wg::wait<1> then gives s) */
 template <int N, typename T, int D>
 __device__ __forceinline__ void wg_s_dp(float (*s)[4], float (*dp)[4], uint32_t a1, uint32_t b1, uint32_t a2,
                                         uint32_t b2, int ahs, int bhs) {
@@ -75,7 +75,6 @@ __device__ __forceinline__ void wg_s_dp(float (*s)[4], float (*dp)[4], uint32_t 
     wg::mma<N, T>::ss(&dp[0][0], wg_kmajor(a2 + (kk >> 2) * ahs + (kk & 3) * 32),
                       wg_kmajor(b2 + (kk >> 2) * bhs + (kk & 3) * 32), 1);
   wg::commit();
-  wg::wait<1>();
 }
 /* an MN-major B operand of N = D columns in 64-column halves hs bytes apart,
  * rows from shared address a */
@@ -578,8 +577,13 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) k_attn_fwd_ws(AttnP P, int 
  * Block b holds a key tile of one of the NKV = B * Hkv KV heads (head_tile's
  * order) and walks the query tiles of its G query heads in turn (one
  * double-buffered sequence of G * n_qt tiles), dk and dv summed in registers.
- * D 64 or 128 (tiles in 64-column halves). */
-template <typename T, int NWG, int BQ, int MINB, bool DQ, bool GQA, int D = 64>
+ * D 64 or 128 (tiles in 64-column halves). LATE: the next query tile's
+ * copies are issued after this tile's S^T and dP^T products (their address
+ * arithmetic beside the tensor cores' work, one block barrier a tile), else
+ * before the barrier that waits for this tile (two a tile). Measured on the
+ * H200 (BENCHMARKS.md, 2026-11-30 (g)): LATE 4-6% faster with two
+ * warpgroups at D 128; 1-3% slower with one (D 64, D 128 up to 512 keys). */
+template <typename T, int NWG, int BQ, int MINB, bool DQ, bool GQA, int D = 64, bool LATE = false>
 __global__ void __launch_bounds__(NWG * 128, MINB)
     k_attn_bwd_dkdv_wg(AttnP P, const float *__restrict__ delta, int NKV) {
   static_assert(!DQ || BQ == 64, "the fused dQ needs query tiles of 64");
@@ -653,9 +657,17 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
   auto tile = [&](auto mk_tag, int t) {
     constexpr int MK = decltype(mk_tag)::value;
     const int st = t & 1, i0 = row0(t);
-    if (t + 1 < qt.n) load_q(st ^ 1, t + 1);
-    cp_async_commit();
-    cp_async_wait<1>();
+    /* tile t in place (LATE: the only copies in flight); LATE: the barrier
+     * also orders every product of tile t - 1 (done: each warpgroup waited
+     * for its own) before the copies into their stage and the writes to Ds
+     * below (else the barrier at the end of the tile does) */
+    if (!LATE) {
+      if (t + 1 < qt.n) load_q(st ^ 1, t + 1);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
     wg::fence_proxy();
     __syncthreads();
     const uint32_t qa = smem_u32(Qs + st * BQ * D), ga = smem_u32(Gs + st * BQ * D);
@@ -665,6 +677,11 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
      * += P^T dout; dS^T (while dV runs), dK += dS^T Q */
     float s[NQ][4], dp[NQ][4];
     wg_s_dp<BQ, T, D>(s, dp, ka, qa, va, ga, BNK * 128, BQ * 128);
+    if (LATE) {
+      if (t + 1 < qt.n) load_q(st ^ 1, t + 1);
+      cp_async_commit();
+    }
+    wg::wait<1>();
 
 #pragma unroll
     for (int nt = 0; nt < NQ; nt++)
@@ -749,7 +766,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
     } else {
       wg::wait<0>();
     }
-    __syncthreads(); /* the next iteration loads into this stage (DQ: and writes Ds) */
+    if (!LATE) __syncthreads(); /* the next tile loads into this stage (DQ: and writes Ds) */
   };
   for (int t = 0; t < qt.n; t++) {
     with_mask(q_mask(row0(t)), [&](auto mk) { tile(mk, t); });
@@ -844,6 +861,7 @@ __global__ void __launch_bounds__(NWG * 128, MINB) k_attn_bwd_dq_wg(AttnP P, con
     /* S, then dP: P is computed while dP runs */
     float s[NT][4], dp[NT][4];
     wg_s_dp<BN, T, D>(s, dp, qa, ka, ga, va, BM * 128, BN * 128);
+    wg::wait<1>();
 
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -942,7 +960,7 @@ template <typename T, int D, int NWG, int MINB, bool GQA> int launch_bwd_wg_fuse
   constexpr int BNK = 64 * NWG;
   static bool a1 = false, unused = false; /* per instantiation */
   return launch_bwd_kernels<T, D, true>(
-      P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true, GQA, D>, NWG * 128,
+      P, BH, k_attn_bwd_dkdv_wg<T, NWG, 64, MINB, true, GQA, D, D == 128 && NWG == 2>, NWG * 128,
       ((2 * BNK + 4 * 64) * D + BNK * 64) * (int)sizeof(T) + 4 * 64 * (int)sizeof(float) + 1024, (P.S + BNK - 1) / BNK,
       a1, k_attn_bwd_dq_store<T, D>, 0, 0, 0, unused);
 }
