@@ -9,6 +9,7 @@ local CPU = {device = 'cpu'}
 local CPU64 = {dtype = 'f64', device = 'cpu'}
 local function rn(shape) return gp.randn(shape, CPU64) end
 local shape_str = require('gpush.core.tensor').shape_str
+local tensor = require 'gpush.core.tensor'
 
 -- gradcheck of m(x...) with respect to the inputs and every parameter
 local function check_module(m, inputs, opts)
@@ -144,6 +145,41 @@ T.test('gp.linear_group: the values and gradients of separate gp.linear calls, o
   T.raises(function() gp.linear_group(x, {}) end, 'linear_group: ws must be a non-empty list')
   T.raises(function() gp.linear_group(x, {w1, rn {3, 5}}) end, 'linear_group: ws[2] must be a 2-d weight (out, 4) for x (2,3,4), got (3,5)')
   T.raises(function() gp.linear_group(x, {w1}, w1) end, 'linear_group: bs must be nil or a list of biases')
+end)
+
+T.test('gp.linear_group over row blocks of one weight: one product forward, one dx and one weight-gradient product', function()
+  local x, W = rn {2, 3, 4}, rn {12, 4}
+  T.ok(gp.gradcheck(function(a, w)
+    local g, u = gp.linear_group(a, {w:narrow(1, 1, 6), w:narrow(1, 7, 6)})
+    return gp.swiglu(g, u)
+  end, {x, W}))
+  -- nn.SwiGLUMLP's gate and up are such blocks, and stay so through :to and mixed precision
+  local m = nn.SwiGLUMLP(4, 6, {device = 'cpu'})
+  local function fused() return tensor.span({m.gate.weight, m.up.weight}, 1) ~= nil end
+  T.ok(fused(), 'gate and up are row blocks of one tensor')
+  m:to('f64')
+  T.ok(fused() and m.gate.weight.dtype == 'f64', 'after :to(f64)')
+  m:to('f32')
+  gp.optim.mixed_precision(m)
+  T.ok(fused() and m.up.weight.dtype == 'bf16', 'after mixed_precision')
+  m:to('f32')
+  -- against the same weights as separate tensors: values, gradients in the optimizer's flat buffer, the products
+  local sep = nn.SwiGLUMLP(4, 6, {device = 'cpu'})
+  for _, k in ipairs {'gate', 'up', 'proj'} do sep[k].weight = nn.Parameter(m[k].weight:detach():clone()) end
+  local res = {}
+  for i, mm in ipairs {m, sep} do
+    local opt = gp.optim.AdamW(mm:parameters(), {lr = 1e-3})
+    opt:zero_grad()
+    local xi = x:detach():float():requires_grad_()
+    local y = mm(xi)
+    local nf = select(2, T.launches(function() y = mm(xi) end)).matmul
+    local nb = select(2, T.launches(function() (y * y):sum():backward() end)).matmul
+    res[i] = {y = y, dx = xi.grad, dg = mm.gate.weight.grad, du = mm.up.weight.grad, nf = nf, nb = nb}
+  end
+  T.eq(res[1].nf, 2, 'forward products (gate/up as one)')
+  T.eq(res[2].nf, 3, 'forward products (separate)')
+  T.eq(res[1].nb, 4, 'backward products (dx and the gate/up weights\' gradient one each)')
+  for _, k in ipairs {'y', 'dx', 'dg', 'du'} do T.ok(T.relnorm(res[1][k], res[2][k]) < 1e-5, k) end
 end)
 
 T.test('gradcheck TransformerBlock (gelu/layer, swiglu/rms) and GPT logits and loss in f64', function()

@@ -520,6 +520,39 @@ local function span(list, d)
 end
 M.span = span
 
+-- conv(t) for tensors that are row blocks of one: the tensors of list that
+-- share a storage and, in offset order, are consecutive row blocks (span
+-- along dim 1) are converted as one tensor, conv(their span), and each
+-- becomes its block of the result. Returns {[t] = new block}; tensors alone,
+-- or whose conv gives the span back unchanged, are not in it. Module:to and
+-- gp.optim.mixed_precision keep a fused weight's blocks fused this way.
+function M.convert_blocks(list, conv)
+  local by, out = {}, {}
+  for _, t in ipairs(list) do
+    if is_tensor(t) and t.c.ndim >= 1 then
+      local key = tostring(t.c.storage)
+      by[key] = by[key] or {}
+      table.insert(by[key], t)
+    end
+  end
+  for _, g in pairs(by) do
+    if #g > 1 then
+      table.sort(g, function(a, b) return a.c.offset < b.c.offset end)
+      local whole = span(g, 1)
+      local nw = whole and conv(whole)
+      if nw and nw ~= whole then
+        local off = 0
+        for _, t in ipairs(g) do
+          local n = tonumber(t.c.shape[0])
+          out[t] = nw:narrow(1, off + 1, n)
+          off = off + n
+        end
+      end
+    end
+  end
+  return out
+end
+
 ---------------------------------------------------------------------------
 -- arithmetic
 

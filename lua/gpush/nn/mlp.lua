@@ -44,6 +44,13 @@ function SwiGLUMLP:init(d, hidden, opts)
   self.up = Linear(d, hidden, o)
   self.proj = Linear(hidden, d, o)
   self.drop = Dropout(opts.dropout or 0)
+  -- gate's and up's weights as the row blocks of one (2 hidden, d) tensor, so
+  -- that gp.linear_group runs them as one product (forward and backward);
+  -- a weight replaced later (:to, loading a checkpoint into new tensors)
+  -- just runs alone
+  local W = gp.cat({self.gate.weight:detach(), self.up.weight:detach()}, 1)
+  self.gate.weight = nn.Parameter(W:narrow(1, 1, hidden))
+  self.up.weight = nn.Parameter(W:narrow(1, hidden + 1, hidden))
 end
 function SwiGLUMLP:forward(x)
   local gate, up = self.gate, self.up
@@ -57,6 +64,6 @@ function SwiGLUMLP:forward(x)
 end
 
 doc(nn.MLP, 'nn.MLP(d, hidden=4d, {dropout=0})', 'Linear(d, hidden), GELU (tanh form), Linear(hidden, d)')
-doc(nn.SwiGLUMLP, 'nn.SwiGLUMLP(d, hidden=4d)', 'proj(silu(gate(x)) * up(x)) without biases')
+doc(nn.SwiGLUMLP, 'nn.SwiGLUMLP(d, hidden=4d)', "proj(silu(gate(x)) * up(x)) without biases; gate's and up's weights are the row blocks of one (2 hidden, d) tensor (kept so by :to and mixed_precision), so that both run as one product forward and backward (gp.linear_group)")
 
 return nn

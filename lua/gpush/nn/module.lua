@@ -300,9 +300,22 @@ end
 function Module:to(a, b)
   local memo = {}
   gp.no_grad(function()
+    -- parameters that are row blocks of one tensor (a fused gate/up weight) stay so
+    local ps = {}
+    walk(self, '', function(kind, _, v)
+      if kind == 'param' and not rawget(v, '_keep_dtype') then ps[#ps + 1] = v end
+    end)
+    local blocks = tensor.convert_blocks(ps, function(w) return w:to(a, b) end)
     walk(self, '', function(kind, _, v, owner, key)
       if kind ~= 'param' and kind ~= 'buffer' then return end
       local nt = memo[v]
+      if not nt and blocks[v] then
+        nt = blocks[v]
+        if not nt:is_floating_point() then raise('Module:to: parameters must stay floating point') end
+        rawset(nt, '_param', true)
+        if rawget(v, '_rg') then nt:requires_grad() end
+        memo[v] = nt
+      end
       if not nt and rawget(v, '_keep_dtype') then
         local dev = target_device(a, b)
         nt = dev and v:to(dev) or v

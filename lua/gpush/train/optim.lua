@@ -544,11 +544,16 @@ M.schedule.linear = decaying('linear', function(x) return 1 - x end)
 function M.mixed_precision(model, opts)
   local dt = rt.dtype((opts and opts.dtype) or 'bf16', 'mixed_precision')
   if dt ~= 'bf16' and dt ~= 'f16' then raise('mixed_precision: dtype must be bf16 or f16') end
-  local seen = {}
+  local seen, f32 = {}, {}
   for _, p in ipairs(params_of(model, 'mixed_precision')) do
-    if not seen[p] and p.dtype == 'f32' then
+    if p.dtype == 'f32' then f32[#f32 + 1] = p end
+  end
+  -- parameters that are row blocks of one tensor (a fused gate/up weight) stay so
+  local blocks = gp.no_grad(function() return tensor.convert_blocks(f32, function(w) return w:detach():to(dt) end) end)
+  for _, p in ipairs(f32) do
+    if not seen[p] then
       seen[p] = true
-      local low = gp.no_grad(function() return p:detach():to(dt) end)
+      local low = blocks[p] or gp.no_grad(function() return p:detach():to(dt) end)
       rawset(p, 'c', low.c)
       rawset(p, 'grad', nil)
     end

@@ -398,9 +398,14 @@ doc(gp.lora_linear_group, 'gp.lora_linear_group(x, ws, bs, As, Bs, s)',
   'y_1, ..., y_n with y_i = x @ ws[i]^T + bs[i] + s (x @ As[i]^T) @ Bs[i]^T: n LoRA projections of one input (q, k, v; gate, up) as one autograd node; bs nil or a list (entries may be nil). One base product when the ws are consecutive row blocks of one dense tensor (else one each: quantized weights), one product x @ [As]^T for all the adapters (one tensor when the As are its row blocks, as gp.lora.apply makes them), one per B added by the GEMM; the backward makes one dA product and one dx product for the adapters')
 
 -- gp.linear_group(x, ws, bs): y_i = x w_i^T + b_i, n projections of one
--- input (a SwiGLU MLP's gate and up) as one autograd node: the forward one
--- gp.linear each; the backward adds the g_i w_i into one dx by the GEMMs
--- (beta 1), where separate Linears made an add kernel of x's size
+-- input (a SwiGLU MLP's gate and up) as one autograd node. When the w_i are
+-- consecutive row blocks of one tensor (nn.SwiGLUMLP makes them so) and
+-- there are no biases, ONE product, the outputs its column blocks; else one
+-- gp.linear each. The backward makes dx one product when the g_i are column
+-- blocks of one tensor (gp.swiglu's backward writes them so), else adds the
+-- g_i w_i into one dx by the GEMMs (beta 1); the weights' gradients are one
+-- product when their .grad are consecutive blocks too (the optimizer's flat
+-- buffer in parameter order)
 local function group_check(x, ws, bs)
   local op = 'linear_group'
   if not is_tensor(x) then raise(op .. ': x must be a tensor, got ' .. type(x)) end
@@ -417,11 +422,20 @@ end
 function gp.linear_group(x, ws, bs)
   group_check(x, ws, bs)
   local ys = {}
+  local W = not (bs and next(bs)) and #ws > 1 and tensor.span(ws, 1)
+  if W then
+    local y, n, off = gp.linear(x, W), x:dim(), 0
+    for i, w in ipairs(ws) do
+      ys[i] = y:narrow(n, off + 1, w:size(1))
+      off = off + w:size(1)
+    end
+    return unpack(ys)
+  end
   for i, w in ipairs(ws) do ys[i] = gp.linear(x, w, bs and bs[i]) end
   return unpack(ys)
 end
 doc(gp.linear_group, 'gp.linear_group(x, ws, bs)',
-  'y_1, ..., y_n with y_i = x @ ws[i]^T + bs[i] (bs nil or a list whose entries may be nil): n projections of one input (a SwiGLU MLP\'s gate and up) as one autograd node, whose backward adds every g_i @ ws[i] into one dx by the GEMMs instead of an add kernel')
+  'y_1, ..., y_n with y_i = x @ ws[i]^T + bs[i] (bs nil or a list whose entries may be nil): n projections of one input (a SwiGLU MLP\'s gate and up) as one autograd node. Without biases, when the ws are consecutive row blocks of one tensor, one product (the outputs its column blocks) and a backward of one dx product (when the gradients are column blocks of one tensor, as gp.swiglu makes them) and one weight-gradient product (when the .grad buffers are row blocks of one); else one product each and every g_i @ ws[i] added into one dx by the GEMMs')
 
 -- gp.linear_gelu_linear(x, w1, b1, w2, b2) = gelu_tanh(x w1^T + b1) w2^T + b2:
 -- two products, GELU in the first one's epilogue. With save (autograd's
@@ -612,20 +626,40 @@ autograd.def_function('linear_group', function(g, a)
   local I = x:size(-1)
   local rows = x:numel() / math.max(I, 1)
   local x2 = x:reshape {rows, I}
-  local g2 = {}
+  local g2, allg = {}, #ws > 1
   for i, w in ipairs(ws) do
-    if g[i] then g2[i] = tensor.to_dtype(g[i], x.dtype):reshape {rows, w:size(1)} end
+    if g[i] then g2[i] = tensor.to_dtype(g[i], x.dtype):reshape {rows, w:size(1)} else allg = false end
   end
+  -- the g_i as column blocks of one (rows, sum of outs) tensor, and the w_i as row blocks of one
+  local G = allg and tensor.span(g2, 2)
+  local W = G and tensor.span(ws, 1)
   local dx
   if autograd.needs(x) then
-    for i, w in ipairs(ws) do
-      if g2[i] then
-        if dx then gp.matmul(g2[i], w, {out = dx, beta = 1}) else dx = g2[i]:matmul(w) end
+    if W then
+      dx = G:matmul(W)
+    else
+      for i, w in ipairs(ws) do
+        if g2[i] then
+          if dx then gp.matmul(g2[i], w, {out = dx, beta = 1}) else dx = g2[i]:matmul(w) end
+        end
       end
     end
     if dx then dx = dx:reshape(x.shape) end
   end
   local dws, dbs = {}, {}
+  if W and not bs then -- the weights' gradients as one product when their buffers are row blocks of one
+    local gws = {}
+    local all = x2.dtype == G.dtype
+    for i, w in ipairs(ws) do
+      gws[i] = all and autograd.needs(w) and grad_buffer(w, G.dtype, G.device)
+      all = all and gws[i]
+    end
+    local GW = all and tensor.span(gws, 1)
+    if GW then
+      gp.matmul(G:t(), x2, {out = GW, beta = 1})
+      return dx, dws, dbs
+    end
+  end
   for i, w in ipairs(ws) do
     if g2[i] then dws[i], dbs[i] = weight_grad(w, g2[i], x2), bs and bias_grad_into(bs[i], g2[i]) end
   end
