@@ -272,10 +272,28 @@ __global__ void __launch_bounds__(128) k_attn_bwd_delta(AttnP P, float *__restri
  * of query head bkv). Tile t of n: query head head(t), rows from row0(t). */
 template <bool GQA> struct QTiles {
   int bh0, ilo, n_qt, n, bq;
+  float inv;      /* GQA: 1 / n_qt */
+  int64_t oq, og; /* the group's first query head in q and dout (elements) */
   __device__ QTiles(const AttnP &P, int bkv, int ilo_, int n_qt_, int bq_)
-      : bh0(GQA ? group_q0(bkv, P) : bkv), ilo(ilo_), n_qt(n_qt_), n(GQA ? n_qt_ * P.G : n_qt_), bq(bq_) {}
-  __device__ int head(int t) const { return GQA ? bh0 + t / n_qt : bh0; }
-  __device__ int row0(int t) const { return ilo + (GQA ? t % n_qt : t) * bq; }
+      : bh0(GQA ? group_q0(bkv, P) : bkv),
+        ilo(ilo_),
+        n_qt(n_qt_),
+        n(GQA ? n_qt_ * P.G : n_qt_),
+        bq(bq_),
+        inv(GQA && n_qt_ > 0 ? 1.f / n_qt_ : 0.f),
+        oq(head_at(P.sq, bh0, P.H)),
+        og(head_at(P.sg, bh0, P.H)) {}
+  /* tile t's query head in the group, t / n_qt without an integer division
+   * (a float estimate, then corrected: it is off by at most one) */
+  __device__ int grp(int t) const {
+    if (!GQA) return 0;
+    int g = (int)((float)t * inv);
+    if ((g + 1) * n_qt <= t) g++;
+    else if (g * n_qt > t) g--;
+    return g;
+  }
+  __device__ int head(int t) const { return bh0 + grp(t); }
+  __device__ int row0(int t) const { return ilo + (t - grp(t) * n_qt) * bq; }
 };
 
 /* a dk/dv kernel's stage of query tile t (cp.async, NTH threads): its ROWS
@@ -283,9 +301,9 @@ template <bool GQA> struct QTiles {
 template <typename T, int D, int ROWS, int NTH, bool GQA, bool HALVES = false>
 __device__ __forceinline__ void load_q_tile(const AttnP &P, const float *delta, const QTiles<GQA> &qt, int t, T *Qs,
                                             T *Gs, float *Ls, float *Dl) {
-  const int bh = qt.head(t), i0 = qt.row0(t);
-  load_tile<T, D, ROWS, NTH, HALVES>(Qs, (const T *)P.q + head_at(P.sq, bh, P.H), P.sq.r, i0, P.T);
-  load_tile<T, D, ROWS, NTH, HALVES>(Gs, (const T *)P.dout + head_at(P.sg, bh, P.H), P.sg.r, i0, P.T);
+  const int g = qt.grp(t), bh = qt.bh0 + g, i0 = qt.ilo + (t - g * qt.n_qt) * qt.bq;
+  load_tile<T, D, ROWS, NTH, HALVES>(Qs, (const T *)P.q + qt.oq + g * P.sq.h, P.sq.r, i0, P.T);
+  load_tile<T, D, ROWS, NTH, HALVES>(Gs, (const T *)P.dout + qt.og + g * P.sg.h, P.sg.r, i0, P.T);
   const float *lse = P.lse_in + (int64_t)bh * P.T, *dlt = delta + (int64_t)bh * P.T;
   for (int e = threadIdx.x; e < ROWS; e += NTH) {
     const int i = i0 + e;
