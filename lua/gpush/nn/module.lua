@@ -309,13 +309,6 @@ function Module:to(a, b)
     walk(self, '', function(kind, _, v, owner, key)
       if kind ~= 'param' and kind ~= 'buffer' then return end
       local nt = memo[v]
-      if not nt and blocks[v] then
-        nt = blocks[v]
-        if not nt:is_floating_point() then raise('Module:to: parameters must stay floating point') end
-        rawset(nt, '_param', true)
-        if rawget(v, '_rg') then nt:requires_grad() end
-        memo[v] = nt
-      end
       if not nt and rawget(v, '_keep_dtype') then
         local dev = target_device(a, b)
         nt = dev and v:to(dev) or v
@@ -323,7 +316,7 @@ function Module:to(a, b)
         memo[v] = nt
       end
       if not nt then
-        nt = v:to(a, b)
+        nt = blocks[v] or v:to(a, b)
         if nt ~= v and kind == 'param' then
           if not v:is_floating_point() or not nt:is_floating_point() then
             raise('Module:to: parameters must stay floating point')

@@ -419,10 +419,11 @@ local function group_check(x, ws, bs)
     end
   end
 end
+local function has_bias(bs) return bs ~= nil and next(bs) ~= nil end
 function gp.linear_group(x, ws, bs)
   group_check(x, ws, bs)
   local ys = {}
-  local W = not (bs and next(bs)) and #ws > 1 and tensor.span(ws, 1)
+  local W = not has_bias(bs) and #ws > 1 and tensor.span(ws, 1)
   if W then
     local y, n, off = gp.linear(x, W), x:dim(), 0
     for i, w in ipairs(ws) do
@@ -647,7 +648,7 @@ autograd.def_function('linear_group', function(g, a)
     if dx then dx = dx:reshape(x.shape) end
   end
   local dws, dbs = {}, {}
-  if W and not bs then -- the weights' gradients as one product when their buffers are row blocks of one
+  if W and not has_bias(bs) then -- the weights' gradients as one product when their buffers are row blocks of one
     local gws = {}
     local all = x2.dtype == G.dtype
     for i, w in ipairs(ws) do
