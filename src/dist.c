@@ -65,12 +65,8 @@ static const int nccl_dtype[GP_NDTYPES] = {
 };
 
 static int try_open(const char *path) {
-  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (!h) {
-    size_t k = strlen(N.why);
-    snprintf(N.why + k, sizeof N.why - k, "%s%s", k ? "; " : "", dlerror());
-    return 0;
-  }
+  void *h = gp_dlopen_noting(path, N.why, sizeof N.why);
+  if (!h) return 0;
   N.lib = h;
   snprintf(N.path, sizeof N.path, "%s", path);
   return 1;

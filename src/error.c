@@ -1,6 +1,8 @@
 /* error.c: the last error message, names, and host half-precision conversion. */
+#include <dlfcn.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -94,4 +96,13 @@ uint16_t gp_f32_to_f16(float f) {
   uint32_t h = (uint32_t)(e + 15) << 10 | (r & 0x3ff);
   if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
   return sign | (uint16_t)h;
+}
+
+void *gp_dlopen_noting(const char *path, char *why, size_t n) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!h) {
+    size_t k = strlen(why);
+    snprintf(why + k, n - k, "%s%s", k ? "; " : "", dlerror());
+  }
+  return h;
 }

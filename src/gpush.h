@@ -201,6 +201,25 @@ typedef struct gp_launch_info {
 } gp_launch_info;
 int gp_last_launch(gp_launch_info *out);
 
+/* ---- kernel traces (gp.trace): CUPTI's activity records (libcupti, loaded
+ * at run time) of every kernel, memset and memcpy the GPU ran between start
+ * and stop, with the GPU's timestamps: library kernels and CUDA graph nodes
+ * included. gp_trace_stop waits for the device, flushes and gives the count;
+ * the records stay readable until the next start. */
+typedef struct gp_trace_rec {
+  uint64_t start, end; /* ns, the GPU's clock */
+  uint64_t bytes;      /* memset / memcpy */
+  uint32_t graph;      /* the CUDA graph a node of which it was (0: none) */
+  uint32_t stream;
+  int32_t kind;        /* 0 kernel, 1 memset, 2 memcpy */
+  int32_t grid, block; /* blocks, threads a block */
+  int32_t regs;        /* registers a thread */
+  const char *name;    /* demangled, without the parameter list; owned by gpush */
+} gp_trace_rec;
+int gp_trace_start(void);
+int gp_trace_stop(int64_t *count);
+int gp_trace_get(int64_t i, gp_trace_rec *out);
+
 /* ---- run-time compiled kernels (NVRTC) ---- */
 /* Compile CUDA C for arch (e.g. "sm_90"; NULL: the current GPU's) into a cubin;
  * *lowered is the kernel's symbol (mangled unless extern "C"). The compiler's

@@ -24,6 +24,9 @@ struct gp_storage {
 /* ---- errors: every failure sets a message and returns a status ---- */
 int gp_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int gp_error_oom(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* dlopen(path, RTLD_NOW | RTLD_LOCAL); on failure dlerror()'s message is appended
+ * to why (n bytes, "; " between messages) and NULL returned */
+void *gp_dlopen_noting(const char *path, char *why, size_t n);
 /* "(4,7)" into buf; returns buf */
 const char *gp_shape_str(const gp_tensor *t, char *buf, size_t n);
 const char *gp_dtype_name(int dtype); /* "f32"; "?" for no dtype */

@@ -156,3 +156,12 @@ int gp_graph_replay(gp_graph *g) {
   return gp_cuda_init();
 }
 void gp_graph_free(gp_graph *g) { (void)g; }
+int gp_trace_start(void) { return gp_error("trace: this gpush was built without CUDA (nvcc was not found)"); }
+int gp_trace_stop(int64_t *count) {
+  *count = 0;
+  return gp_error("trace: not tracing");
+}
+int gp_trace_get(int64_t i, gp_trace_rec *out) {
+  (void)i, (void)out;
+  return gp_error("trace: no records");
+}

@@ -8,7 +8,7 @@
 --   models/       models and generation          -> gp.models, gp.generate
 --   train/        optimizers, data, logs, dist   -> gp.optim, gp.data, gp.train, gp.dist
 --   experiments/  research libraries             -> gp.polychromic, gp.titans
---   tools/        prompt, help, profiler, NVRTC, plots -> gp.help, gp.profile, gp.rtc, gp.args, gp.plot
+--   tools/        prompt, help, profiler, tracer, NVRTC, plots -> gp.help, gp.profile, gp.trace, gp.rtc, gp.args, gp.plot
 local core = require 'gpush.core'
 local autograd = require 'gpush.core.autograd'
 
@@ -36,6 +36,7 @@ gp.polychromic.lm = require 'gpush.experiments.polychromic_lm'
 
 gp.help = require('gpush.tools.help').help
 gp.profile = require('gpush.tools.profile').profile
+gp.trace = require('gpush.tools.trace').trace
 gp.rtc = require('gpush.tools.rtc').api
 gp.args = require 'gpush.tools.args'
 gp.plot = require 'gpush.tools.plot'

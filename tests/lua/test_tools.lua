@@ -121,6 +121,79 @@ test('profile total agrees with gp.time within 50% (cuda)', function()
 end)
 
 ---------------------------------------------------------------------------
+-- tracer (CUPTI)
+
+test('trace summary: per-name sums, busy time as the union of intervals, idle gaps', function()
+  local S = require('gpush.tools.trace').summarize
+  local t = S({
+    {name = 'b', start = 10, finish = 14, graph = 7, kind = 'kernel'},
+    {name = 'a', start = 0, finish = 5, graph = 0, kind = 'kernel'},
+    {name = 'a', start = 3, finish = 8, graph = 0, kind = 'kernel'}, -- overlaps the first (two streams)
+    {name = 'm', start = 4, finish = 6, kind = 'memset', bytes = 4000},   -- inside it
+    {name = 'a', start = 20, finish = 21, graph = 0, kind = 'kernel'},
+  }, 2, 1)
+  T.eq(t.calls, 5)
+  T.eq(t.wall_us, 21)
+  T.eq(t.busy_us, 8 + 4 + 1)
+  T.eq(t.idle_us, 2 + 6)
+  T.eq(t.per_iter_us, 10.5)
+  T.eq(#t.gaps, 1) -- the largest only
+  T.eq(t.gaps[1].us, 6)
+  T.eq(t.gaps[1].before, 'b')
+  T.eq(t.gaps[1].after, 'a')
+  T.eq(t.kernels[1].name, 'a')
+  T.eq(t.kernels[1].calls, 3)
+  T.eq(t.kernels[1].total_us, 11)
+  T.eq(t.by_name.b.graph_calls, 1)
+  T.eq(t.by_name.m.gbps, 2)
+  T.eq(t.records[1].name, 'a') -- sorted by start
+  local e = S({}, 1)
+  T.eq(e.wall_us, 0)
+  T.eq(#e.kernels, 0)
+end)
+
+test('trace: bad arguments and no GPU are clear errors', function()
+  T.raises(function() gp.trace(5) end, 'trace: needs a function')
+  T.raises(function() gp.trace(function() end, 3) end, 'trace: options must be a table')
+  if not gp.cuda_available() then T.raises(function() gp.trace(function() end) end, 'trace: needs a CUDA GPU') end
+end)
+
+test('trace lists every kernel the GPU ran: gpush\'s, cuBLAS\'s and a graph\'s nodes (cuda)', function()
+  T.cuda()
+  local x = gp.zeros({1048576}, {device = 'cuda'})
+  local a, b = gp.randn({256, 512}, {device = 'cuda'}), gp.randn({512, 128}, {device = 'cuda'})
+  local t = gp.trace(function()
+    for _ = 1, 3 do gp.k.fill(x, 1) end
+    gp.matmul(a, b)
+  end, {iters = 2})
+  T.eq(t.iters, 2)
+  local fill, other = nil, 0
+  for _, k in ipairs(t.kernels) do
+    if k.name:find('FillF', 1, true) then fill = k elseif k.kind == 'kernel' then other = other + k.calls end
+  end
+  T.ok(fill and fill.calls == 6, 'the fill kernel, 6 calls: ' .. tostring(t))
+  T.ok(fill.grid > 0 and fill.block > 0 and fill.regs > 0 and fill.mean_us > 0)
+  T.ok(other >= 2 and other % 2 == 0, 'the product\'s kernels, the same in each run: ' .. tostring(t))
+  T.ok(t.busy_us > 0 and t.busy_us <= t.wall_us + 1e-6 and t.idle_us >= -1e-6)
+  T.ok(tostring(t):find('largest idle gaps', 1, true))
+  -- a CUDA graph's replays: its nodes, marked with the graph
+  local g = gp.graph(function() gp.k.fill(x, 2); gp.k.fill(x, 3) end)
+  t = gp.trace(function() g:replay() end, {iters = 3, warmup = 1})
+  local n = 0
+  for _, r in ipairs(t.records) do
+    if r.kind == 'kernel' then T.ok(r.graph ~= 0, 'a replayed node has its graph id: ' .. r.name) end
+    if r.name:find('FillF', 1, true) then n = n + 1 end
+  end
+  T.eq(n, 6, tostring(t))
+  T.eq(x:sum():item(), 3 * 1048576)
+  -- an error inside fn ends the trace; the next one works; traces do not nest
+  T.raises(function() gp.trace(function() error('inside') end, {warmup = 0}) end, 'inside')
+  T.raises(function() gp.trace(function() gp.trace(function() end) end, {warmup = 0}) end, 'already tracing')
+  t = gp.trace(function() gp.k.fill(x, 4) end, {warmup = 0})
+  T.eq(t.calls, 1)
+end)
+
+---------------------------------------------------------------------------
 -- streams
 
 test('streams on the cpu run in order', function()
