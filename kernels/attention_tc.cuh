@@ -246,9 +246,17 @@ __device__ __forceinline__ void store_acc_rows(T *dst, int64_t rs, int row0, int
 }
 
 /* delta[r] = sum_d dout[r, d] * out[r, d] for r = bh * T + i: D / 8 threads a
- * row, 16 bytes each (the tensor-core path: rows 16-byte aligned) */
+ * row, 16 bytes each (the tensor-core path: rows 16-byte aligned). With the
+ * fused backward's accumulator (P.dqa, nacc4 float4s) each block also clears
+ * its share of it: no memset launch, and the writes overlap the reads */
 template <typename T, int D>
-__global__ void __launch_bounds__(128) k_attn_bwd_delta(AttnP P, float *__restrict__ delta, int64_t rows) {
+__global__ void __launch_bounds__(128)
+    k_attn_bwd_delta(AttnP P, float *__restrict__ delta, int64_t rows, int64_t nacc4) {
+  if (P.dqa) {
+    const int64_t per = (nacc4 + gridDim.x - 1) / gridDim.x, lo = (int64_t)blockIdx.x * per;
+    const int64_t hi = lo + per < nacc4 ? lo + per : nacc4;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += 128) ((float4 *)P.dqa)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
   constexpr int TPR = D / 8; /* threads a row, 16 bytes each */
   const int64_t row = (int64_t)blockIdx.x * (128 / TPR) + threadIdx.x / TPR;
   const int c = (threadIdx.x % TPR) * 8;
@@ -349,16 +357,12 @@ int launch_bwd_kernels(AttnP P, int64_t BH, K1 *dkdv, int nth1, int smem1, int64
   GP_TRY(gp_tensor_scratch(&dl, GP_F32, GP_CUDA, 1, &rows));
   const int64_t nacc = BH * ((P.T + 63) / 64) * 64 * D; /* the fused kernel's dQ tiles of 64 rows */
   int rc = SPLIT ? GP_OK : gp_tensor_scratch(&acc, GP_F32, GP_CUDA, 1, &nacc);
-  if (rc == GP_OK && acc) {
-    P.dqa = (float *)gp_ptr(acc);
-    if (cudaMemsetAsync(P.dqa, 0, (size_t)nacc * sizeof(float), gp_cuda_stream()) != cudaSuccess)
-      rc = gp_error("attn_bwd: clearing the dQ accumulator failed");
-  }
+  if (rc == GP_OK && acc) P.dqa = (float *)gp_ptr(acc); /* cleared by the delta kernel */
   float *delta = (float *)gp_ptr(dl);
   if (rc == GP_OK) {
     GP_NOTE_LAUNCH((k_attn_bwd_delta<T, D>), 128, 0);
-    k_attn_bwd_delta<T, D>
-        <<<(unsigned)((rows + 128 / (D / 8) - 1) / (128 / (D / 8))), 128, 0, gp_cuda_stream()>>>(P, delta, rows);
+    k_attn_bwd_delta<T, D><<<(unsigned)((rows + 128 / (D / 8) - 1) / (128 / (D / 8))), 128, 0, gp_cuda_stream()>>>(
+        P, delta, rows, nacc / 4);
     rc = smem_attr(dkdv, smem1, a1, "attn_bwd");
   }
   if constexpr (SPLIT)

@@ -781,18 +781,33 @@ __global__ void __launch_bounds__(NWG * 128, MINB)
 
 /* the fused backward's dQ: one CTA a tile of 64 rows of P.dqa (64 D floats;
  * fragment order: float4 j of thread tid is at (j 128 + tid) 4, holding the
- * accumulator entries d[4j .. 4j + 3] of that thread) to dq, times scale */
+ * accumulator entries d[4j .. 4j + 3] of that thread) to dq, times scale. The
+ * tile is staged in shared memory as rows, so that dq is written 16 bytes a
+ * thread along rows (the fragment's own order writes 4-byte pieces, 16 bytes
+ * of a row a warp instruction); rows are RS elements apart, 16 bytes more
+ * than a row, so that a warp's 4-byte writes fall in 32 banks */
 template <typename T, int D> __global__ void __launch_bounds__(128) k_attn_bwd_dq_store(AttnP P, int n_mt) {
-  const int bh = blockIdx.x / n_mt, mt = blockIdx.x % n_mt;
+  constexpr int RS = D + 8, CPR = D / 8; /* a staged row's elements; 16-byte chunks a row */
+  __shared__ __align__(16) T st[64 * RS];
+  const int bh = blockIdx.x / n_mt, mt = blockIdx.x % n_mt, lane = threadIdx.x & 31;
+  const int r0 = (threadIdx.x >> 5) * 16 + (lane >> 2);
   const float4 *src = (const float4 *)(P.dqa + (int64_t)blockIdx.x * (64 * D));
-  float a[D / 8][4];
+  float4 f[D / 8];
+#pragma unroll
+  for (int j = 0; j < D / 8; j++) f[j] = src[j * 128 + threadIdx.x];
 #pragma unroll
   for (int j = 0; j < D / 8; j++) {
-    const float4 f = src[j * 128 + threadIdx.x];
-    a[j][0] = f.x, a[j][1] = f.y, a[j][2] = f.z, a[j][3] = f.w;
+    const int c = j * 8 + ((lane & 3) << 1);
+    *(uint32_t *)&st[r0 * RS + c] = pack2<T>(f[j].x * P.scale, f[j].y * P.scale);
+    *(uint32_t *)&st[(r0 + 8) * RS + c] = pack2<T>(f[j].z * P.scale, f[j].w * P.scale);
   }
-  store_acc_rows<T, D / 8>((T *)P.dq + head_at(P.sdq, bh, P.H), P.sdq.r, mt * 64 + (threadIdx.x >> 5) * 16, P.T, a,
-                           P.scale, threadIdx.x & 31);
+  __syncthreads();
+  T *dst = (T *)P.dq + head_at(P.sdq, bh, P.H);
+#pragma unroll
+  for (int k = 0; k < 64 * CPR / 128; k++) {
+    const int i = k * 128 + threadIdx.x, r = i / CPR, c = (i % CPR) * 8, row = mt * 64 + r;
+    if (row < P.T) *(uint4 *)(dst + (int64_t)row * P.sdq.r + c) = *(const uint4 *)&st[r * RS + c];
+  }
 }
 
 /* backward, dq: NWG warpgroups, 64 queries each (BM = 64 NWG, the longest
