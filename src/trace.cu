@@ -38,19 +38,19 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static gp_trace_rec *recs;
 static int64_t nrec, caprec;
 
-/* names: CUPTI's string pointer (shared by the records of one kernel) -> a
- * demangled copy without the parameter list, kept for the process's life */
+/* names: CUPTI's mangled name -> a demangled copy without the parameter
+ * list, kept for the process's life (looked up by content: CUPTI does not
+ * promise one pointer a kernel) */
 #define NAMES 4096
-static struct {
-  const char *raw;
-  char *name;
-} names[NAMES];
+static struct { char *raw, *name; } names[NAMES];
 
 static const char *short_name(const char *raw) {
   if (!raw) return "?";
-  size_t h = ((uintptr_t)raw >> 4) % NAMES;
+  uint64_t hv = 1469598103934665603ull; /* FNV-1a */
+  for (const char *c = raw; *c; c++) hv = (hv ^ (unsigned char)*c) * 1099511628211ull;
+  size_t h = hv % NAMES;
   for (size_t i = 0; i < NAMES; i++, h = (h + 1) % NAMES) {
-    if (names[h].raw == raw) return names[h].name;
+    if (names[h].raw && !strcmp(names[h].raw, raw)) return names[h].name;
     if (names[h].raw) continue;
     int st = -1;
     char *d = raw[0] == '_' && raw[1] == 'Z' ? abi::__cxa_demangle(raw, NULL, NULL, &st) : NULL;
@@ -64,10 +64,13 @@ static const char *short_name(const char *raw) {
       else if (s[k] == '>') depth--;
       else if (s[k] == '(' && depth == 0 && k > 0) cut = k;
     }
-    char *c = strndup(s, cut);
+    char *c = strndup(s, cut), *r = strdup(raw);
     free(d);
-    if (!c) return "?";
-    names[h].raw = raw;
+    if (!c || !r) {
+      free(c), free(r);
+      return "?";
+    }
+    names[h].raw = r;
     names[h].name = c;
     return c;
   }
