@@ -1,5 +1,8 @@
 -- profile_gpt.lua: one training step of a GPT-2-small-sized model (bf16, AdamW), per kernel.
--- Run: gpush scripts/bench/profile_gpt.lua [--llama] [--per-head] [--unfused-mlp] [--vocab N] [--loss] [--shapes]
+-- Run: gpush scripts/bench/profile_gpt.lua [--llama] [--per-head] [--unfused-mlp] [--vocab N] [--loss] [--shapes] [--trace]
+-- --trace (GPU): the step captured as a CUDA graph and traced by gp.trace (CUPTI: what
+-- the GPU ran, cuBLAS's kernels included, and the idle time between kernels)
+-- instead of gp.profile's events around each gp.k call
 -- --shapes: a row per kernel and argument shapes (gp.profile's shapes option)
 -- --loss: the loss by model:loss(x, y) (gp.linear_cross_entropy, the logits never
 -- whole) instead of model(x, y)
@@ -10,12 +13,14 @@
 -- before gp.attention_qkv; nn.attention swapped for a wrapper turns it off)
 -- --unfused-mlp: the MLPs as fc, gelu_tanh, proj (the path before
 -- gp.linear_gelu_linear; a Linear forward swapped on the instance turns it off)
-local unfused_mlp, V, llama, fused_loss, shapes = false, 50304, false, false, false
+local unfused_mlp, V, llama, fused_loss, shapes, trace = false, 50304, false, false, false, false
 for i, a in ipairs(arg or {}) do
   if a == '--llama' then
     llama = true
   elseif a == '--shapes' then
     shapes = true
+  elseif a == '--trace' then
+    trace = true
   elseif a == '--loss' then
     fused_loss = true
   elseif a == '--vocab' then
@@ -29,6 +34,7 @@ for i, a in ipairs(arg or {}) do
     print('mlp: unfused path (linear, gelu_tanh, linear)')
   end
 end
+if trace and not gp.cuda_available() then error('profile_gpt: --trace needs a CUDA GPU (gp.trace lists what the GPU ran)', 0) end
 local cfg = {vocab_size = V, block_size = 1024, n_embd = 768, n_layer = 12, n_head = 12, dropout = 0}
 local B = 8
 if llama then
@@ -47,7 +53,7 @@ if unfused_mlp then
   end
 end
 gp.optim.mixed_precision(model)
-local opt = gp.optim.AdamW(model, {lr = 3e-4})
+local opt = gp.optim.AdamW(model, {lr = 3e-4, device_hyper = trace})
 local x = gp.randint(0, cfg.vocab_size, {B, cfg.block_size})
 local y = gp.randint(0, cfg.vocab_size, {B, cfg.block_size})
 local function step()
@@ -60,5 +66,12 @@ local function step()
 end
 for i = 1, 2 do local t = gp.train.now(); step(); gp.sync(); print('step', i, gp.train.now() - t) end
 print('gp.time step ms', (gp.time(step, {warmup = 1, iters = 5})))
+if trace then
+  local g = opt:capture(step)
+  local function replay() opt:prepare_replay(); g:replay() end
+  print('graph step ms', (gp.time(replay, {warmup = 3, iters = 20})))
+  print(gp.trace(replay, {iters = 2, warmup = 1}))
+  return
+end
 local p = gp.profile(step, {iters = 2, warmup = 0, shapes = shapes})
 print(p)
