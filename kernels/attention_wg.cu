@@ -16,6 +16,9 @@
 #include "attention_tc.cuh"
 #include "wgmma.cuh"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include <algorithm>
 #include <cstdlib>
 
@@ -277,7 +280,31 @@ __device__ __forceinline__ void mb_wait(uint32_t a, uint32_t parity) {
 }
 template <int R> __device__ __forceinline__ void reg_dealloc() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(R)); }
 template <int R> __device__ __forceinline__ void reg_alloc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(R)); }
+/* one arrival that also expects bytes of copies (TMA) to land */
+__device__ __forceinline__ void mb_expect(uint32_t a, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(a), "r"(bytes) : "memory");
+}
+/* a TMA copy of one box of a 4-d tensor map into shared memory at dst; its
+ * bytes complete on the mbarrier at bar */
+__device__ __forceinline__ void tma_load4(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, int c3,
+                                          uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], "
+      "[%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
 #endif
+
+/* the warp-specialized forward's TMA descriptors of q, k and v (4-d: columns,
+ * then rows and heads in the order of their strides, then batches; boxes of 64
+ * columns, the 128-byte swizzle the wgmma tiles use, rows past the end read as
+ * zeros). on = 0: the producer copies with cp.async instead. hin: heads are
+ * the inner of the two (the packed qkv layout, (B, T, 3, H, D)) */
+struct TmaMaps {
+  CUtensorMap q, k, v;
+  int on, hin_q, hin_kv;
+};
 
 /* forward, warp-specialized and persistent (FlashAttention-3's layout of the
  * work, with cp.async for the loads): NC + 1 warpgroups, the first a
@@ -300,9 +327,12 @@ template <int R> __device__ __forceinline__ void reg_alloc() { asm volatile("set
  * producer loads the next item's Q and first tiles while the consumers
  * finish the current one. */
 template <typename T, int D, int BN, int NS, int NC>
-__global__ void __launch_bounds__(128 * (NC + 1), 1) k_attn_fwd_ws(AttnP P, int BH, int n_items, int *sched) {
+__global__ void __launch_bounds__(128 * (NC + 1), 1)
+    k_attn_fwd_ws(AttnP P, int BH, int n_items, int *sched, const __grid_constant__ TmaMaps M) {
 #if GP_WG
   constexpr int BM = 64 * NC, NT = BN / 8, DT = D / 8, NCW = 4 * NC; /* NCW: consumer warps */
+  /* TMA copies at head dim 128 only: at 64 the producer's 32 registers (3 consumers) would spill */
+  const bool tma = D == 128 && M.on;
   /* registers a thread: the producer's few, the consumers' the rest of 64K */
   constexpr int PREG = NC == 2 ? 56 : 32, CREG = NC == 2 ? 224 : 160;
   extern __shared__ uint4 attn_smem[];
@@ -318,16 +348,18 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) k_attn_fwd_ws(AttnP P, int 
   const auto KE = [&](int s) { return bar + 8 * (4 + NS + s); };
   const auto VF = [&](int s) { return bar + 8 * (4 + 2 * NS + s); };
   const auto VE = [&](int s) { return bar + 8 * (4 + 3 * NS + s); };
+  /* full barriers: the producer's 128 cp.async arrivals (QF: + the item's), or one TMA arrival */
   if (threadIdx.x == 0) {
-    for (int b = 0; b < 2; b++) mb_init(QF(b), 129), mb_init(QE(b), NCW); /* QF: + the item's arrival */
-    for (int s = 0; s < NS; s++) mb_init(KF(s), 128), mb_init(KE(s), NCW), mb_init(VF(s), 128), mb_init(VE(s), NCW);
+    const int nf = tma ? 1 : 128;
+    for (int b = 0; b < 2; b++) mb_init(QF(b), nf + !tma), mb_init(QE(b), NCW);
+    for (int s = 0; s < NS; s++) mb_init(KF(s), nf), mb_init(KE(s), NCW), mb_init(VF(s), nf), mb_init(VE(s), NCW);
   }
   __syncthreads();
   const int n_m = (P.T + BM - 1) / BM, off = P.S - P.T;
   const int64_t bytes_head = (int64_t)P.S * D * 2 * sizeof(T);
   const int wgi = threadIdx.x >> 7;
 
-  if (wgi == 0) { /* the producer */
+  if (wgi == 0) { /* the producer: by TMA (tma, thread 0 issues every copy) or by its threads' cp.async */
     reg_dealloc<PREG>();
     int g = 0; /* the block's K/V tiles so far */
     for (int i = 0;; i++) {
@@ -336,7 +368,7 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) k_attn_fwd_ws(AttnP P, int 
       asm volatile("bar.sync 1, 128;\n" ::: "memory");
       const int item = slot[i & 1];
       if (item >= n_items) { /* the consumers stop too */
-        mb_cp_arrive(QF(i & 1));
+        if (!tma) mb_cp_arrive(QF(i & 1));
         if (threadIdx.x == 0) {
           mb_arrive(QF(i & 1));
           /* the last block to finish resets the counters for the next launch */
@@ -349,21 +381,43 @@ __global__ void __launch_bounds__(128 * (NC + 1), 1) k_attn_fwd_ws(AttnP P, int 
       head_tile(item, BH, n_m, bytes_head, P.l2, bh, mt);
       const int i0 = (n_m - 1 - mt) * BM;
       const KvTiles kt = kv_tiles(P, i0 + off, min(i0 + BM, P.T) - 1 + off, BN);
+      if (tma && threadIdx.x != 0) continue;
+      const int b = bh / P.H, h = bh % P.H, hk = P.G == 1 ? h : h / P.G;
+      /* TMA: rows r.. of head hh (of batch b) into a tile of `rows` at dst,
+       * coordinates (column, row, head) or (column, head, row) */
+      const auto box = [&](uint32_t dst, const CUtensorMap *map, int hin, int rows, int r, int hh, uint32_t bar) {
+#pragma unroll
+        for (int hf = 0; hf < D / 64; hf++)
+          tma_load4(dst + hf * rows * 128, map, hf * 64, hin ? hh : r, hin ? r : hh, b, bar);
+      };
       const T *k = (const T *)P.k + kv_at(P.sk, bh, P), *v = (const T *)P.v + kv_at(P.sv, bh, P);
-      load_tile<T, D, BM, 128, true>(Qs + (i & 1) * BM * D, (const T *)P.q + head_at(P.sq, bh, P.H), P.sq.r, i0, P.T);
-      mb_cp_arrive(QF(i & 1));
-      if (threadIdx.x == 0) mb_arrive(QF(i & 1));
+      /* a K or V tile of keys j0.. into dst, completing the full barrier */
+      const auto kv_tile = [&](T *dst, const CUtensorMap *map, const T *src, int64_t rs, int j0, uint32_t full) {
+        if (tma) {
+          mb_expect(full, BN * D * (int)sizeof(T));
+          box(smem_u32(dst), map, M.hin_kv, BN, j0, hk, full);
+        } else {
+          load_tile<T, D, BN, 128, true>(dst, src, rs, j0, P.S);
+          mb_cp_arrive(full);
+        }
+      };
+      if (tma) {
+        mb_expect(QF(i & 1), BM * D * (int)sizeof(T));
+        box(smem_u32(Qs + (i & 1) * BM * D), &M.q, M.hin_q, BM, i0, h, QF(i & 1));
+      } else {
+        load_tile<T, D, BM, 128, true>(Qs + (i & 1) * BM * D, (const T *)P.q + head_at(P.sq, bh, P.H), P.sq.r, i0, P.T);
+        mb_cp_arrive(QF(i & 1));
+        if (threadIdx.x == 0) mb_arrive(QF(i & 1));
+      }
       for (int t = 0; t < kt.n; t++, g++) {
         const int s = g % NS, u = g / NS;
         if (u > 0) mb_wait(KE(s), (u - 1) & 1);
-        load_tile<T, D, BN, 128, true>(Ks + s * BN * D, k, P.sk.r, kt.j0(t), P.S);
-        mb_cp_arrive(KF(s));
+        kv_tile(Ks + s * BN * D, &M.k, k, P.sk.r, kt.j0(t), KF(s));
         if (u > 0) mb_wait(VE(s), (u - 1) & 1);
-        load_tile<T, D, BN, 128, true>(Vs + s * BN * D, v, P.sv.r, kt.j0(t), P.S);
-        mb_cp_arrive(VF(s));
+        kv_tile(Vs + s * BN * D, &M.v, v, P.sv.r, kt.j0(t), VF(s));
       }
     }
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if (!tma) asm volatile("cp.async.wait_all;\n" ::: "memory");
     return;
   }
 
@@ -936,6 +990,53 @@ inline int *sched_slot() {
   return base + 2 * (n++ % 64);
 }
 
+/* the driver's cuTensorMapEncodeTiled (through the runtime: no -lcuda), or
+ * null: GP_ATTN_TMA=0 (read once per process) or a driver without it */
+static PFN_cuTensorMapEncodeTiled_v12000 tma_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = nullptr;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    const char *e = getenv("GP_ATTN_TMA");
+    if (e && !strcmp(e, "0")) return nullptr;
+    void *f = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) == cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+    else cudaGetLastError();
+  }
+  return fn;
+}
+
+/* m: a (B, heads, rows, D) tensor at base with element strides s as a 4-d
+ * map of boxes of 64 columns and box_rows rows (TmaMaps); false when the
+ * strides do not fit a map (every row stays 16-byte aligned: rows16) */
+template <typename T, int D>
+static bool tma_map(CUtensorMap *m, int *hin, const void *base, const Str &s, int rows, int heads, int64_t B,
+                    int box_rows) {
+  const auto enc = tma_encoder();
+  if (!enc) return false;
+  const int64_t es = sizeof(T);
+  *hin = heads > 1 && rows > 1 && s.h < s.r;
+  const int64_t d1 = *hin ? heads : rows, d2 = *hin ? rows : heads;
+  int64_t s1 = (*hin ? s.h : s.r) * es, s2 = (*hin ? s.r : s.h) * es, s3 = s.b * es;
+  /* a dim of one: its stride is never used, but must pass the encoder's checks */
+  if (d1 == 1) s1 = D * es;
+  if (d2 == 1) s2 = s1 * d1;
+  if (B == 1) s3 = s2 * d2;
+  const int64_t lim = (int64_t)1 << 40;
+  if (s1 % 16 || s2 % 16 || s3 % 16 || s1 <= 0 || s2 <= 0 || s3 <= 0 || s1 >= lim || s2 >= lim || s3 >= lim)
+    return false;
+  const cuuint64_t dim[4] = {(cuuint64_t)D, (cuuint64_t)d1, (cuuint64_t)d2, (cuuint64_t)B};
+  const cuuint64_t str[3] = {(cuuint64_t)s1, (cuuint64_t)s2, (cuuint64_t)s3};
+  const cuuint32_t box[4] = {64, *hin ? 1u : (cuuint32_t)box_rows, *hin ? (cuuint32_t)box_rows : 1u, 1};
+  const cuuint32_t one[4] = {1, 1, 1, 1};
+  return enc(m, std::is_same<T, __half>::value ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4,
+             const_cast<void *>(base), dim, str, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 /* the warp-specialized forward: one block an SM (or fewer, one an item) */
 template <typename T, int D, int BN, int NS, int NC> int launch_fwd_ws(const AttnP &P, int64_t BH) {
   constexpr int BM = 64 * NC;
@@ -949,8 +1050,15 @@ template <typename T, int D, int BN, int NS, int NC> int launch_fwd_ws(const Att
   if (items > INT32_MAX / 2)
     return gp_error("attn_fwd: too many tiles for one launch (B * H = %lld, T = %d)", (long long)BH, P.T);
   const int grid = (int)std::min<int64_t>(items, std::max(1, gp_cuda_sm_count()));
+  TmaMaps M;
+  memset(&M, 0, sizeof M);
+  const int64_t B = BH / P.H;
+  int hv = 0;
+  M.on = D == 128 && tma_map<T, D>(&M.q, &M.hin_q, P.q, P.sq, P.T, P.H, B, BM) &&
+         tma_map<T, D>(&M.k, &M.hin_kv, P.k, P.sk, P.S, P.Hkv, B, BN) &&
+         tma_map<T, D>(&M.v, &hv, P.v, P.sv, P.S, P.Hkv, B, BN) && hv == M.hin_kv;
   GP_NOTE_LAUNCH(kern, 128 * (NC + 1), smem);
-  kern<<<grid, 128 * (NC + 1), smem, gp_cuda_stream()>>>(P, (int)BH, (int)items, sched);
+  kern<<<grid, 128 * (NC + 1), smem, gp_cuda_stream()>>>(P, (int)BH, (int)items, sched, M);
   return GP_OK;
 }
 

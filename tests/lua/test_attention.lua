@@ -432,13 +432,14 @@ local function run_snippet(env, code)
   T.eq(rc, 0, out)
   return out
 end
--- causal head dim 64 forwards (the diagonal tiles' one-compare mask, tiles
--- past a warpgroup's rows skipped) by the default warp-specialized kernel and
--- by the block-synchronous one (GP_ATTN_WS=0)
+-- causal head dim 64 and 128 forwards (the diagonal tiles' one-compare mask,
+-- tiles past a warpgroup's rows skipped) by the default warp-specialized
+-- kernel, its producer copying by TMA (the default) or by cp.async
+-- (GP_ATTN_TMA=0), and by the block-synchronous one (GP_ATTN_WS=0)
 local WS_SNIPPET = [[
 gp.manual_seed(4)
 local C = {device = 'cpu'}
-for _, c in ipairs {{2, 70, 300, 64}, {1, 9, 1030, 64}, {3, 5, 64, 64}} do
+for _, c in ipairs {{2, 70, 300, 64}, {1, 9, 1030, 64}, {3, 5, 64, 64}, {1, 4, 530, 128}} do
   local B, H, T, D = unpack(c)
   local function r() return gp.randn({B, H, T, D}, C):bf16():float() end
   local q, k, v = r(), r(), r()
@@ -453,11 +454,11 @@ for _, c in ipairs {{2, 70, 300, 64}, {1, 9, 1030, 64}, {3, 5, 64, 64}} do
   assert(d < 0.05 and dl < 1e-3, 'the forward differs from the CPU')
 end
 ]]
-T.test('attention forward on the GPU: causal head dim 64, the warp-specialized kernel and GP_ATTN_WS=0', function()
+T.test('attention forward on the GPU: causal, the warp-specialized kernel (TMA copies or cp.async) and GP_ATTN_WS=0', function()
   T.cuda()
-  for _, env in ipairs {'GP_ATTN_WS=1', 'GP_ATTN_WS=0'} do
+  for _, env in ipairs {'GP_ATTN_WS=1', 'GP_ATTN_WS=1 GP_ATTN_TMA=0', 'GP_ATTN_WS=0'} do
     local out = run_snippet(env, WS_SNIPPET)
-    T.ok(select(2, out:gsub('WS T', '')) == 3, env .. ': ' .. out)
+    T.ok(select(2, out:gsub('WS T', '')) == 4, env .. ': ' .. out)
   end
 end)
 
