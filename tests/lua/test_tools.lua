@@ -147,6 +147,10 @@ test('trace summary: per-name sums, busy time as the union of intervals, idle ga
   T.eq(t.by_name.b.graph_calls, 1)
   T.eq(t.by_name.m.gbps, 2)
   T.eq(t.records[1].name, 'a') -- sorted by start
+  -- the gap's 'before' is the activity that ended last, not the one that started last
+  t = S({{name = 'long', start = 0, finish = 30}, {name = 'short', start = 5, finish = 6}, {name = 'next', start = 40, finish = 41}}, 1)
+  T.eq(t.gaps[1].us, 10)
+  T.eq(t.gaps[1].before, 'long')
   local e = S({}, 1)
   T.eq(e.wall_us, 0)
   T.eq(#e.kernels, 0)

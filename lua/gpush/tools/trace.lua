@@ -19,8 +19,8 @@ local function trunc(s, n) return #s > n and s:sub(1, n - 3) .. '...' or s end
 function M.summarize(recs, iters, ngaps)
   table.sort(recs, function(a, b) return a.start < b.start or (a.start == b.start and a.finish < b.finish) end)
   local by, list = {}, {}
-  local busy, gaps, reach = 0, {}, nil
-  for i, r in ipairs(recs) do
+  local busy, gaps, reach, last = 0, {}, nil, nil -- last: the activity that ended at reach
+  for _, r in ipairs(recs) do
     local k = by[r.name]
     if not k then
       k = {name = r.name, kind = r.kind, calls = 0, total_us = 0, bytes = 0, grid = r.grid, block = r.block, regs = r.regs,
@@ -35,12 +35,12 @@ function M.summarize(recs, iters, ngaps)
     if (r.graph or 0) ~= 0 then k.graph_calls = k.graph_calls + 1 end
     -- busy: the union of the intervals (kernels of two streams may overlap)
     if not reach or r.start >= reach then
-      if reach and r.start > reach then gaps[#gaps + 1] = {us = r.start - reach, before = recs[i - 1].name, after = r.name} end
+      if reach and r.start > reach then gaps[#gaps + 1] = {us = r.start - reach, before = last.name, after = r.name} end
       busy = busy + d
-      reach = r.finish
+      reach, last = r.finish, r
     elseif r.finish > reach then
       busy = busy + r.finish - reach
-      reach = r.finish
+      reach, last = r.finish, r
     end
   end
   local wall = #recs > 0 and reach - recs[1].start or 0
