@@ -68,6 +68,7 @@ local o = gp.args.parse(arg, {
   {'tiny', nil, 'the character-model task (the same as --model toy)', type = 'flag'},
   {'base', 'nf4', 'real model: the frozen base: nf4 (the linears re-quantized to NF4, QLoRA) or bf16 (dense; f32 on the CPU)'},
   {'block', 64, 'real model: NF4 block size'},
+  {'sample', 'auto', 'real model, --base nf4: rollouts sample from a dense copy refreshed from the 4-bit base and the adapters before each (dense: the one-kernel decode step, 2 more bytes a parameter), from the 4-bit weights with the adapters unmerged (nf4), or auto (dense when the copy takes at most 1 GiB)'},
   {'embed-nf4', nil, 'real model, --base nf4: quantize the token embedding and the head tied to it too (the whole base 4-bit)', type = 'flag'},
   {'seeds', 0, 'real model: seeds to average over (0: 3 on the GPU, 1 on the CPU); seed, seed+1, ...'},
   {'eval-prompts', 0, 'real model: held-out prompts (0: 32 on the GPU, 2 on the CPU)'},

@@ -94,6 +94,16 @@ return function(o)
     o.base == 'nf4' and ('NF4 block ' .. o.block .. (o.embed_nf4 and ', the embedding and head too' or '')) or dtype, mem.bytes / 1048576, mem.params / 1e6, mem.bytes_per_param,
     mem.quant_bytes_per_param and string.format(' (the NF4 linears: %.4f)', mem.quant_bytes_per_param) or '', rank))
 
+  -- where rollouts sample from (--sample): a dense copy of an NF4 base, refreshed before each rollout
+  if o.sample ~= 'auto' and o.sample ~= 'dense' and o.sample ~= 'nf4' then error('--sample must be auto, dense or nf4, got ' .. o.sample) end
+  local dense_bytes = mem.params * (dtype == 'bf16' and 2 or 4)
+  local sample = o.base == 'nf4' and (o.sample == 'dense' or (o.sample == 'auto' and dense_bytes <= 2 ^ 30)) and 'dense' or o.base
+  if sample == 'dense' then
+    gp.polychromic.sample_from(model, gp.models.load(o.model, {dtype = dtype}))
+    print(string.format('rollouts: sampled from a dense %s copy (%.1f MiB) refreshed from the NF4 base and the adapters before each',
+      dtype, dense_bytes / 1048576))
+  end
+
   local fopts = {steps = steps, n = n, prompts_per_step = B, eval_n = eval_n, max_new = max_new, temperature = o.temperature,
                  top_p = o.top_p, lr = lr, epochs = epochs, clip = o.clip, kl = o.kl, lambda = o.lambda, adv_norm = o.adv_norm,
                  subset_size = o.subset_size > 0 and o.subset_size or nil, max_subsets = o.max_subsets, floor = floor,
@@ -119,7 +129,7 @@ return function(o)
     local plen = 0
     for _, p in ipairs(bench_prompts) do plen = plen + #tok:encode(p) end
     local m = gp.memory()
-    print(gp.json.encode({impl = 'gpush', base = o.base .. (o.embed_nf4 and '+embedding' or ''), dtype = dtype, device = gp.device(), prompts = B, n = n,
+    print(gp.json.encode({impl = 'gpush', base = o.base .. (o.embed_nf4 and '+embedding' or ''), sample = sample, dtype = dtype, device = gp.device(), prompts = B, n = n,
       max_new = max_new, epochs = epochs, rank = rank, steps = o.bench_steps, s_per_step = median('s'),
       generation_s = median('generation_s'), diversity_s = median('diversity_s'), update_s = median('update_s'),
       reply_tokens = median('reply_tokens'), prompt_tokens = plen / B, peak_mib = m.peak / 1048576,

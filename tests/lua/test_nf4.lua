@@ -462,6 +462,56 @@ T.test('QLoRA on a Llama-family model: every projection quantized, adapters trai
   T.eq(#out.lists[1], 3)
 end)
 
+T.test('gp.lora.dense_copy: a dense model equal to a QLoRA model (dequantized base, adapters merged); q:dequantize(out); sampling from it', function()
+  gp.manual_seed(13)
+  local cfg = {vocab_size = 40, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 2, num_attention_heads = 4,
+               num_key_value_heads = 2, max_position_embeddings = 64, tie_word_embeddings = true}
+  local m = gp.models.Llama(cfg, cpu)
+  local ids = gp.randint(0, 40, {2, 9}, {dtype = 'i64', device = 'cpu'})
+  nn.quantize_linears(m, {block = 16})
+  nn.quantize_embeddings(m, {block = 16})
+  gp.lora.apply(m, {rank = 2})
+  for _, nm in ipairs(gp.lora.modules(m)) do nn.init.normal_(nm[2].lora_B, 0, 0.2) end
+  -- q:dequantize(out) writes the same values into a given tensor (and checks it)
+  local q = m.model.layers[1].self_attn.q_proj.weight
+  local out = gp.empty(q.shape, cpu)
+  T.ok(q:dequantize(out) == out)
+  T.eq(T.relnorm(out, q:dequantize()), 0)
+  T.raises(function() q:dequantize(gp.empty({2, 32}, cpu)) end, 'dequantize: out must be a contiguous float tensor (32,32) on cpu, got f32 (2,32)')
+  T.raises(function() q:dequantize(gp.empty({32, 64}, cpu):narrow(2, 1, 32)) end, 'not contiguous')
+  -- the copy: every weight the dequantized base plus (alpha / rank) B A; the logits those of the QLoRA model
+  local d = gp.models.Llama(cfg, cpu)
+  T.ok(gp.lora.dense_copy(d, m) == d)
+  local lq = m.model.layers[2].mlp.down_proj
+  T.ok(T.relnorm(d.model.layers[2].mlp.down_proj.weight, lq.weight:dequantize() + lq:delta()) < 1e-6)
+  T.eq(T.relnorm(d.model.embed_tokens.weight, m.model.embed_tokens.weight:dequantize()), 0)
+  T.ok(T.relnorm(d(ids), m(ids)) < 1e-5, 'the dense copy computes the QLoRA model')
+  -- adapters switched off are not merged; the QLoRA model itself is unchanged
+  gp.lora.without(m, function()
+    gp.lora.dense_copy(d, m)
+    T.ok(T.relnorm(d(ids), m(ids)) < 1e-5, 'the dense copy of the base alone')
+  end)
+  T.ok(gp.lora.modules(m)[1][2].lora_B:abs():max():item() > 0)
+  -- another architecture: an error naming the parameter
+  local other = gp.models.Llama({vocab_size = 40, hidden_size = 32, intermediate_size = 48, num_hidden_layers = 2,
+    num_attention_heads = 4, num_key_value_heads = 2, max_position_embeddings = 64}, cpu)
+  T.raises(function() gp.lora.dense_copy(other, m) end, 'lora.dense_copy: the dense model\'s model.layers.0.mlp')
+  T.raises(function() gp.lora.dense_copy(d, {}) end, 'lora.dense_copy: needs two modules')
+  -- rollouts sample from the dense copy (gp.polychromic.sample_from): the same replies as from the QLoRA model
+  local tok = {stop = 0, encode = function(_, p) return {(#p % 39) + 1, 3, 5} end,
+               decode = function(_, t) return table.concat(t, ',') end}
+  local function replies()
+    gp.manual_seed(21)
+    return gp.polychromic.rollout(m, tok, {'ab', 'abc'}, {n = 2, max_new = 5, temperature = 1, top_p = 1}).replies
+  end
+  local plain = replies()
+  T.ok(#table.concat(plain) > 8, 'replies: ' .. table.concat(plain, '|'))
+  gp.polychromic.sample_from(m, gp.models.Llama(cfg, cpu))
+  T.eq(table.concat(replies(), '|'), table.concat(plain, '|'))
+  gp.polychromic.sample_from(m, nil)
+  T.raises(function() gp.polychromic.sample_from(m, 3) end, 'polychromic.sample_from: dense must be a module or nil')
+end)
+
 T.test('nn.quantize_embeddings: q:rows, nn.Embedding4 and the tied head on one quantized weight; the whole base 4-bit', function()
   gp.manual_seed(11)
   local cfg = {vocab_size = 48, hidden_size = 32, intermediate_size = 64, num_hidden_layers = 1, num_attention_heads = 2,

@@ -131,6 +131,24 @@ T.test('polychromic.lm: log-probabilities over the reply columns only equal the 
   end)
 end)
 
+T.test('polychromic.lm: rollouts from a dense copy (sample_from) equal the QLoRA model\'s, the adapters merged into it', function()
+  local m, tok, task = fixture()
+  for _, e in ipairs(gp.lora.modules(m)) do gp.nn.init.normal_(e[2].lora_B, 0, 0.3) end
+  local prompts = {task.prompts[1], task.prompts[2]}
+  local function replies()
+    gp.manual_seed(7)
+    return table.concat(P.rollout(m, tok, prompts, {n = 3, max_new = 6, temperature = 1, top_p = 1}).replies, '|')
+  end
+  local plain = replies()
+  local dense = gp.models.load(fx .. '/models/llama_gqa.gguf', cpu)
+  P.sample_from(m, dense)
+  T.eq(replies(), plain)
+  -- the copy holds the dequantized base plus the adapters (not the checkpoint's own weights)
+  local lq = m.model.layers[1].self_attn.v_proj
+  T.ok(T.relnorm(dense.model.layers[1].self_attn.v_proj.weight, lq.weight:dequantize() + lq:delta()) < 1e-6)
+  P.sample_from(m, nil)
+end)
+
 T.test('polychromic.lm: the experiment end to end on the fixtures (NF4 base, LoRA, checked rewards, encoder diversity, report)', function()
   local m, tok, task, enc, params = fixture()
   -- the frozen base before

@@ -27,6 +27,7 @@
 local rt = require 'gpush.core.runtime'
 local gp = require 'gpush.core'
 local lora = require 'gpush.nn.lora'
+local nn = require 'gpush.nn.module'
 local optim = require 'gpush.train.optim'
 local data = require 'gpush.train.data'
 local logger = require 'gpush.train.logger'
@@ -232,9 +233,17 @@ doc(P.pretrain, 'gp.polychromic.pretrain(gpt, task, tok, {steps=300, batch=32, l
 function P.rollout(policy, tok, prompts, opts)
   local n, max_new = opts.n or DEF.n, opts.max_new or DEF.max_new
   -- the adapters merged into dense weights while sampling: a decode step then
-  -- costs what the base's does (the update reads the adapters as they are)
-  local r = lora.merged(policy, generate, policy, prompts, {n = n, max_new = max_new,
-    temperature = opts.temperature or DEF.temperature, top_p = opts.top_p or DEF.top_p, stop = {tok.stop}, tokenizer = tok})
+  -- costs what the base's does (the update reads the adapters as they are);
+  -- with a dense sampler (P.sample_from) it is refreshed and sampled instead
+  local go = {n = n, max_new = max_new, temperature = opts.temperature or DEF.temperature,
+    top_p = opts.top_p or DEF.top_p, stop = {tok.stop}, tokenizer = tok}
+  local dense = rawget(policy, '_sampler')
+  local r
+  if dense then
+    r = generate(lora.dense_copy(dense, policy), prompts, go)
+  else
+    r = lora.merged(policy, generate, policy, prompts, go)
+  end
   local R = #prompts * n
   local rows, Tm = {}, 0
   local ro = {prompts = {}, replies = {}, lens = {}, plens = {}, stopped = {}, n = n, B = #prompts, R = R}
@@ -279,6 +288,15 @@ function P.rollout(policy, tok, prompts, opts)
   ro.from = policy.hidden and pmin or 1
   return ro
 end
+-- rollouts of policy sample from dense (a model of its architecture with plain
+-- dense weights) after gp.lora.dense_copy(dense, policy); nil: from policy
+function P.sample_from(policy, dense)
+  if dense ~= nil and not nn.is_module(dense) then raise('polychromic.sample_from: dense must be a module or nil, got ' .. type(dense)) end
+  rawset(policy, '_sampler', dense)
+  return policy
+end
+doc(P.sample_from, 'gp.polychromic.sample_from(policy, dense)', 'rollouts of policy sample from dense instead (a model of the same architecture with plain dense weights, e.g. the checkpoint loaded again), refreshed by gp.lora.dense_copy(dense, policy) before each: a 4-bit base\'s sampling at the dense model\'s speed (the one-kernel decode step of a bf16 Llama) for 2 more bytes a parameter; nil: sample from policy itself')
+
 doc(P.rollout, string.format('gp.polychromic.rollout(policy, tok, prompts, {n=%d, max_new=%d, temperature=%g, top_p=%g})',
   DEF.n, DEF.max_new, DEF.temperature, DEF.top_p),
   'sample n replies per prompt in one gp.generate call; returns replies (prompt-major), the padded rows full (R, T), targets (R, T-1) (-100 off the reply) and the reply mask pool (R, T)')

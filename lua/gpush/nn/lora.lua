@@ -332,6 +332,53 @@ function L.merged(model, fn, ...)
   return unpack(r, 2, table.maxn(r))
 end
 
+-- write into dense, a model of model's architecture with plain dense weights
+-- (the checkpoint loaded again), model's weights with every enabled adapter
+-- merged and every quantized weight dequantized; model is not changed. Every
+-- parameter and buffer of dense is written (a tied one once), from the tensor
+-- or quantized weight of the same name in model; the adapter's B A (times its
+-- scaling) added by one product with beta = 1 into the dequantized block
+function L.dense_copy(dense, model)
+  if not nn.is_module(dense) or not nn.is_module(model) then
+    raise('lora.dense_copy: needs two modules (dense, model), got ' .. type(dense) .. ' and ' .. type(model))
+  end
+  local mods = {[''] = model}
+  nn.walk(model, '', function(kind, name, v) if kind == 'module' then mods[name] = v end end)
+  local jobs, seen = {}, {}
+  nn.walk(dense, '', function(kind, name, t)
+    if (kind ~= 'param' and kind ~= 'buffer') or seen[t] then return end
+    seen[t] = true
+    local path, field = name:match('^(.*)%.([^.]+)$')
+    if not path then path, field = '', name end
+    local m = mods[path]
+    local src = m and rawget(m, field)
+    local ok = is_tensor(src) or gp.is_quantized(src)
+    if not ok or tensor.shape_str(src.shape) ~= tensor.shape_str(t.shape) then
+      raise(string.format('lora.dense_copy: the dense model\'s %s %s is %s in the model', name,
+        tensor.shape_str(t.shape), ok and ('of shape ' .. tensor.shape_str(src.shape)) or 'missing'))
+    end
+    jobs[#jobs + 1] = {t, src, m, field}
+  end)
+  gp.no_grad(function()
+    for _, j in ipairs(jobs) do
+      local t, src, m, field = j[1], j[2], j[3], j[4]
+      if gp.is_quantized(src) then
+        if t:is_contiguous() then src:dequantize(t) else t:copy_(src:dequantize(t.dtype)) end
+      elseif src ~= t then
+        t:copy_(src)
+      end
+      if field == 'weight' and getmetatable(m) == LoRA._imt and m.enabled and not m.merged then
+        if t:is_contiguous() and m.lora_B.dtype == t.dtype then
+          gp.k.matmul(t, m.lora_B, m.lora_A, m.scaling, 1)
+        else
+          t:add_(m:delta():to(t.dtype))
+        end
+      end
+    end
+  end)
+  return dense
+end
+
 doc(L.apply, "gp.lora.apply(model, {rank=8, alpha=2*rank, dropout=0, targets={'attn%.qkv$', ...}})",
   'wrap the model\'s nn.Linear (and nn.Linear4) modules whose dotted names match a target pattern (default: attention and MLP) in nn.LoRA, freeze every other parameter; returns the adapter parameters. Given targets must each match a Linear (an error names the one that does not and lists the model\'s Linears)')
 doc(L.parameters, 'gp.lora.parameters(model)', 'the lora_A and lora_B tensors of every LoRA module (what the optimizer trains)')
@@ -342,5 +389,6 @@ doc(L.load, "gp.lora.load(model, 'a.safetensors' | tensors)", 'load adapters int
 doc(L.merge, 'gp.lora.merge(model)', 'merge every adapter into its weight (generation without the extra matmuls)')
 doc(L.unmerge, 'gp.lora.unmerge(model)', 'restore every merged weight exactly')
 doc(L.merged, 'gp.lora.merged(model, fn, ...)', 'run fn with the dense weights\' adapters merged (one product a projection), then restore the weights exactly, also on error (a copy of each merged weight is held meanwhile); returns what fn returns')
+doc(L.dense_copy, 'gp.lora.dense_copy(dense, model)', 'write into dense (a model of the same architecture with plain dense weights, e.g. the checkpoint loaded again) model\'s weights with every enabled adapter merged and every quantized weight dequantized, model unchanged: a copy to sample from at a dense model\'s speed while model keeps its 4-bit base and unmerged adapters; returns dense')
 doc(L.without, 'gp.lora.without(model, fn, ...)', 'run fn with the adapters switched off (the frozen base model); returns what fn returns')
 return L

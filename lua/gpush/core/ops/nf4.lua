@@ -164,9 +164,20 @@ local function dequant_rows(q, n0, n, out)
 end
 
 function Q:dequantize(dt)
-  dt = dt or self.dtype
-  if not FLOAT[dt] then raise(string.format('dequantize: %s is not a float dtype', tostring(dt))) end
-  local out = empty(self.shape, dt, self.device, 'dequantize')
+  local out
+  if is_tensor(dt) then -- into a given tensor
+    out = dt
+    if not FLOAT[out.dtype] or out:dim() ~= 2 or out.shape[1] ~= self.shape[1] or out.shape[2] ~= self.shape[2] or
+      out.device ~= self.device or not out:is_contiguous() then
+      raise(string.format('dequantize: out must be a contiguous float tensor %s on %s, got %s %s on %s%s',
+        shape_str(self.shape), self.device, out.dtype, shape_str(out.shape), out.device,
+        out:is_contiguous() and '' or ' (not contiguous)'))
+    end
+  else
+    dt = dt or self.dtype
+    if not FLOAT[dt] then raise(string.format('dequantize: %s is not a float dtype', tostring(dt))) end
+    out = empty(self.shape, dt, self.device, 'dequantize')
+  end
   return gp.no_grad(dequant_rows, self, 0, self.shape[1], out)
 end
 
@@ -215,7 +226,7 @@ end
 function Q:cuda() return self:to('cuda') end
 function Q:cpu() return self:to('cpu') end
 
-doc(Q.dequantize, 'q:dequantize(dtype=q.dtype)', 'the weight (out, in) as a float tensor: code * absmax of every element, rounded once to dtype')
+doc(Q.dequantize, 'q:dequantize(dtype=q.dtype) or q:dequantize(out)', 'the weight (out, in) as a float tensor: code * absmax of every element, rounded once to dtype; given a contiguous float tensor out of that shape on the same device, written into it (returns out)')
 doc(Q.to, "q:to('cuda' | 'bf16' | {device=, dtype=})", 'the quantized weight on another device (the codes and absmax moved) or with another compute dtype; q itself when nothing changes')
 doc(Q.rows, 'q:rows(idx, dtype=q.dtype)', 'the rows idx (i64/i32 row numbers, any shape) dequantized, (idx shape..., in): an embedding lookup that reads only those rows\' codes and absmax')
 doc(Q.cuda, 'q:cuda()', 'q:to(\'cuda\')')
