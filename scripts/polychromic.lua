@@ -60,6 +60,7 @@ local o = gp.args.parse(arg, {
   {'n-layer', 2, 'base blocks'},
   {'n-head', 2, 'base heads'},
   {'device', '', 'cpu or cuda (default: cuda when a GPU is usable)'},
+  {'graph', true, 'on a GPU, run the PPO update as CUDA graphs over rows padded to a fixed width (--no-graph: eager updates)'},
   {'seed', 1234, 'random seed'},
   {'log-every', 10, 'print a line every N steps'},
   {'json', '', 'append the final metrics as a JSON line to this file'},
@@ -182,7 +183,8 @@ local function run(objective)
   local r = P.finetune(m, tok, task, {objective = objective, steps = o.steps, n = o.n, prompts_per_step = o.prompts_per_step,
     temperature = o.temperature, top_p = o.top_p, lambda = o.lambda, kl = o.kl, clip = o.clip, lr = o.lr,
     epochs = o.epochs, adv_norm = o.adv_norm, subset_size = o.subset_size > 0 and o.subset_size or nil,
-    max_subsets = o.max_subsets, floor = o.floor, valid_only = o.valid_only, set_div = o.set_div, max_new = max_new, embed = embed, seed = o.seed, log_every = o.log_every, log = print})
+    max_subsets = o.max_subsets, floor = o.floor, valid_only = o.valid_only, set_div = o.set_div, max_new = max_new, embed = embed, seed = o.seed, log_every = o.log_every, log = print,
+    graph = o.graph})
   gp.manual_seed(o.seed + 3) -- the same evaluation draws for every objective
   r.eval = P.evaluate(m, tok, task, eval_opts)
   r.model = m

@@ -107,7 +107,7 @@ return function(o)
   local fopts = {steps = steps, n = n, prompts_per_step = B, eval_n = eval_n, max_new = max_new, temperature = o.temperature,
                  top_p = o.top_p, lr = lr, epochs = epochs, clip = o.clip, kl = o.kl, lambda = o.lambda, adv_norm = o.adv_norm,
                  subset_size = o.subset_size > 0 and o.subset_size or nil, max_subsets = o.max_subsets, floor = floor,
-                 valid_only = valid_only, set_div = set_div, log_every = o.log_every}
+                 valid_only = valid_only, set_div = set_div, log_every = o.log_every, graph = o.graph}
 
   if o.bench_step then
     local warm = 2
@@ -129,7 +129,7 @@ return function(o)
     local plen = 0
     for _, p in ipairs(bench_prompts) do plen = plen + #tok:encode(p) end
     local m = gp.memory()
-    print(gp.json.encode({impl = 'gpush', base = o.base .. (o.embed_nf4 and '+embedding' or ''), sample = sample, dtype = dtype, device = gp.device(), prompts = B, n = n,
+    print(gp.json.encode({impl = 'gpush', base = o.base .. (o.embed_nf4 and '+embedding' or ''), sample = sample, graph = o.graph and on_gpu, dtype = dtype, device = gp.device(), prompts = B, n = n,
       max_new = max_new, epochs = epochs, rank = rank, steps = o.bench_steps, s_per_step = median('s'),
       generation_s = median('generation_s'), diversity_s = median('diversity_s'), update_s = median('update_s'),
       reply_tokens = median('reply_tokens'), prompt_tokens = plen / B, peak_mib = m.peak / 1048576,

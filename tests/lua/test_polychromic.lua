@@ -180,6 +180,53 @@ T.test('polychromic: a few steps of every objective on a tiny model', function()
   T.ok(ev.pass_at_n >= 0 and ev.pass_at_n <= 1 and ev.set_diversity >= 0)
 end)
 
+T.test('polychromic: the PPO update as CUDA graphs equals the eager update (epochs 1 and 2, kl, graphs made again) (cuda)', function()
+  T.cuda()
+  local V, R, stop = 20, 6, 0
+  local function model()
+    gp.manual_seed(21)
+    local m = gp.nn.GPT {vocab_size = V, block_size = 48, n_embd = 32, n_layer = 2, n_head = 2, device = 'cuda'}
+    gp.lora.apply(m, {rank = 4})
+    for _, e in ipairs(gp.lora.modules(m)) do gp.nn.init.normal_(e[2].lora_B, 0, 0.1) end
+    m:train()
+    return m
+  end
+  -- rollouts of T columns whose replies start after `from` tokens (targets -100 before)
+  local function rollout(cols, from)
+    local full = gp.randint(1, V, {R, cols}, {dtype = 'i64', device = 'cuda'})
+    local tg = full:narrow(2, 2, cols - 1):contiguous()
+    tg:narrow(2, 1, from - 1):fill_(-100)
+    return {full = full, targets = tg, T = cols, from = from}, gp.randn({R}, {device = 'cuda'})
+  end
+  for _, c in ipairs {{1, 0, 2}, {2, 0.1, 4}} do
+    local epochs, kl, captures = c[1], c[2], c[3]
+    local mg, me = model(), model()
+    local og = gp.optim.AdamW(gp.lora.parameters(mg), {lr = 1e-2, weight_decay = 0, device_hyper = true})
+    local oe = gp.optim.AdamW(gp.lora.parameters(me), {lr = 1e-2, weight_decay = 0})
+    local u = P.graph_updater(mg, og, {clip = 0.2, kl = kl}, stop)
+    gp.manual_seed(22)
+    -- the first makes the graphs, the second replays them, the third needs more columns and an earlier start
+    for i, shape in ipairs {{30, 20}, {28, 18}, {40, 10}, {26, 12}} do
+      local ro, at = rollout(shape[1], shape[2])
+      local lg = u.update(ro, at, epochs, kl):item()
+      local tg = ro.targets:narrow(2, ro.from, ro.T - ro.from)
+      local mask, old, le = tg:ne(-100):float(), nil, nil
+      local base = kl > 0 and gp.no_grad(function()
+        return gp.lora.without(me, function() return P.token_logp(me, ro.full, tg) end)
+      end) or nil
+      for _ = 1, epochs do le, old = P.ppo_step(me, oe, ro.full, tg, at, mask, {old = old, clip = 0.2, kl = kl, base_logp = base}) end
+      local what = string.format('epochs %d kl %g, update %d', epochs, kl, i)
+      T.ok(math.abs(lg - le:item()) <= 1e-3 * math.max(1, math.abs(le:item())), what .. ': loss ' .. lg .. ' vs ' .. le:item())
+      local pe = gp.lora.parameters(me)
+      for j, p in ipairs(gp.lora.parameters(mg)) do
+        T.ok(T.relnorm(p, pe[j]) < 1e-3, what .. ': parameter ' .. j .. ' ' .. T.relnorm(p, pe[j]))
+      end
+    end
+    T.eq(u.captures, captures)
+    u.free()
+  end
+end)
+
 T.test('scripts/polychromic.lua --compare (tiny): both objectives, the report table and the step times', function()
   local exe = T.exe
   local script = (GPUSH_ROOT or '.') .. '/scripts/polychromic.lua'

@@ -681,6 +681,88 @@ doc(P.evaluate, string.format('gp.polychromic.evaluate(policy, tok, task, {eval_
   'k samples per eval prompt: mean_reward, pass_at_n (a valid reply among the k), distinct_valid (distinct valid replies per prompt), set_diversity (mean over prompts)')
 
 ---------------------------------------------------------------------------
+-- the PPO update as CUDA graphs (finetune's `graph`, on the GPU): the
+-- rollout's rows are copied into static tensors of a fixed width (its
+-- columns rounded up to a multiple of 32 but at most the model's block_size
+-- + 1, scored from a column rounded down
+-- to one past a multiple of 16), so one capture serves every step until a
+-- rollout needs more columns or an earlier first scored column (then the
+-- graphs are made again, after one eager update). The padding adds only
+-- ignored targets (-100, mask 0): the loss and the gradients are those of the
+-- rows as they are. Epoch 1 keeps its own log-probs as old (one graph), later
+-- epochs read them (a second graph). Returns {update = function(ro, at,
+-- epochs, kl) -> the last epoch's loss, free = function() (the graphs),
+-- captures = how many graphs were captured}; opt needs device_hyper.
+function P.graph_updater(policy, opt, o, stop)
+  local self = {captures = 0}
+  local cap
+  local function free()
+    if cap then
+      for _, k in ipairs {'g1', 'g2'} do if cap[k] then cap[k]:free() end end
+      cap = nil
+    end
+  end
+  local function make(R, T, from, kl)
+    free()
+    local c = {R = R, T = T, from = from}
+    c.full = gp.full({R, T}, stop, {dtype = 'i64', device = 'cuda'})
+    c.targets = gp.full({R, T - 1}, -100, {dtype = 'i64', device = 'cuda'})
+    c.tg = c.targets:narrow(2, from, T - from)
+    c.at = gp.zeros({R}, {device = 'cuda'})
+    c.old = gp.zeros({R, T - from}, {device = 'cuda'})
+    c.base = kl > 0 and gp.zeros({R, T - from}, {device = 'cuda'}) or nil
+    cap = c
+  end
+  local function pass(first)
+    return function()
+      local mask = cap.tg:ne(-100):float()
+      local loss, old = P.ppo_step(policy, opt, cap.full, cap.tg, cap.at, mask,
+        {old = not first and cap.old or nil, clip = o.clip, kl = o.kl, base_logp = cap.base})
+      if first then cap.old:copy_(old) end
+      return loss
+    end
+  end
+  local function update(ro, at, epochs, kl)
+    local R, from = ro.full:size(1), ro.from or 1
+    -- (the model reads T - 1 columns: at most its positions)
+    local bs = type(policy.config) == 'table' and policy.config.block_size or math.huge
+    local T = math.max(ro.T, math.min(math.ceil(ro.T / 32) * 32, bs + 1))
+    local f0 = from == 1 and 1 or math.max(1, math.floor((from - 1) / 16) * 16 + 1)
+    if not cap or cap.R ~= R or ro.T > cap.T or from < cap.from or (kl > 0) ~= (cap.base ~= nil) then
+      make(R, math.max(T, cap and cap.R == R and cap.T or 0), math.min(f0, cap and cap.R == R and cap.from or f0), kl)
+    end
+    cap.full:fill_(stop)
+    cap.full:narrow(2, 1, ro.T):copy_(ro.full)
+    cap.targets:fill_(-100)
+    cap.targets:narrow(2, 1, ro.T - 1):copy_(ro.targets)
+    cap.at:copy_(at)
+    if cap.base then
+      gp.no_grad(function()
+        cap.base:copy_(lora.without(policy, function() return P.token_logp(policy, cap.full, cap.tg) end))
+      end)
+    end
+    local loss
+    for e = 1, epochs do
+      local key = e == 1 and 'g1' or 'g2'
+      if cap[key] then
+        opt:prepare_replay()
+        loss = cap[key]:replay()
+      else -- this epoch eagerly (it updates), then its capture for the next steps
+        loss = pass(e == 1)()
+        collectgarbage('collect')
+        cap[key] = opt:capture(pass(e == 1))
+        self.captures = self.captures + 1
+      end
+    end
+    return loss
+  end
+  self.update, self.free = update, free
+  return self
+end
+doc(P.graph_updater, 'gp.polychromic.graph_updater(policy, opt, {clip=, kl=}, stop)',
+  "the PPO update as CUDA graphs (what finetune's graph option runs; opt made with device_hyper = true): u.update(rollout, adv, epochs, kl) copies the rollout's rows into static tensors padded to a fixed width (stop tokens, ignored targets), replays the captured epochs (after one eager update and a capture when the rollout needs more columns or an earlier first scored column) and returns the last loss; u.free() releases the graphs; u.captures counts them")
+
+---------------------------------------------------------------------------
 -- one fine-tuning run
 
 -- o: objective, n, temperature, top_p, steps, prompts_per_step, lambda, kl,
@@ -696,7 +778,10 @@ function P.finetune(policy, tok, task, o)
     return math.floor(rng_state / 2147483648 * n) + 1
   end
   local params = lora.parameters(policy)
-  local opt = optim.AdamW(params, {lr = o.lr or DEF.lr, weight_decay = 0})
+  -- the PPO update as CUDA graphs (graph_updater) on the GPU unless o.graph == false
+  local use_graph = o.graph ~= false and o.objective ~= 'sft' and device_of(policy) == 'cuda'
+  local opt = optim.AdamW(params, {lr = o.lr or DEF.lr, weight_decay = 0, device_hyper = use_graph})
+  local gu = use_graph and P.graph_updater(policy, opt, o, tok.stop) or nil
   local B, n = o.prompts_per_step or DEF.prompts_per_step, o.n or DEF.n
   local embed = o.embed or P.base_embed
   local times = {generation = 0, diversity = 0, update = 0, kernel = 0}
@@ -760,7 +845,7 @@ function P.finetune(policy, tok, task, o)
       adv = P.normalize(adv, B, n, o.adv_norm or DEF.adv_norm)
       local base_logp
       local tg = scored_targets(ro)
-      if (o.kl or DEF.kl) > 0 then
+      if (o.kl or DEF.kl) > 0 and not use_graph then
         base_logp = gp.no_grad(function()
           return lora.without(policy, function() return P.token_logp(policy, ro.full, tg) end)
         end)
@@ -772,11 +857,15 @@ function P.finetune(policy, tok, task, o)
       -- update: PPO epochs over the batch; old log-probs from the first pass
       local dev = device_of(policy)
       local at = gp.tensor(adv, {dtype = 'f32', device = dev})
-      local mask = tg:ne(-100):float()
       local old, loss
       policy:train()
-      for _ = 1, o.epochs or DEF.epochs do
-        loss, old = P.ppo_step(policy, opt, ro.full, tg, at, mask, {old = old, clip = o.clip, kl = o.kl, base_logp = base_logp})
+      if use_graph then
+        loss = gu.update(ro, at, o.epochs or DEF.epochs, o.kl or DEF.kl)
+      else
+        local mask = tg:ne(-100):float()
+        for _ = 1, o.epochs or DEF.epochs do
+          loss, old = P.ppo_step(policy, opt, ro.full, tg, at, mask, {old = old, clip = o.clip, kl = o.kl, base_logp = base_logp})
+        end
       end
       rec.loss = loss:item()
       local t3 = logger.now()
@@ -798,11 +887,12 @@ function P.finetune(policy, tok, task, o)
         rec.distinct and string.format(', distinct valid %.2f', rec.distinct) or ''))
     end
   end
+  if gu then gu.free() end
   return {history = hist, times = times, steps = o.steps}
 end
 doc(P.defaults, 'gp.polychromic.defaults', 'the default options of rollout, advantages, ppo_loss, evaluate and finetune')
 doc(P.finetune, string.format("gp.polychromic.finetune(policy, tok, task, {objective='poly', steps=, n=%d, prompts_per_step=%d, lr=%g, epochs=%d, set_div='%s', ...})",
   DEF.n, DEF.prompts_per_step, DEF.lr, DEF.epochs, DEF.set_div),
-  'fine-tune the LoRA adapters of policy with the objective (set_div, floor, valid_only, subset_size, max_subsets as in advantages); on_step(record) after each step (loss, reward, set_diversity, distinct, the step\'s seconds and its parts), prompt_list: the same prompts every step; returns {history, times = {generation, diversity, update, kernel} in seconds}')
+  'fine-tune the LoRA adapters of policy with the objective (set_div, floor, valid_only, subset_size, max_subsets as in advantages); on_step(record) after each step (loss, reward, set_diversity, distinct, the step\'s seconds and its parts), prompt_list: the same prompts every step; graph (true: on the GPU the PPO update runs as CUDA graphs over rows padded to a fixed width, captured after one eager update and made again when a rollout needs more columns; false: eager updates); returns {history, times = {generation, diversity, update, kernel} in seconds}')
 
 return P
