@@ -10,11 +10,31 @@ T.test('100,000 temporary 1 MB tensors keep memory bounded', function()
     gp.empty({262144}, {device = dev}) -- 1 MB of f32, garbage at once
   end
   local m = gp.memory()
-  -- a full collection runs once 256 MB of new tensors (core.lua GC_MIN) are
-  -- allocated, so garbage stays under that plus what is live
+  -- a full collection runs once the collector's floor of new tensors is
+  -- allocated (256 MB, runtime.lua's GC_MIN; with device memory in use the
+  -- floor follows the collections' cost up to GC_CAP, 4 GiB), so garbage stays
+  -- under that plus what is live
   if dev == 'cuda' then
-    T.ok(m.reserved - m0.reserved < 320 * 1048576, 'reserved grew by ' .. (m.reserved - m0.reserved))
-    T.ok(m.cache_hits - m0.cache_hits > 99000, 'the cache served the allocations')
+    local fl = require('gpush.core.runtime').gc_floor()
+    T.ok(fl >= 256 * 1048576 and fl <= 4096 * 1048576, 'the floor ' .. fl)
+    T.ok(m.reserved - m0.reserved < 4160 * 1048576, 'reserved grew by ' .. (m.reserved - m0.reserved))
+    -- (up to the cap's 4,096 blocks come from cudaMalloc before the first collection frees any)
+    T.ok(m.cache_hits - m0.cache_hits > 95000, 'the cache served the allocations: ' .. (m.cache_hits - m0.cache_hits))
+    -- GPUSH_GC_PACE=0: the floor stays at 256 MB
+    local f = os.tmpname()
+    local h = assert(io.open(f, 'w'))
+    h:write([[
+local m0 = gp.memory()
+for _ = 1, 20000 do gp.empty({262144}, {device = 'cuda'}) end
+local m = gp.memory()
+print(string.format('FLOOR %d GREW %d', require('gpush.core.runtime').gc_floor(), tonumber(m.reserved - m0.reserved)))
+]])
+    h:close()
+    local out = T.sh('GPUSH_GC_PACE=0 ' .. T.exe .. ' ' .. f)
+    os.remove(f)
+    local fl0, grew = out:match('FLOOR (%d+) GREW (%-?%d+)')
+    T.eq(tonumber(fl0), 256 * 1048576, out)
+    T.ok(tonumber(grew) < 320 * 1048576, 'reserved grew by ' .. tostring(grew))
   else
     T.ok(m.host_peak < m0.host_peak + 320 * 1048576, 'host peak ' .. m.host_peak)
   end

@@ -88,20 +88,38 @@ end
 -- GC pacing: device and host tensor bytes are invisible to the Lua GC, so
 -- tensors allocated since the last collection count as debt, and once the
 -- debt reaches the bytes still held by live tensors after that collection
--- (at least GC_MIN) a full collection runs: garbage tensors never hold more
--- than about as much again as the live ones, and a training step that
--- allocates gigabytes pays for a few collections, not one per allocation.
-local GC_MIN = 256 * 1048576
-local debt, budget = 0, GC_MIN
+-- (at least the floor) a full collection runs: garbage tensors never hold
+-- more than about as much again as the live ones (or the floor), and a
+-- training step that allocates gigabytes pays for a few collections, not one
+-- per allocation. The floor starts at GC_MIN; in a process that holds device
+-- memory it follows what collections cost: one that took more than 5% of the
+-- wall time since the previous one doubles it (up to GC_CAP), one under 1%
+-- halves it. A large Lua heap (tokenizers' vocabularies, models' modules)
+-- makes a full collection cost 10-37 ms, and with the fixed 256 MB floor an
+-- eager step could spend a fifth of its time in them (BENCHMARKS.md,
+-- 2026-11-30 (i)). GPUSH_GC_PACE=0 keeps the floor at GC_MIN.
+local GC_MIN, GC_CAP = 256 * 1048576, 4096 * 1048576
+local debt, budget, floor, last = 0, GC_MIN, GC_MIN, nil
+local pace = os.getenv('GPUSH_GC_PACE') ~= '0'
 local stats = ffi.new('gp_memstats')
 function M.gc_account(bytes)
   debt = debt + bytes
   if debt >= budget then
+    local t0 = C.gp_wall_ms()
     collectgarbage('collect')
+    local t1 = C.gp_wall_ms()
     debt = 0
     C.gp_memory_stats(stats)
-    budget = math.max(GC_MIN, tonumber(stats.in_use + stats.host_in_use))
+    if pace and stats.reserved > 0 and last then
+      local d, w = t1 - t0, t0 - last
+      if d > 0.05 * w then floor = math.min(GC_CAP, floor * 2)
+      elseif d < 0.01 * w then floor = math.max(GC_MIN, floor / 2) end
+    end
+    last = t1
+    budget = math.max(floor, tonumber(stats.in_use + stats.host_in_use))
   end
 end
+-- the collector's floor now (bytes): what gc_account lets garbage reach when few tensors are live
+function M.gc_floor() return floor end
 
 return M
