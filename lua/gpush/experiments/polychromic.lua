@@ -683,11 +683,11 @@ doc(P.evaluate, string.format('gp.polychromic.evaluate(policy, tok, task, {eval_
 ---------------------------------------------------------------------------
 -- the PPO update as CUDA graphs (finetune's `graph`, on the GPU): the
 -- rollout's rows are copied into static tensors of a fixed width (its
--- columns rounded up to a multiple of 32 but at most the model's block_size
--- + 1, scored from a column rounded down
--- to one past a multiple of 16), so one capture serves every step until a
--- rollout needs more columns or an earlier first scored column (then the
--- graphs are made again, after one eager update). The padding adds only
+-- columns rounded up to a multiple of 32, at most the model's block_size + 1;
+-- scored from a column rounded down to one past a multiple of 16), so one
+-- capture serves every step until a rollout needs more columns or an earlier
+-- first scored column (then the graphs are made again, after one eager
+-- update). The padding adds only
 -- ignored targets (-100, mask 0): the loss and the gradients are those of the
 -- rows as they are. Epoch 1 keeps its own log-probs as old (one graph), later
 -- epochs read them (a second graph). Returns {update = function(ro, at,
