@@ -81,3 +81,39 @@ T.test('dropout and multinomial (cuda): the same draws as the CPU for the same s
     T.same(b:totable(), a:totable())
   end
 end)
+
+-- the draws move a counter's four elements as one vector when the tensor is aligned for it, one at a time
+-- otherwise and in the tail: both ways equal the CPU's draws for the same seed
+T.test('rand_uniform, rand_normal, randint and dropout (cuda): vectors, tails and unaligned views equal the CPU',
+  function()
+    T.cuda()
+    for _, dt in ipairs {'f32', 'bf16', 'i64', 'u8'} do
+      for _, n in ipairs {1, 3, 4, 7, 64, 1001} do
+        for _, off in ipairs {0, 1} do
+          local function draw(dev, kind)
+            local t = gp.zeros({n + off}, {dtype = dt, device = dev}):narrow(1, off + 1, n)
+            gp.manual_seed(11)
+            if kind == 'int' then gp.k.randint(t, 0, 200)
+            elseif kind == 'u' then gp.k.rand_uniform(t, -2, 3)
+            else gp.k.rand_normal(t, 1, 2) end
+            return t:float():cpu()
+          end
+          local what = string.format('%s n %d offset %d', dt, n, off)
+          for _, kind in ipairs((dt == 'i64' or dt == 'u8') and {'int'} or {'u', 'n'}) do
+            local a, b = draw('cpu', kind), draw('cuda', kind)
+            if kind == 'int' then T.same(b:totable(), a:totable(), 0, what)
+            else T.ok(T.relnorm(b, a) < (dt == 'bf16' and 1e-2 or 1e-5), what .. ' ' .. kind) end
+          end
+          if dt == 'f32' or dt == 'bf16' then
+            local x = gp.randn({n + off}, {dtype = dt, device = 'cpu'}):narrow(1, off + 1, n)
+            gp.manual_seed(13)
+            local o1, m1 = gp.dropout(x, 0.4)
+            gp.manual_seed(13)
+            local o2, m2 = gp.dropout(x:cuda(), 0.4)
+            T.same(m2:totable(), m1:totable(), 0, what .. ' dropout mask')
+            T.ok(T.relnorm(o2:float():cpu(), o1:float()) < 1e-6, what .. ' dropout')
+          end
+        end
+      end
+    end
+  end)
