@@ -387,3 +387,27 @@ T.test('copy (cuda): packed rows to padded rows and back equal the CPU', functio
     end
   end
 end)
+
+-- where over dense operands of one shape moves 16 bytes a thread when all four are aligned for it; unaligned
+-- views and the tail go one element at a time: every way equals the CPU
+T.test('where (cuda): dense vectors, tails and unaligned views equal the CPU', function()
+  T.cuda()
+  for _, dt in ipairs(DTYPES) do
+    for _, n in ipairs {1, 5, 16, 37, 4099} do
+      for _, off in ipairs {0, 1} do
+        local function view(t) return t:narrow(1, off + 1, n) end
+        local M = gp.rand({n + off}, {device = 'cpu'}):gt(0.5)
+        local A = gp.randn({n + off}, {device = 'cpu'}):mul(50):type(dt)
+        local B = gp.randn({n + off}, {device = 'cpu'}):mul(50):type(dt)
+        local m, a, b = view(M), view(A), view(B)
+        local want = gp.where(m, a, b):float():totable()
+        local got = gp.where(view(M:cuda()), view(A:cuda()), view(B:cuda())):float():cpu():totable()
+        T.same(got, want, 0, string.format('%s n %d offset %d', dt, n, off))
+        local o = view(gp.zeros({n + off}, {dtype = dt, device = 'cuda'}))
+        gp.k.where(o, m:cuda(), a:cuda(), b:cuda())
+        T.same(o:float():cpu():totable(), want, 0,
+          string.format('%s n %d offset %d, an unaligned out', dt, n, off))
+      end
+    end
+  end
+end)
