@@ -594,3 +594,23 @@ T.test('device_hyper: prepare_replay allocates nothing (one host staging tensor 
     end
   end
 end)
+
+-- gp.k.sumsq reads 16-byte vectors from the tensor's first 16-byte boundary: every offset of a view and every
+-- tail agree with the CPU
+T.test('sumsq (cuda): views at every offset of a 16-byte vector equal the CPU', function()
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16', 'f16'} do
+    local x = gp.randn({5000}, {device = 'cpu'}):type(dt)
+    local xg = x:cuda()
+    for _, off in ipairs {0, 1, 2, 3, 5, 7} do
+      for _, n in ipairs {1, 9, 4093} do
+        local a, b = gp.zeros({1}, {device = 'cpu'}), gp.zeros({1}, {device = 'cuda'})
+        gp.k.sumsq(a, x:narrow(1, off + 1, n))
+        gp.k.sumsq(b, xg:narrow(1, off + 1, n))
+        local want, got = a:item(), b:cpu():item()
+        T.ok(math.abs(got - want) <= 1e-5 * math.abs(want), string.format('%s offset %d n %d: %g vs %g', dt, off, n,
+          got, want))
+      end
+    end
+  end
+end)
