@@ -23,25 +23,42 @@ template <typename T> __device__ __forceinline__ int64_t row_head(const T *p, in
   return h < v ? h : v;
 }
 
-/* f(j, x[j]) over a row: 16-byte vectors from the row's first boundary, the
- * elements before it and after the last whole vector one a thread (vec: the
- * vectors; else one element a thread) */
-template <typename T, typename F> __device__ __forceinline__ void row_read(const T *p, int64_t v, bool vec, F f) {
+/* this thread's (max, sum of 2^(x - max)) of a row in log2 units (onchip.cuh's Acc, without branches a
+ * value): 16-byte vectors from the row's first boundary, four loads in flight a thread, the elements
+ * before it and after the last whole vector one a thread (vec: the vectors; else one element a thread) */
+template <typename T> __device__ __forceinline__ Acc row_acc2(const T *p, int64_t v, bool vec) {
   constexpr int W = 16 / sizeof(T);
+  constexpr float L2E = 1.4426950408889634f;
+  Acc a{-INFINITY, 0.f, 0.f};
+  auto one = [&](int64_t j) {
+    const float x = ld(p[j]) * L2E;
+    acc_add2<1, false>(a, &x, nullptr);
+  };
+  int64_t h = 0, nv = 0;
   if (vec) {
-    const int64_t h = row_head(p, v), nv = (v - h) / W;
+    h = row_head(p, v), nv = (v - h) / W;
     const uint4 *q = reinterpret_cast<const uint4 *>(p + h);
-    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
-      uint4 u = q[j];
-      const T *e = reinterpret_cast<const T *>(&u);
+    const int64_t nt = blockDim.x;
+    for (int64_t j0 = threadIdx.x; j0 < nv; j0 += 4 * nt) {
+      uint4 u[4];
 #pragma unroll
-      for (int l = 0; l < W; l++) f(h + j * W + l, ld(e[l]));
+      for (int i = 0; i < 4; i++)
+        if (j0 + i * nt < nv) u[i] = q[j0 + i * nt];
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        if (j0 + i * nt < nv) {
+          const T *e = reinterpret_cast<const T *>(&u[i]);
+          float x[W];
+#pragma unroll
+          for (int l = 0; l < W; l++) x[l] = ld(e[l]) * L2E;
+          acc_add2<W, false>(a, x, nullptr);
+        }
+      }
     }
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) f(j, ld(p[j]));
-    for (int64_t j = h + nv * W + threadIdx.x; j < v; j += blockDim.x) f(j, ld(p[j]));
-  } else {
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) f(j, ld(p[j]));
+    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) one(j);
   }
+  for (int64_t j = h + nv * W + threadIdx.x; j < v; j += blockDim.x) one(j);
+  return a;
 }
 
 /* o[j] = g(j, x[j]) over a row (vec: o and p the same distance from a 16-byte boundary) */
@@ -123,15 +140,8 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
     if (g) row_map(g, x, v, vec, [nan](int64_t, float) { return nan; });
     return;
   }
-  float m = -INFINITY, s = 0.f;
-  row_read(x, v, vec, [&](int64_t, float a) {
-    if (a > m) {
-      s = s * expf(m - a) + 1.f;
-      m = a;
-    } else if (a != -INFINITY || m != -INFINITY) {
-      s += expf(a - m);
-    }
-  });
+  const Acc a = row_acc2(x, v, vec);
+  float m = a.m * 0.6931471805599453f, s = a.z;
   /* the target's logit, read before the block's reduction (its barrier orders
    * the read before pass 2's writes: dlogits may be logits itself) */
   float xt = threadIdx.x == 0 ? ld(x[t]) : 0.f;
