@@ -201,6 +201,7 @@ struct g3 {
   int64_t A, K, C, B, sa, sb, sc;
 };
 
+/* one element a thread (rows shorter than a warp's worth) */
 template <typename U, typename I>
 __global__ void k_gather(U *o, const U *x, const I *idx, g3 g, int mode, gp_bad_ref bad) {
   int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
@@ -210,22 +211,68 @@ __global__ void k_gather(U *o, const U *x, const I *idx, g3 g, int mode, gp_bad_
     int64_t b = ldi(idx, mode == 0 ? e : k);
     if (b < 0 || b >= g.B) {
       gp_report_bad(bad, b);
-      o[e] = 0;
+      o[e] = U{};
     } else {
       o[e] = x[a * g.sa + b * g.sb + c * g.sc];
     }
   }
 }
 
+/* a warp a row r = a K + k of out, lanes along it: one division a row where the kernel above has two an
+ * element (64-bit: they bound it, 0.21-0.25 of copy on the H200). SEL (index_select): the row copies x's row
+ * idx[k], in units U of up to 16 bytes when x's rows are contiguous and aligned (g's strides and C in units);
+ * else (gather) element c comes from x's row idx[r, c] */
+template <typename U, typename I, bool SEL>
+__global__ void k_gather_rows(U *o, const U *x, const I *idx, g3 g, gp_bad_ref bad) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+  for (int64_t r = w0; r < g.A * g.K; r += nw) {
+    const int64_t a = r / g.K;
+    U *orow = o + r * g.C;
+    if constexpr (SEL) {
+      const int64_t b = ldi(idx, r - a * g.K);
+      if (b < 0 || b >= g.B) {
+        if (lane == 0) gp_report_bad(bad, b);
+        for (int64_t c = lane; c < g.C; c += 32) orow[c] = U{};
+      } else {
+        const U *xrow = x + a * g.sa + b * g.sb;
+        for (int64_t c = lane; c < g.C; c += 32) orow[c] = xrow[c * g.sc];
+      }
+    } else {
+      const I *irow = idx + r * g.C;
+      const U *xa = x + a * g.sa;
+      for (int64_t c = lane; c < g.C; c += 32) {
+        const int64_t b = ldi(irow, c);
+        if (b < 0 || b >= g.B) {
+          gp_report_bad(bad, b);
+          orow[c] = U{};
+        } else {
+          orow[c] = xa[b * g.sb + c * g.sc];
+        }
+      }
+    }
+  }
+}
+
+template <typename U, typename I>
+static void launch_gather_i(int mode, gp_tensor *out, const gp_tensor *x, const gp_tensor *idx, g3 g, gp_bad_ref bad) {
+  U *po = (U *)gp_ptr(out);
+  const U *px = (const U *)gp_ptr(x);
+  const I *pi = (const I *)gp_ptr(idx);
+  cudaStream_t s = gp_cuda_stream();
+  if (g.C >= 16) { /* a warp a row */
+    const unsigned gr = gp_grid(g.A * g.K * 32, 256);
+    if (mode == 0) k_gather_rows<U, I, false><<<gr, 256, 0, s>>>(po, px, pi, g, bad);
+    else k_gather_rows<U, I, true><<<gr, 256, 0, s>>>(po, px, pi, g, bad);
+  } else {
+    k_gather<U, I><<<gp_grid(g.A * g.K * g.C, 256), 256, 0, s>>>(po, px, pi, g, mode, bad);
+  }
+}
+
 template <typename U>
 static void launch_gather(int mode, gp_tensor *out, const gp_tensor *x, const gp_tensor *idx, g3 g, gp_bad_ref bad) {
-  unsigned gr = gp_grid(g.A * g.K * g.C, 256);
-  if (idx->dtype == GP_I32)
-    k_gather<U, int32_t><<<gr, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(x),
-                                                             (const int32_t *)gp_ptr(idx), g, mode, bad);
-  else
-    k_gather<U, int64_t><<<gr, 256, 0, gp_cuda_stream()>>>((U *)gp_ptr(out), (const U *)gp_ptr(x),
-                                                             (const int64_t *)gp_ptr(idx), g, mode, bad);
+  if (idx->dtype == GP_I32) launch_gather_i<U, int32_t>(mode, out, x, idx, g, bad);
+  else launch_gather_i<U, int64_t>(mode, out, x, idx, g, bad);
 }
 
 extern "C" int gp_cuda_gather(int mode, gp_tensor *out, const gp_tensor *x, const gp_tensor *idx) {
@@ -234,34 +281,75 @@ extern "C" int gp_cuda_gather(int mode, gp_tensor *out, const gp_tensor *x, cons
   if (g.A * g.K * g.C == 0) return GP_OK;
   gp_bad_ref bad;
   GP_TRY(gp_bad_begin(&bad, op, g.B, "x's dim 2 (the gathered dim)"));
-  switch (gp_elsize(out->dtype)) {
-    case 1: launch_gather<uint8_t>(mode, out, x, idx, g, bad); break;
-    case 2: launch_gather<uint16_t>(mode, out, x, idx, g, bad); break;
-    case 4: launch_gather<uint32_t>(mode, out, x, idx, g, bad); break;
-    default: launch_gather<unsigned long long>(mode, out, x, idx, g, bad); break;
+  const int64_t es = gp_elsize(out->dtype);
+  /* index_select over rows of x contiguous along C: units of 16, 8 or 4 bytes where the rows, their strides
+   * and both pointers allow */
+  const uintptr_t al = (uintptr_t)gp_ptr(out) | (uintptr_t)gp_ptr(x) | (uintptr_t)(g.C * es) |
+                       (uintptr_t)(g.sa * es) | (uintptr_t)(g.sb * es);
+  const int unit = mode == 1 && (g.sc == 1 || g.C == 1) ? (al % 16 == 0 ? 16 : al % 8 == 0 ? 8 : al % 4 == 0 ? 4 : 0) : 0;
+  if (unit > es) {
+    const int64_t f = unit / es;
+    g3 gu = {g.A, g.K, g.C / f, g.B, g.sa / f, g.sb / f, 1};
+    if (unit == 16) launch_gather<uint4>(mode, out, x, idx, gu, bad);
+    else if (unit == 8) launch_gather<uint2>(mode, out, x, idx, gu, bad);
+    else launch_gather<uint32_t>(mode, out, x, idx, gu, bad);
+  } else {
+    switch (es) {
+      case 1: launch_gather<uint8_t>(mode, out, x, idx, g, bad); break;
+      case 2: launch_gather<uint16_t>(mode, out, x, idx, g, bad); break;
+      case 4: launch_gather<uint32_t>(mode, out, x, idx, g, bad); break;
+      default: launch_gather<unsigned long long>(mode, out, x, idx, g, bad); break;
+    }
   }
   return gp_bad_end(op);
 }
 
-/* acc[a,b,c] = x[a,b,c] (x strided) */
-template <typename T> __global__ void k_init3(float *acc, const T *x, int64_t A, int64_t B, int64_t C, int64_t sa,
-                                              int64_t sb, int64_t sc) {
-  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
-  for (int64_t e = tid; e < A * B * C; e += nth) {
-    int64_t c = e % C, ab = e / C, b = ab % B, a = ab / B;
-    acc[e] = ld(x[a * sa + b * sb + c * sc]);
+/* acc[a,b,c] = x[a,b,c] (x strided); ROWS: a warp a row (a, b) (C >= 16), else an element a thread */
+template <typename T, bool ROWS> __global__ void k_init3(float *acc, const T *x, int64_t A, int64_t B, int64_t C,
+                                                         int64_t sa, int64_t sb, int64_t sc) {
+  if constexpr (ROWS) {
+    const int lane = threadIdx.x & 31;
+    const int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t r = w0; r < A * B; r += nw) {
+      const int64_t a = r / B, b = r - a * B;
+      const T *xr = x + a * sa + b * sb;
+      for (int64_t c = lane; c < C; c += 32) acc[r * C + c] = ld(xr[c * sc]);
+    }
+  } else {
+    int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = tid; e < A * B * C; e += nth) {
+      int64_t c = e % C, ab = e / C, b = ab % B, a = ab / B;
+      acc[e] = ld(x[a * sa + b * sb + c * sc]);
+    }
   }
 }
 
-template <typename T, typename I>
+/* acc[a, idx[a,k,c], c] += src[a,k,c]; ROWS: a warp a row (a, k) of src and idx (C >= 16), else an element a
+ * thread */
+template <typename T, typename I, bool ROWS>
 __global__ void k_scatter_add(float *acc, const T *src, const I *idx, g3 g, gp_bad_ref bad) {
-  int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
-  int64_t n = g.A * g.K * g.C;
-  for (int64_t e = tid; e < n; e += nth) {
-    int64_t c = e % g.C, ak = e / g.C, k = ak % g.K, a = ak / g.K;
-    int64_t b = ldi(idx, e);
-    if (b < 0 || b >= g.B) gp_report_bad(bad, b);
-    else atomicAdd(acc + (a * g.B + b) * g.C + c, ld(src[a * g.sa + k * g.sb + c * g.sc]));
+  if constexpr (ROWS) {
+    const int lane = threadIdx.x & 31;
+    const int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    for (int64_t r = w0; r < g.A * g.K; r += nw) {
+      const int64_t a = r / g.K, k = r - a * g.K;
+      const I *irow = idx + r * g.C;
+      const T *sr = src + a * g.sa + k * g.sb;
+      float *aa = acc + a * g.B * g.C;
+      for (int64_t c = lane; c < g.C; c += 32) {
+        const int64_t b = ldi(irow, c);
+        if (b < 0 || b >= g.B) gp_report_bad(bad, b);
+        else atomicAdd(aa + b * g.C + c, ld(sr[c * g.sc]));
+      }
+    }
+  } else {
+    int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t e = tid; e < g.A * g.K * g.C; e += nth) {
+      int64_t c = e % g.C, ak = e / g.C, k = ak % g.K, a = ak / g.K;
+      int64_t b = ldi(idx, e);
+      if (b < 0 || b >= g.B) gp_report_bad(bad, b);
+      else atomicAdd(acc + (a * g.B + b) * g.C + c, ld(src[a * g.sa + k * g.sb + c * g.sc]));
+    }
   }
 }
 
@@ -274,17 +362,26 @@ extern "C" int gp_cuda_scatter_add(gp_tensor *out, const gp_tensor *x, const gp_
   gp_bad_ref bad;
   int rc = gp_bad_begin(&bad, "scatter_add", B, "out's dim 2 (the scattered dim)");
   if (rc == GP_OK) {
-    GP_FLOAT_SWITCH(x->dtype, T,
-                    k_init3<T><<<gp_grid(A * B * C, 256), 256, 0, gp_cuda_stream()>>>(
-                        acc, (const T *)gp_ptr(x), A, B, C, x->stride[0], x->stride[1], x->stride[2]));
+    const bool rows = C >= 16;
+    cudaStream_t st = gp_cuda_stream();
+    const unsigned gi = gp_grid(rows ? A * B * 32 : A * B * C, 256);
+    GP_FLOAT_SWITCH(x->dtype, T, {
+      const T *px = (const T *)gp_ptr(x);
+      if (rows) k_init3<T, true><<<gi, 256, 0, st>>>(acc, px, A, B, C, x->stride[0], x->stride[1], x->stride[2]);
+      else k_init3<T, false><<<gi, 256, 0, st>>>(acc, px, A, B, C, x->stride[0], x->stride[1], x->stride[2]);
+    });
     g3 g = {A, K, C, B, src->stride[0], src->stride[1], src->stride[2]};
     if (A * K * C > 0) {
-      unsigned gr = gp_grid(A * K * C, 256);
-      GP_FLOAT_SWITCH(src->dtype, T,
-                      if (idx->dtype == GP_I32) k_scatter_add<T, int32_t><<<gr, 256, 0, gp_cuda_stream()>>>(
-                          acc, (const T *)gp_ptr(src), (const int32_t *)gp_ptr(idx), g, bad);
-                      else k_scatter_add<T, int64_t><<<gr, 256, 0, gp_cuda_stream()>>>(
-                          acc, (const T *)gp_ptr(src), (const int64_t *)gp_ptr(idx), g, bad));
+      const unsigned gr = gp_grid(rows ? A * K * 32 : A * K * C, 256);
+      const bool i32 = idx->dtype == GP_I32;
+      const void *pi = gp_ptr(idx);
+      GP_FLOAT_SWITCH(src->dtype, T, {
+        const T *ps = (const T *)gp_ptr(src);
+        if (i32 && rows) k_scatter_add<T, int32_t, true><<<gr, 256, 0, st>>>(acc, ps, (const int32_t *)pi, g, bad);
+        else if (i32) k_scatter_add<T, int32_t, false><<<gr, 256, 0, st>>>(acc, ps, (const int32_t *)pi, g, bad);
+        else if (rows) k_scatter_add<T, int64_t, true><<<gr, 256, 0, st>>>(acc, ps, (const int64_t *)pi, g, bad);
+        else k_scatter_add<T, int64_t, false><<<gr, 256, 0, st>>>(acc, ps, (const int64_t *)pi, g, bad);
+      });
     }
     f32_round(out, acc, A * B * C);
     rc = gp_bad_end("scatter_add");

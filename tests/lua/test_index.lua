@@ -208,3 +208,47 @@ T.test('index ops (cuda): match the CPU; an out-of-range index is an error and t
   local gb = gp.embedding_backward(g:cuda():bf16(), idx:cuda(), 50):float()
   T.ok(T.relnorm(gb, gp.embedding_backward(g:bf16(), idx, 50)) < 1e-2)
 end)
+
+-- gather, index_select and scatter_add take a warp a row of 16 or more elements (index_select in 16-, 8- or
+-- 4-byte units where x's rows allow), an element a thread below that: each way, contiguous and strided x,
+-- equals the CPU; a bad index inside a row is still reported
+T.test('gather, index_select, scatter_add (cuda): rows of every length and layout equal the CPU', function()
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16', 'i64'} do
+    for _, C in ipairs {1, 5, 16, 33, 64} do
+      local x = gp.randn({3, 7, C}, {device = 'cpu'}):mul(10):type(dt)
+      local xt = gp.randn({3, C, 7}, {device = 'cpu'}):mul(10):type(dt):transpose(2, 3) -- x's rows strided
+      local idx = gp.randint(0, 7, {3, 5, C}, {device = 'cpu'})
+      local sel = gp.randint(0, 7, {6}, {device = 'cpu'})
+      for _, X in ipairs {x, xt} do
+        local what = string.format('%s C %d%s', dt, C, X == xt and ' strided' or '')
+        T.same(X:cuda():gather(2, idx:cuda()):float():cpu():totable(), X:gather(2, idx):float():totable(), 0,
+          what .. ' gather')
+        T.same(X:cuda():index_select(2, sel:cuda()):float():cpu():totable(),
+          X:index_select(2, sel):float():totable(), 0, what .. ' index_select')
+        -- a narrowed x: rows that start off a 16-byte boundary
+        if C > 1 then
+          T.same(X:cuda():narrow(3, 2, C - 1):index_select(2, sel:cuda()):float():cpu():totable(),
+            X:narrow(3, 2, C - 1):index_select(2, sel):float():totable(), 0, what .. ' index_select of a narrowed x')
+        end
+        if dt ~= 'i64' then
+          local src = gp.randn({3, 5, C}, {device = 'cpu'}):type(dt)
+          local want = X:scatter_add(2, idx, src):float()
+          local got = X:cuda():scatter_add(2, idx:cuda(), src:cuda()):float():cpu()
+          T.ok(T.relnorm(got, want) < (dt == 'bf16' and 1e-2 or 1e-6), what .. ' scatter_add')
+        end
+      end
+    end
+  end
+  local x = gp.randn({2, 4, 40}, {device = 'cuda'})
+  local bad = gp.zeros({2, 3, 40}, {dtype = 'i64', device = 'cuda'})
+  bad:narrow(3, 17, 1):fill_(4)
+  local later = 'reported at the next synchronization'
+  T.raises(function() x:gather(2, bad); gp.sync() end, 'gather', '4', later)
+  T.raises(function() x:scatter_add(2, bad, gp.ones({2, 3, 40}, {device = 'cuda'})); gp.sync() end, 'scatter_add',
+    '4', later)
+  T.raises(function() x:index_select(2, gp.tensor({1, 4}, {dtype = 'i64', device = 'cuda'})); gp.sync() end,
+    'index_select', '4', later)
+  T.same(x:index_select(2, gp.tensor({1, 3}, {dtype = 'i64', device = 'cuda'})):cpu():totable(),
+    x:cpu():index_select(2, gp.tensor({1, 3}, {dtype = 'i64', device = 'cpu'})):totable())
+end)

@@ -411,3 +411,21 @@ T.test('where (cuda): dense vectors, tails and unaligned views equal the CPU', f
     end
   end
 end)
+
+-- a copy that transposes (out contiguous along the dim src strides, src contiguous along another) moves
+-- 32 x 32 tiles through shared memory: transposes, batched ones and casting ones equal the CPU
+T.test('contiguous copies of transposed views (cuda): tiles equal the CPU', function()
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16', 'i64', 'u8'} do
+    for _, sh in ipairs {{31, 40}, {33, 64}, {100, 70}, {3, 45, 37}} do
+      local x = gp.randn(sh, {device = 'cpu'}):mul(20):type(dt)
+      local d = #sh
+      local want = x:transpose(d - 1, d):contiguous():float():totable()
+      local got = x:cuda():transpose(d - 1, d):contiguous():float():cpu():totable()
+      T.same(got, want, 0, dt .. ' ' .. table.concat(sh, 'x'))
+      local o = gp.zeros(x:transpose(d - 1, d).shape, {dtype = 'f32', device = 'cuda'})
+      o:copy_(x:cuda():transpose(d - 1, d))
+      T.same(o:cpu():totable(), want, 0, dt .. ' ' .. table.concat(sh, 'x') .. ' into f32')
+    end
+  end
+end)
