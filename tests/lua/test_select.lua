@@ -112,3 +112,39 @@ T.test('topk and sort (cuda): match the CPU, small and large rows', function()
   end
   T.raises(function() gp.randn({2, 3}, {device = 'cuda'}):topk(4) end, 'topk', 'larger than the row')
 end)
+
+-- rows of 128 to 2048 take CUB's block radix sort on the GPU: NaN above +inf, -0 level with +0, ties in index
+-- order, both directions, every dtype: the same values and indices as the CPU
+T.test('topk and sort (cuda): the radix rows keep the order (NaN, -0, ties)', function()
+  T.cuda()
+  for _, dt in ipairs {'f32', 'bf16', 'f16', 'i32', 'i64', 'u8'} do
+    for _, n in ipairs {128, 700, 2048} do
+      local x = gp.randint(0, 9, {4, n}, cpu):float()
+      if dt == 'f32' or dt == 'bf16' or dt == 'f16' then
+        x = x:sub(4)
+        local t = x:totable()
+        for r = 1, 4 do
+          for j = 1, n, 7 do t[r][j] = ({0 / 0, -0.0, 0.0, 1 / 0, -1 / 0, -(0 / 0)})[(j + r) % 6 + 1] end
+        end
+        x = gp.tensor(t, cpu)
+      end
+      x = x:type(dt)
+      for _, desc in ipairs {false, true} do
+        local s1, j1 = x:sort {descending = desc}
+        local s2, j2 = x:cuda():sort {descending = desc}
+        T.same(j2:totable(), j1:totable(), 0, string.format('%s n %d desc %s: indices', dt, n, tostring(desc)))
+      end
+      local v1, i1 = x:topk(64)
+      local v2, i2 = x:cuda():topk(64)
+      T.same(i2:totable(), i1:totable(), 0, string.format('%s n %d topk indices', dt, n))
+      local function nonan(v) -- NaN and the infinities as numbers T.same can subtract
+        local t = v:float():totable()
+        for _, r in ipairs(t) do
+          for j, e in ipairs(r) do r[j] = e ~= e and 3e38 or e == 1 / 0 and 2e38 or e == -1 / 0 and -2e38 or e end
+        end
+        return t
+      end
+      T.same(nonan(v2:cpu()), nonan(v1), 0, string.format('%s n %d topk values', dt, n))
+    end
+  end
+end)
