@@ -88,8 +88,8 @@ static int copy_rows(gp_tensor *out, const gp_tensor *src) {
  * (along c) are coalesced. The generic kernel reads src 4 bytes a sector there (H200, 8192 x 8192 f32 of a
  * transposed view: 0.23 of copy). */
 template <typename To, typename Ts>
-__global__ void __launch_bounds__(256) k_copy_transpose(To *o, const Ts *a, int64_t R, int64_t C, int64_t oz,
-                                                        int64_t orr, int64_t sz, int64_t sc) {
+__global__ void __launch_bounds__(256)
+    k_copy_transpose(To *o, const Ts *a, int64_t R, int64_t C, int64_t oz, int64_t orr, int64_t sz, int64_t sc) {
   __shared__ To t[32][33];
   const int64_t r0 = (int64_t)blockIdx.x * 32, c0 = (int64_t)blockIdx.y * 32, z = blockIdx.z;
   const Ts *az = a + z * sz;
@@ -120,10 +120,10 @@ static int copy_transpose(gp_tensor *out, const gp_tensor *src) {
   const dim3 g((unsigned)((R + 31) / 32), (unsigned)((C + 31) / 32), (unsigned)Z), b(32, 8);
   cudaStream_t s = gp_cuda_stream();
   GP_ANY_SWITCH(out->dtype, To, GP_ANY_SWITCH(src->dtype, Ts, {
-    GP_NOTE_LAUNCH((k_copy_transpose<To, Ts>), 256, 0);
-    k_copy_transpose<To, Ts><<<g, b, 0, s>>>((To *)gp_ptr(out), (const Ts *)gp_ptr(src), R, C, oz,
-                                             L.stride[0][n - 2], sz, L.stride[1][n - 1]);
-  }));
+                  GP_NOTE_LAUNCH((k_copy_transpose<To, Ts>), 256, 0);
+                  k_copy_transpose<To, Ts><<<g, b, 0, s>>>((To *)gp_ptr(out), (const Ts *)gp_ptr(src), R, C, oz,
+                                                           L.stride[0][n - 2], sz, L.stride[1][n - 1]);
+                }));
   return 1;
 }
 

@@ -284,9 +284,13 @@ extern "C" int gp_cuda_gather(int mode, gp_tensor *out, const gp_tensor *x, cons
   const int64_t es = gp_elsize(out->dtype);
   /* index_select over rows of x contiguous along C: units of 16, 8 or 4 bytes where the rows, their strides
    * and both pointers allow */
-  const uintptr_t al = (uintptr_t)gp_ptr(out) | (uintptr_t)gp_ptr(x) | (uintptr_t)(g.C * es) |
-                       (uintptr_t)(g.sa * es) | (uintptr_t)(g.sb * es);
-  const int unit = mode == 1 && (g.sc == 1 || g.C == 1) ? (al % 16 == 0 ? 16 : al % 8 == 0 ? 8 : al % 4 == 0 ? 4 : 0) : 0;
+  const uintptr_t al = (uintptr_t)gp_ptr(out) | (uintptr_t)gp_ptr(x) | (uintptr_t)(g.C * es) | (uintptr_t)(g.sa * es) |
+                       (uintptr_t)(g.sb * es);
+  const int unit = mode == 1 && (g.sc == 1 || g.C == 1) ? (al % 16 == 0  ? 16
+                                                           : al % 8 == 0 ? 8
+                                                           : al % 4 == 0 ? 4
+                                                                         : 0)
+                                                        : 0;
   if (unit > es) {
     const int64_t f = unit / es;
     g3 gu = {g.A, g.K, g.C / f, g.B, g.sa / f, g.sb / f, 1};
@@ -305,11 +309,12 @@ extern "C" int gp_cuda_gather(int mode, gp_tensor *out, const gp_tensor *x, cons
 }
 
 /* acc[a,b,c] = x[a,b,c] (x strided); ROWS: a warp a row (a, b) (C >= 16), else an element a thread */
-template <typename T, bool ROWS> __global__ void k_init3(float *acc, const T *x, int64_t A, int64_t B, int64_t C,
-                                                         int64_t sa, int64_t sb, int64_t sc) {
+template <typename T, bool ROWS>
+__global__ void k_init3(float *acc, const T *x, int64_t A, int64_t B, int64_t C, int64_t sa, int64_t sb, int64_t sc) {
   if constexpr (ROWS) {
     const int lane = threadIdx.x & 31;
-    const int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    const int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5,
+                  nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = w0; r < A * B; r += nw) {
       const int64_t a = r / B, b = r - a * B;
       const T *xr = x + a * sa + b * sb;
@@ -330,7 +335,8 @@ template <typename T, typename I, bool ROWS>
 __global__ void k_scatter_add(float *acc, const T *src, const I *idx, g3 g, gp_bad_ref bad) {
   if constexpr (ROWS) {
     const int lane = threadIdx.x & 31;
-    const int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5, nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
+    const int64_t w0 = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5,
+                  nw = ((int64_t)gridDim.x * blockDim.x) >> 5;
     for (int64_t r = w0; r < g.A * g.K; r += nw) {
       const int64_t a = r / g.K, k = r - a * g.K;
       const I *irow = idx + r * g.C;

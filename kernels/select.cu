@@ -120,7 +120,8 @@ constexpr int RS_THREADS = 256; /* RS_ITEMS a thread: rows of up to 1024 (4) or 
 /* a row of x (n <= RS_THREADS RS_ITEMS) sorted by CUB's block radix sort; its first m go out (sort: m = n;
  * topk: k) */
 template <typename T, int RS_ITEMS>
-__global__ void __launch_bounds__(RS_THREADS) k_sort_radix(T *vals, int64_t *inds, const T *x, int n, int m, bool desc) {
+__global__ void __launch_bounds__(RS_THREADS)
+    k_sort_radix(T *vals, int64_t *inds, const T *x, int n, int m, bool desc) {
   typedef typename RKey<T>::K K;
   typedef cub::BlockRadixSort<K, RS_THREADS, RS_ITEMS, int> Sort;
   __shared__ typename Sort::TempStorage tmp;
