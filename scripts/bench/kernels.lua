@@ -62,6 +62,8 @@ local BENCH = {
   {'mul', {'f32', 'bf16'}},
   {'add_s', {'f32', 'bf16'}},
   {'exp', {'f32', 'bf16'}},
+  {'pow_s', {'f32', 'bf16'}},
+  {'pow_s', {'f32', 'bf16'}, scalars = {s = 2}, label = 'pow_s 2 (a product)'},
   {'gelu', {'f32', 'bf16'}},
   {'matmul', {'bf16', 'f16', 'f32'}, star = {}, syms = {M = G, N = G, K = G}},
   {'matmul', {'f32'}, star = {}, syms = {M = G, N = G, K = G}, tf32 = true, label = 'matmul tf32'},

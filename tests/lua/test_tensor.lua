@@ -429,3 +429,19 @@ T.test('contiguous copies of transposed views (cuda): tiles equal the CPU', func
     end
   end
 end)
+
+-- x ^ 2 is one product on the GPU: exactly the CPU's (double pow rounded), NaN, infinities and -0 included
+T.test('pow by 2 (cuda): one product, equal to the CPU', function()
+  T.cuda()
+  local v = {0 / 0, 1 / 0, -1 / 0, -0.0, 0.0, 1e-30, -3.5, 1e20, 0.1, 7}
+  for _, dt in ipairs {'f32', 'bf16', 'f16'} do
+    local x = gp.tensor(v, {device = 'cpu'}):type(dt)
+    local function tbl(t)
+      local r = t:float():cpu():totable()
+      for i, e in ipairs(r) do r[i] = e ~= e and 'nan' or tostring(e) end
+      return table.concat(r, ' ')
+    end
+    T.eq(tbl(x:cuda():pow(2)), tbl(x:pow(2)), dt .. ' pow_s')
+    T.eq(tbl(x:cuda():pow(gp.full({10}, 2, {dtype = dt, device = 'cuda'}))), tbl(x:pow(2)), dt .. ' pow')
+  end
+end)
