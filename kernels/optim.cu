@@ -138,19 +138,12 @@ __device__ float block_sum(float x) {
   return x;
 }
 
-/* partials[b] = sum of squares of the b-th slice (fixed order: deterministic) */
-/* a block's share of sum(x^2): 16-byte loads from x's first 16-byte boundary (x 2-byte aligned at least),
- * the elements before it and after the last whole vector one a thread (one 2-byte element a thread ran bf16
- * at 0.31 of the copy bandwidth) */
-template <typename T> __global__ void k_sumsq_partial(const T *x, int64_t n, float *partials) {
+/* sum of squares of the 16-byte vectors q = q0, q0 + step, ... < nv of p (16-byte aligned) */
+template <typename T> __device__ __forceinline__ float sumsq_vecs(const T *p, int64_t nv, int64_t q0, int64_t step) {
   constexpr int V = 16 / sizeof(T);
-  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
-  int64_t h = (int64_t)(((16 - ((uintptr_t)x & 15)) & 15) / sizeof(T));
-  if (h > n) h = n;
-  const int64_t nv = (n - h) / V;
   float s = 0.f;
-  for (int64_t q = tid; q < nv; q += nth) {
-    const float4 f = *reinterpret_cast<const float4 *>(x + h + q * V);
+  for (int64_t q = q0; q < nv; q += step) {
+    const float4 f = *reinterpret_cast<const float4 *>(p + q * V);
     const T *w = reinterpret_cast<const T *>(&f);
 #pragma unroll
     for (int k = 0; k < V; k++) {
@@ -158,6 +151,19 @@ template <typename T> __global__ void k_sumsq_partial(const T *x, int64_t n, flo
       s += u * u;
     }
   }
+  return s;
+}
+
+/* partials[b] = the b-th block's share of sum(x^2) (fixed order: deterministic): 16-byte loads from x's first
+ * 16-byte boundary, the elements before it and after the last whole vector one a thread (one 2-byte element a
+ * thread ran bf16 at 0.31 of the copy bandwidth) */
+template <typename T> __global__ void k_sumsq_partial(const T *x, int64_t n, float *partials) {
+  constexpr int V = 16 / sizeof(T);
+  const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
+  int64_t h = (int64_t)(((16 - ((uintptr_t)x & 15)) & 15) / sizeof(T));
+  if (h > n) h = n;
+  const int64_t nv = (n - h) / V;
+  float s = sumsq_vecs(x + h, nv, tid, nth);
   for (int64_t i = tid; i < h; i += nth) s += ld(x[i]) * ld(x[i]);
   for (int64_t i = h + nv * V + tid; i < n; i += nth) s += ld(x[i]) * ld(x[i]);
   s = block_sum(s);
@@ -174,15 +180,7 @@ template <typename T> __global__ void k_multi_sumsq_partial(TL t, float *partial
     if (al_to(x + s0, 16)) { /* 16-byte loads */
       constexpr int V = 16 / sizeof(T);
       const int64_t nv = (e - s0) / V;
-      for (int64_t q = threadIdx.x; q < nv; q += blockDim.x) {
-        const float4 f = *reinterpret_cast<const float4 *>(x + s0 + q * V);
-        const T *w = reinterpret_cast<const T *>(&f);
-#pragma unroll
-        for (int k = 0; k < V; k++) {
-          const float u = ld(w[k]);
-          s += u * u;
-        }
-      }
+      s = sumsq_vecs(x + s0, nv, threadIdx.x, blockDim.x);
       j0 = s0 + nv * V;
     }
     for (int64_t j = j0 + threadIdx.x; j < e; j += blockDim.x) {
