@@ -7,9 +7,14 @@
  *                 clamped to [-127, 127], two's complement; x ~ code * scale
  *   fmt 2 (fp8 e4m3): scale = amax / 448, code = e4m3(x * (448 / amax)),
  *                 round to nearest even, saturated to +-448; x ~ e4m3 * scale
- * amax = max |x| over the row (0: every code 0, scale 0). The products and
- * quotients are single-precision IEEE operations on both devices, so the
- * GPU writes the same bytes as the CPU. */
+ * amax = max |x| over the row (0: every code 0, scale 0). A key row is
+ * quantized less its head's center c (x - c per element; gp.KVCache sets c
+ * to the mean of the first keys it holds): attention scores q . (k - c) of
+ * one query differ from q . k by q . c for every key, which softmax drops,
+ * so the attention kernels read the codes as they are, and a key is code *
+ * scale + c. The differences, products and quotients are single-precision
+ * IEEE operations on both devices, so the GPU writes the same bytes as the
+ * CPU. */
 #ifndef GP_KVQUANT_H
 #define GP_KVQUANT_H
 #include <math.h>
@@ -74,8 +79,10 @@ static inline float kvq_decode(uint8_t c, int fmt) {
 }
 
 #ifndef __CUDACC__
-/* the CPU's quantization of one row of D values of dtype at src + si
- * (kvcache.c): its codes at codes[0..D), its scale at *scale */
-void gp_kvq_quant_row(uint8_t *codes, float *scale, const void *src, int64_t si, int dtype, int64_t D, int fmt);
+/* the CPU's quantization of one row of D values of dtype at src + si less
+ * center[0..D) (NULL: none) (kvcache.c): its codes at codes[0..D), its scale
+ * at *scale */
+void gp_kvq_quant_row(uint8_t *codes, float *scale, const void *src, int64_t si, int dtype, int64_t D,
+                      const float *center, int fmt);
 #endif
 #endif

@@ -101,16 +101,17 @@ int gp_k_rope_kv_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, const gp_tensor 
 
 /* rope_kv_quant_at: rope_kv_at into a compressed cache; each k head turned
  * into a row of q's dtype first (as gp.rope then kv_quant_append would see
- * it), then quantized with the v heads */
+ * it), then quantized less its center, the v heads as they are */
 int gp_k_rope_kv_quant_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, gp_tensor *ks, gp_tensor *vs,
-                          const gp_tensor *qkv, const gp_tensor *pos, const gp_tensor *inv_freq, double fmt) {
-  GP_CHECK(rope_kv_quant_at, q, kc, vc, ks, vs, qkv, pos, inv_freq);
+                          const gp_tensor *kcen, const gp_tensor *qkv, const gp_tensor *pos, const gp_tensor *inv_freq,
+                          double fmt) {
+  GP_CHECK(rope_kv_quant_at, q, kc, vc, ks, vs, kcen, qkv, pos, inv_freq);
   if (fmt != GP_KV_INT8 && fmt != GP_KV_FP8)
     return gp_error("rope_kv_quant_at: fmt must be 1 (int8) or 2 (fp8 e4m3), got %g", fmt);
   const int64_t B = q->shape[0], H = q->shape[1], D = q->shape[2], J = kc->shape[1], C = kc->shape[2];
   const int64_t E = gp_numel(inv_freq);
   GP_TRY(kv_row_shapes("rope_kv_quant_at", q, kc, qkv, inv_freq));
-  GP_CUDA_DISPATCH(q, gp_cuda_rope_kv_quant_at(q, kc, vc, ks, vs, qkv, pos, inv_freq, (int)fmt));
+  GP_CUDA_DISPATCH(q, gp_cuda_rope_kv_quant_at(q, kc, vc, ks, vs, kcen, qkv, pos, inv_freq, (int)fmt));
   int64_t p;
   GP_TRY(kv_row_pos("rope_kv_quant_at", pos, kc, &p));
   const char *px = gp_ptr(qkv);
@@ -124,9 +125,10 @@ int gp_k_rope_kv_quant_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, gp_tensor 
       if (h < H) rotate_head(gp_ptr(q), (b * H + h) * D, px, src, dt, E, (double)p, pf, 1);
       else if (h < H + J) {
         rotate_head(tmp, 0, px, src, dt, E, (double)p, pf, 1);
-        gp_kvq_quant_row((uint8_t *)gp_ptr(kc) + row * D, (float *)gp_ptr(ks) + row, tmp, 0, dt, D, (int)fmt);
+        const float *cen = (const float *)gp_ptr(kcen) + (b * J + h - H) * D;
+        gp_kvq_quant_row((uint8_t *)gp_ptr(kc) + row * D, (float *)gp_ptr(ks) + row, tmp, 0, dt, D, cen, (int)fmt);
       } else {
-        gp_kvq_quant_row((uint8_t *)gp_ptr(vc) + row * D, (float *)gp_ptr(vs) + row, px, src, dt, D, (int)fmt);
+        gp_kvq_quant_row((uint8_t *)gp_ptr(vc) + row * D, (float *)gp_ptr(vs) + row, px, src, dt, D, NULL, (int)fmt);
       }
     }
   free(tmp);

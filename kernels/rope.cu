@@ -67,16 +67,15 @@ __global__ void k_rope_kv_at(T *__restrict__ q, T *__restrict__ kc, T *__restric
   }
 }
 /* rope_kv_quant_at: one warp per (row, head): q heads turn as above; a k
- * head turns (rounded to T, as gp.rope's output) and, like a v head, is
- * quantized as k_kv_quant_append does (the row's max |x| by shuffles, then
+ * head turns (rounded to T, as gp.rope's output), less its center, and, like
+ * a v head, is quantized as k_kv_quant_append does (the row's max |x| by shuffles, then
  * the codes): the lanes go over the row twice (the max, then the codes) */
 template <typename T, typename P, int FMT>
-__global__ void __launch_bounds__(256) k_rope_kv_quant_at(T *__restrict__ q, uint8_t *__restrict__ kc,
-                                                          uint8_t *__restrict__ vc, float *__restrict__ ks,
-                                                          float *__restrict__ vs, const T *__restrict__ x,
-                                                          const P *__restrict__ pos, const float *__restrict__ inv_freq,
-                                                          int64_t xs, int H, int J, int E, int64_t C, int64_t rows,
-                                                          gp_bad_ref bad) {
+__global__ void __launch_bounds__(256)
+    k_rope_kv_quant_at(T *__restrict__ q, uint8_t *__restrict__ kc, uint8_t *__restrict__ vc, float *__restrict__ ks,
+                       float *__restrict__ vs, const float *__restrict__ kcen, const T *__restrict__ x,
+                       const P *__restrict__ pos, const float *__restrict__ inv_freq, int64_t xs, int H, int J, int E,
+                       int64_t C, int64_t rows, gp_bad_ref bad) {
   const int64_t p = (int64_t)pos[0];
   if (p < 0 || p >= C) {
     if (blockIdx.x == 0 && threadIdx.x == 0) gp_report_bad(bad, p);
@@ -113,11 +112,16 @@ __global__ void __launch_bounds__(256) k_rope_kv_quant_at(T *__restrict__ q, uin
     }
     const bool isk = h < H + J;
     const int64_t row = (b * J + (h - H) % J) * C + p;
+    const float *cen = kcen + (b * J + (h - H) % J) * D;
+    /* a k head: rounded to T, less its center */
+    auto kval = [&](int i, float &lo, float &hi) {
+      val(i, lo, hi);
+      if (isk) lo = __fsub_rn(ld(st<T>(lo)), cen[i]), hi = __fsub_rn(ld(st<T>(hi)), cen[i + E]);
+    };
     float amax = 0.f;
     for (int i = lane; i < E; i += 32) {
       float lo, hi;
-      val(i, lo, hi);
-      if (isk) lo = ld(st<T>(lo)), hi = ld(st<T>(hi));
+      kval(i, lo, hi);
       amax = fmaxf(amax, fmaxf(fabsf(lo), fabsf(hi)));
     }
 #pragma unroll
@@ -127,26 +131,25 @@ __global__ void __launch_bounds__(256) k_rope_kv_quant_at(T *__restrict__ q, uin
     if (lane == 0) (isk ? ks : vs)[row] = __fdiv_rn(amax, mx);
     for (int i = lane; i < E; i += 32) {
       float lo, hi;
-      val(i, lo, hi);
-      if (isk) lo = ld(st<T>(lo)), hi = ld(st<T>(hi));
+      kval(i, lo, hi);
       codes[i] = kvq_encode_d<FMT>(__fmul_rn(lo, inv));
       codes[i + E] = kvq_encode_d<FMT>(__fmul_rn(hi, inv));
     }
   }
 }
 template <typename T, typename P, int FMT>
-void launch_rkq(gp_tensor *q, uint8_t *pk, uint8_t *pv, float *pks, float *pvs, const gp_tensor *qkv,
+void launch_rkq(gp_tensor *q, uint8_t *pk, uint8_t *pv, float *pks, float *pvs, const float *pc, const gp_tensor *qkv,
                 const gp_tensor *pos, const float *f, int H, int J, int E, int64_t C, int64_t rows, gp_bad_ref bad) {
   GP_NOTE_LAUNCH((k_rope_kv_quant_at<T, P, FMT>), 256, 0);
   k_rope_kv_quant_at<T, P, FMT><<<gp_grid(rows * 32, 256), 256, 0, gp_cuda_stream()>>>(
-      (T *)gp_ptr(q), pk, pv, pks, pvs, (const T *)gp_ptr(qkv), (const P *)gp_ptr(pos), f, qkv->stride[0], H, J, E, C,
-      rows, bad);
+      (T *)gp_ptr(q), pk, pv, pks, pvs, pc, (const T *)gp_ptr(qkv), (const P *)gp_ptr(pos), f, qkv->stride[0], H, J, E,
+      C, rows, bad);
 }
 }  // namespace
 
 extern "C" int gp_cuda_rope_kv_quant_at(gp_tensor *q, gp_tensor *kc, gp_tensor *vc, gp_tensor *ks, gp_tensor *vs,
-                                        const gp_tensor *qkv, const gp_tensor *pos, const gp_tensor *inv_freq,
-                                        int fmt) {
+                                        const gp_tensor *kcen, const gp_tensor *qkv, const gp_tensor *pos,
+                                        const gp_tensor *inv_freq, int fmt) {
   const int64_t B = q->shape[0], C = kc->shape[2];
   const int H = (int)q->shape[1], J = (int)kc->shape[1], E = (int)gp_numel(inv_freq);
   const int64_t rows = B * (H + 2 * J);
@@ -156,13 +159,16 @@ extern "C" int gp_cuda_rope_kv_quant_at(gp_tensor *q, gp_tensor *kc, gp_tensor *
   const float *f = (const float *)gp_ptr(inv_freq);
   uint8_t *pk = (uint8_t *)gp_ptr(kc), *pv = (uint8_t *)gp_ptr(vc);
   float *pks = (float *)gp_ptr(ks), *pvs = (float *)gp_ptr(vs);
+  const float *pc = (const float *)gp_ptr(kcen);
   GP_FLOAT_SWITCH(q->dtype, T, {
     if (pos->dtype == GP_I64) {
-      if (fmt == GP_KV_FP8) launch_rkq<T, int64_t, GP_KV_FP8>(q, pk, pv, pks, pvs, qkv, pos, f, H, J, E, C, rows, bad);
-      else launch_rkq<T, int64_t, GP_KV_INT8>(q, pk, pv, pks, pvs, qkv, pos, f, H, J, E, C, rows, bad);
+      if (fmt == GP_KV_FP8)
+        launch_rkq<T, int64_t, GP_KV_FP8>(q, pk, pv, pks, pvs, pc, qkv, pos, f, H, J, E, C, rows, bad);
+      else launch_rkq<T, int64_t, GP_KV_INT8>(q, pk, pv, pks, pvs, pc, qkv, pos, f, H, J, E, C, rows, bad);
     } else {
-      if (fmt == GP_KV_FP8) launch_rkq<T, int32_t, GP_KV_FP8>(q, pk, pv, pks, pvs, qkv, pos, f, H, J, E, C, rows, bad);
-      else launch_rkq<T, int32_t, GP_KV_INT8>(q, pk, pv, pks, pvs, qkv, pos, f, H, J, E, C, rows, bad);
+      if (fmt == GP_KV_FP8)
+        launch_rkq<T, int32_t, GP_KV_FP8>(q, pk, pv, pks, pvs, pc, qkv, pos, f, H, J, E, C, rows, bad);
+      else launch_rkq<T, int32_t, GP_KV_INT8>(q, pk, pv, pks, pvs, pc, qkv, pos, f, H, J, E, C, rows, bad);
     }
   });
   return gp_bad_end("rope_kv_quant_at");

@@ -8,7 +8,9 @@
 -- the cache in the model's dtype, token for token (the issue's bar: 90% of
 -- them); the first token where they part is printed for the others. With
 -- --vs-f32 the model loaded in f32 is compared with the same reference: how
--- often two float precisions of the same weights agree, for scale. Capacity: the largest KV cache
+-- often two float precisions of the same weights agree, for scale; with
+-- --center-off also an int8 cache that quantizes the keys as they are
+-- (gp.KVCache{center = false}, the cache before 2026-11-30). Capacity: the largest KV cache
 -- of the model (every layer, batch 1) that gp.KVCache can allocate under
 -- gp.set_memory_limit (a binary search over the capacity; the limit is the
 -- bytes the weights already hold plus the budget: the allocator's reserved
@@ -21,6 +23,7 @@ local a = gp.args.parse(arg, {
   {'prompts', 20, 'how many of the 20 prompts (fewer for a quick CPU run)'},
   {'budget-mb', 256, 'the memory budget of the capacity search (MiB)'},
   {'vs-f32', false, 'also the same model in f32 (f32 cache) against the reference: the agreement two float precisions reach'},
+  {'center-off', false, 'also an int8 cache whose keys are quantized as they are (center = false; "int8 raw")'},
 }, {usage = 'gpush scripts/bench/kv_agree.lua [flags]', description = 'bf16 / int8 / fp8 KV caches: greedy agreement and capacity.'})
 
 local dev = gp.device()
@@ -47,11 +50,15 @@ for i = 1, math.min(a.prompts, #QUESTIONS) do
   end
 end
 
--- one prompt at a time (no padding): the continuation's ids
-local function run(kvd, m)
+-- one prompt at a time (no padding): the continuation's ids; raw: an int8
+-- cache whose keys are quantized as they are (center = false)
+local function run(kvd, m, raw)
   local out = {}
   for i, p in ipairs(prompts) do
-    local r = gp.generate(m or model, {p}, {max_new = a.max_new, greedy = true, stop = {}, kv_dtype = kvd})
+    local cache = raw and gp.KVCache {batch = 1, heads = model.config.num_key_value_heads, capacity = #p + a.max_new,
+                                      head_dim = model.config.head_dim, layers = model.config.num_hidden_layers,
+                                      dtype = dtype, device = dev, kv_dtype = kvd, center = false} or nil
+    local r = gp.generate(m or model, {p}, {max_new = a.max_new, greedy = true, stop = {}, kv_dtype = kvd, cache = cache})
     out[i] = r.lists[1]
   end
   return out
@@ -60,10 +67,11 @@ end
 print(string.format('kv agree: %s %s on %s, %d prompts, %d greedy tokens each', a.model, dtype, dev, #prompts, a.max_new))
 local ref = run(nil)
 local rows = {{'int8', 'int8'}, {'fp8', 'fp8'}}
-if a.vs_f32 and dtype ~= 'f32' then rows[3] = {'f32 model', nil, (gp.models.load(a.model, {dtype = 'f32'}))} end
+if a.center_off then table.insert(rows, 2, {'int8 raw', 'int8', nil, true}) end
+if a.vs_f32 and dtype ~= 'f32' then rows[#rows + 1] = {'f32 model', nil, (gp.models.load(a.model, {dtype = 'f32'}))} end
 for _, row in ipairs(rows) do
   local kvd = row[1]
-  local got, same, parted = run(row[2], row[3]), 0, {}
+  local got, same, parted = run(row[2], row[3], row[4]), 0, {}
   for i = 1, #prompts do
     local k = 1
     while k <= #ref[i] and ref[i][k] == got[i][k] do k = k + 1 end
@@ -97,8 +105,8 @@ for _, kvd in ipairs {dtype, 'int8', 'fp8'} do
     if fits(k, mid) then lo = mid else hi = mid end
   end
   caps[kvd] = lo
-  local c = model:new_cache(1, 1, dtype, dev, k)
+  local per = model:new_cache(1, 2, dtype, dev, k):nbytes() - model:new_cache(1, 1, dtype, dev, k):nbytes()
   print(string.format('  %-5s most positions in %d MiB: %d (%.0f bytes a position, every layer)', kvd, a.budget_mb, lo,
-    c:nbytes()))
+    per))
 end
 print(string.format('  int8 / %s capacity: %.2fx, fp8 / %s: %.2fx', dtype, caps.int8 / caps[dtype], dtype, caps.fp8 / caps[dtype]))

@@ -14,19 +14,21 @@ local root = (GPUSH_ROOT or '.') .. '/tests/fixtures/models'
 
 local function rn(shape, o) return gp.randn(shape, o or CPU) end
 
--- codes and scales of x (B, H, K, D) quantized into a fresh cache of K positions
-local function quantize(x, fmt, dev)
+-- codes and scales of x (B, H, K, D) less center (B, H, D; default 0) quantized into a fresh cache of K positions
+local function quantize(x, fmt, dev, center)
   dev = dev or 'cpu'
   local B, H, K, D = unpack(x.shape)
   local codes, scales = gp.zeros({B, H, K, D}, {dtype = 'u8', device = dev}), gp.zeros({B, H, K}, {device = dev})
-  gp.k.kv_quant_append(codes, scales, x:to(dev), gp.zeros({1}, {dtype = 'i64', device = dev}), fmt)
+  center = center or gp.zeros({B, H, D}, CPU)
+  gp.k.kv_quant_append(codes, scales, x:to(dev), center:to(dev), gp.zeros({1}, {dtype = 'i64', device = dev}), fmt)
   return codes, scales
 end
--- {int8 = {kcodes, vcodes, kscales, vscales}, fp8 = ...} of keys k and values v
-local function codes_of(k, v)
+local function zc(B, H, D) return gp.zeros({B, H, D}, CPU) end
+-- {int8 = {kcodes, vcodes, kscales, vscales}, fp8 = ...} of keys k (less the center kcen when given) and values v
+local function codes_of(k, v, kcen)
   local codes = {}
   for name, fmt in pairs(FMT) do
-    local kc, ks = quantize(k, fmt)
+    local kc, ks = quantize(k, fmt, nil, kcen)
     local vc, vs = quantize(v, fmt)
     codes[name] = {kc, vc, ks, vs}
   end
@@ -59,7 +61,7 @@ T.test('kv_quant_append then kv_dequant: every element within the format\'s roun
   for name, fmt in pairs(FMT) do
     local codes, scales = quantize(x, fmt)
     local y = gp.empty(x.shape, CPU)
-    gp.k.kv_dequant(y, codes, scales, fmt)
+    gp.k.kv_dequant(y, codes, scales, zc(2, 3, 64), fmt)
     local amax = x:abs():max(-1)
     -- int8: half a step (amax / 254); e4m3: 2^-4 relative (3 mantissa bits) plus half a subnormal step
     local err = (y - x):abs()
@@ -70,15 +72,18 @@ T.test('kv_quant_append then kv_dequant: every element within the format\'s roun
   end
   -- positions: rows written at pos .. pos + K - 1, the others untouched
   local codes, scales = gp.zeros({1, 1, 6, 64}, {dtype = 'u8', device = 'cpu'}), gp.zeros({1, 1, 6}, CPU)
-  gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, gp.tensor({3}, {dtype = 'i64', device = 'cpu'}), 1)
+  local function at(p) return gp.tensor({p}, {dtype = 'i64', device = 'cpu'}) end
+  gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, zc(1, 1, 64), at(3), 1)
   local s = scales:view {6}:totable()
   T.ok(s[1] == 0 and s[2] == 0 and s[3] == 0 and s[4] > 0 and s[5] > 0 and s[6] == 0, 'scales at 3 and 4 only')
   T.raises(function()
-    gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, gp.tensor({5}, {dtype = 'i64', device = 'cpu'}), 1)
+    gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, zc(1, 1, 64), at(5), 1)
   end, 'kv_quant_append', 'position 5', '6 positions')
-  T.raises(function() gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, gp.zeros({1}, {dtype = 'i64', device = 'cpu'}), 3) end,
+  T.raises(function() gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, zc(1, 1, 64), at(0), 3) end,
     'kv_quant_append', 'fmt')
-  T.raises(function() gp.k.kv_dequant(gp.empty({1, 1, 7, 64}, CPU), codes, scales, 1) end, 'kv_dequant', '7 positions')
+  T.raises(function() gp.k.kv_quant_append(codes, scales, rn {1, 1, 2, 64}, zc(1, 1, 32), at(0), 1) end,
+    'kv_quant_append', 'center')
+  T.raises(function() gp.k.kv_dequant(gp.empty({1, 1, 7, 64}, CPU), codes, scales, zc(1, 1, 64), 1) end, 'kv_dequant', '7 positions')
 end)
 
 -- a bf16 cache and a compressed one holding the same keys and values
@@ -114,20 +119,48 @@ T.test('decode attention over an int8 cache within 2e-2 of the bf16 cache, fp8 w
       local rel = T.relnorm(got:float(), ref:float())
       T.ok(rel < (kvd == 'int8' and 2e-2 or 5e-2), name .. ': ' .. rel)
       -- the kernel reads the codes as dequantizing them first (in f32) would
-      local function deq(codes, scales)
+      local function deq(codes, scales, center)
         local t = gp.empty({o.B, o.Hkv, o.S, o.D}, CPU)
-        gp.k.kv_dequant(t, codes, scales, FMT[kvd])
+        gp.k.kv_dequant(t, codes, scales, center, FMT[kvd])
         return t
       end
-      local dq = gp.attention_decode(q:float(), deq(cq.k[1], cq.ks[1]), deq(cq.v[1], cq.vs[1]), o.S, o.opts)
+      -- the keys' center: int8, the mean of the S - 1 keys of the first append; fp8, 0
+      if kvd == 'int8' then
+        T.ok(T.relnorm(cq.kc[1], k:narrow(3, 1, o.S - 1):float():mean(3)) < 1e-6, name .. ': the keys\' center')
+      else
+        T.eq(cq.kc[1]:abs():max():item(), 0, name .. ': no center')
+      end
+      local dq = gp.attention_decode(q:float(), deq(cq.k[1], cq.ks[1], cq.kc[1]), deq(cq.v[1], cq.vs[1], cq._c0), o.S,
+        o.opts)
       T.ok(T.relnorm(got:float(), dq) < 1e-2, name .. ' vs the dequantized cache')
-      T.ok(T.relnorm(cq:keys(1):float(), deq(cq.k[1], cq.ks[1])) < 1e-2, name .. ' keys(): the dequantized keys in bf16')
+      T.ok(T.relnorm(cq:keys(1):float(), deq(cq.k[1], cq.ks[1], cq.kc[1])) < 1e-2,
+        name .. ' keys(): the dequantized keys in bf16')
       local exact = gp.empty({o.B, o.H, o.D}, CPU)
       gp.k.attn_decode_q(exact, q:float(), cq.k[1], cq.v[1], cq.ks[1], cq.vs[1], cq:lens(1), o.opts.scale or 0,
         o.opts.window or 0, o.opts.n_global or 0, FMT[kvd])
       T.ok(T.relnorm(exact, dq) < 1e-6, name .. ' (f32 query) vs the dequantized cache')
     end
   end
+end)
+
+T.test('keys with offsets per channel: the cache\'s center keeps int8 decode attention 3x closer than codes of the ' ..
+  'raw keys', function()
+  gp.manual_seed(23)
+  local o = {B = 1, H = 4, Hkv = 2, S = 200, C = 200, D = 64, device = 'cpu'}
+  -- a real model's keys: a large offset on some channels (SmolLM2: a row's max |k| 7-15, 2.5-4 once centered)
+  local off = rn({o.B, o.Hkv, o.D}) * 6
+  local k, v = (rn {o.B, o.Hkv, o.S, o.D} + off:unsqueeze(3)):bf16(), rn({o.B, o.Hkv, o.S, o.D}):bf16()
+  local q = rn({o.B, o.H, o.D}):bf16()
+  local c16, cq = caches(o, 'int8', k, v)
+  local ref = c16:attend(1, q):float()
+  local centered = T.relnorm(cq:attend(1, q):float(), ref)
+  -- the same values' codes, keys quantized as they are (center 0)
+  local kc, ks = quantize(k, FMT.int8)
+  local raw = gp.empty({o.B, o.H, o.D}, CPU)
+  gp.k.attn_decode_q(raw, q:float(), kc, cq.v[1], ks, cq.vs[1], cq:lens(1), 0, 0, 0, FMT.int8)
+  local plain = T.relnorm(raw, ref)
+  T.ok(centered < plain / 3, string.format('%.3g centered against %.3g', centered, plain))
+  T.ok(T.relnorm(cq:keys(1):float(), k:float()) < 1e-2, 'keys() adds the center back')
 end)
 
 T.test('compressed KVCache: append, append_at, keys/values, reset, memory, errors', function()
@@ -146,14 +179,24 @@ T.test('compressed KVCache: append, append_at, keys/values, reset, memory, error
   -- attend_at (device lengths) equals attend
   local q = rn {B, 4, D}
   T.ok(T.relnorm(cache:attend(2, q), cache:attend_at(2, q, gp.full({B}, 4, {dtype = 'i64', device = 'cpu'}))) == 0)
-  -- memory: codes of D bytes and an f32 scale per position, head, key or value, layer
-  T.eq(cache:nbytes(), 2 * (2 * B * H * C * (D + 4) + 4 * B))
+  -- memory: codes of D bytes and an f32 scale per position, head, key or value, layer; the keys' center per head
+  T.eq(cache:nbytes(), 2 * (2 * B * H * C * (D + 4) + 4 * B + 4 * B * H * D))
   local plain = gp.KVCache {batch = B, heads = H, capacity = C, head_dim = D, layers = 2, dtype = 'bf16', device = 'cpu'}
   T.eq(plain:nbytes(), 2 * (2 * B * H * C * D * 2 + 4 * B))
   T.eq(gp.KVCache {batch = 1, heads = 1, capacity = 2, head_dim = 64, kv_dtype = 'f32', device = 'cpu'}.kv_dtype, nil,
     'kv_dtype = dtype is the plain cache')
+  T.ok(cache.kc[2]:abs():max():item() > 0 and cache.kc[1]:abs():max():item() == 0, 'the first append sets the center')
   cache:reset()
   T.eq(cache:len(2), 0)
+  T.eq(cache.kc[2]:abs():max():item(), 0, 'reset: center 0')
+  cache:append(2, k:narrow(3, 1, 1), v:narrow(3, 1, 1))
+  T.eq(cache.kc[2]:abs():max():item(), 0, 'one token: center 0')
+  local raw = gp.KVCache {batch = B, heads = H, capacity = C, head_dim = D, device = 'cpu', kv_dtype = 'int8',
+                          center = false}
+  raw:append(1, k, v)
+  T.eq(raw.kc[1]:abs():max():item(), 0, 'center = false: keys quantized as they are')
+  T.raises(function() gp.KVCache {batch = 1, heads = 1, capacity = 2, head_dim = 64, kv_dtype = 'int8', center = 1} end,
+    'KVCache: center must be true or false, got 1')
   T.raises(function() gp.KVCache {batch = 1, heads = 1, capacity = 2, head_dim = 64, kv_dtype = 'int4'} end, 'KVCache',
     'kv_dtype', "'int8' or 'fp8'", "'int4'")
   T.raises(function() cache:append(1, rn {B, H + 1, 1, D}, rn {B, H + 1, 1, D}) end, 'KVCache:append', '(2, 2, Tnew, 64)')
@@ -217,7 +260,7 @@ end
 -- the same into a compressed cache (kernel rope_kv_quant_at): the codes and
 -- scales gp.rope then append_at (kv_quant_append) write, in the same dtype
 -- on the CPU (the same bytes) and on the GPU (f32 sincos: the dequantized
--- rows within rounding)
+-- rows within rounding); both caches' keys less the same center
 local function rope_quant_check(dev, dt, kvd)
   local B, H, J, D, C, pos = 3, 9, 3, 64, 12, 5
   gp.manual_seed(6)
@@ -226,18 +269,21 @@ local function rope_quant_check(dev, dt, kvd)
   local o = {batch = B, heads = J, capacity = C, head_dim = D, layers = 1, dtype = dt, kv_dtype = kvd}
   o.device = dev
   local a = gp.KVCache(o)
+  local cen = rn {B, J, D}
+  a.kc[1]:copy_(cen:to(dev))
   local q = a:rope_append_at(1, qkv:to(dev), gp.full({1}, pos, {dtype = 'i64', device = dev}), inv:to(dev), H)
   o.device = 'cpu'
   local b = gp.KVCache(o)
+  b.kc[1]:copy_(cen)
   local x = qkv:view {B, 1, H + 2 * J, D}
   local r = gp.rope(x:narrow(3, 1, H + J), pos, inv)
   b:append_at(1, r:narrow(3, H + 1, J):transpose(2, 3), x:narrow(3, H + J + 1, J):transpose(2, 3),
     gp.full({1}, pos, {dtype = 'i64', device = 'cpu'}))
   local name = string.format('%s %s %s', dev, dt, kvd)
   T.eq(q.dtype, dt, name .. ': q in qkv\'s dtype')
-  local function deq(codes, scales)
+  local function deq(codes, scales, center)
     local t = gp.empty({B, J, C, D}, CPU)
-    gp.k.kv_dequant(t, codes:cpu(), scales:cpu(), a.fmt)
+    gp.k.kv_dequant(t, codes:cpu(), scales:cpu(), center or zc(B, J, D), a.fmt)
     return t
   end
   if dev == 'cpu' then
@@ -248,7 +294,7 @@ local function rope_quant_check(dev, dt, kvd)
     end
   else
     T.ok(T.relnorm(q:float():cpu(), r:narrow(3, 1, H):reshape {B, H, D}:float()) < 1e-2, name .. ' q')
-    T.ok(T.relnorm(deq(a.k[1], a.ks[1]), deq(b.k[1], b.ks[1])) < 1e-2, name .. ' k')
+    T.ok(T.relnorm(deq(a.k[1], a.ks[1], cen), deq(b.k[1], b.ks[1], cen)) < 1e-2, name .. ' k')
     T.ok(T.relnorm(deq(a.v[1], a.vs[1]), deq(b.v[1], b.vs[1])) < 1e-6, name .. ' v')
   end
 end
@@ -262,7 +308,7 @@ T.test('KVCache:rope_append_at: q and k turned, k and v written at the device po
   local cq = gp.KVCache {batch = 1, heads = 1, capacity = 4, head_dim = 64, layers = 1, kv_dtype = 'int8', device = 'cpu'}
   T.raises(function() cq:rope_append_at(1, rn {1, 192}, bad, gp.rope_inv_freq(64, CPU), 1) end, 'rope_kv_quant_at',
     'position 4')
-  T.raises(function() gp.k.rope_kv_quant_at(rn {1, 1, 64}, cq.k[1], cq.v[1], cq.ks[1], cq.vs[1], rn {1, 192},
+  T.raises(function() gp.k.rope_kv_quant_at(rn {1, 1, 64}, cq.k[1], cq.v[1], cq.ks[1], cq.vs[1], cq.kc[1], rn {1, 192},
     gp.zeros({1}, {dtype = 'i64', device = 'cpu'}), gp.rope_inv_freq(64, CPU), 3) end, 'rope_kv_quant_at', 'fmt')
   for _, kvd in ipairs {'int8', 'fp8'} do
     for _, dt in ipairs {'f32', 'bf16'} do rope_quant_check('cpu', dt, kvd) end
@@ -311,9 +357,11 @@ T.test('attn_chunk_q (a prefill chunk over codes): each query as decode at its p
   local B, Hkv, C, D, Tq = 2, 2, 40, 64, 6
   for _, G in ipairs {1, 3} do
     local H = Hkv * G
-    local k, v = rn {B, Hkv, C, D}, rn {B, Hkv, C, D}
+    -- keys with an offset per channel, quantized less a center: the kernel's scores all move by q . center
+    local kcen = rn({B, Hkv, D}) * 3
+    local k, v = rn {B, Hkv, C, D} + kcen:unsqueeze(3), rn {B, Hkv, C, D}
     local q = rn {B, Tq, H, D}
-    local all = codes_of(k, v)
+    local all = codes_of(k, v, kcen)
     for name, fmt in pairs(FMT) do
       local c = all[name]
       local kc, vc, ks, vs = unpack(c)
@@ -330,12 +378,12 @@ T.test('attn_chunk_q (a prefill chunk over codes): each query as decode at its p
         end
         T.eq(got:narrow(1, 2, 1):narrow(2, 1, Tq - 4):abs():max():item(), 0, tag .. ': nothing visible gives 0')
         -- row 1 through flash attention's reference over the dequantized cache (queries the last Tq of C keys)
-        local function deq(codes, scales)
+        local function deq(codes, scales, center)
           local t = gp.empty({B, Hkv, C, D}, CPU)
-          gp.k.kv_dequant(t, codes, scales, fmt)
+          gp.k.kv_dequant(t, codes, scales, center, fmt)
           return t:narrow(1, 1, 1)
         end
-        local ref = gp.attention(q:narrow(1, 1, 1):transpose(2, 3), deq(kc, ks), deq(vc, vs),
+        local ref = gp.attention(q:narrow(1, 1, 1):transpose(2, 3), deq(kc, ks, kcen), deq(vc, vs, zc(B, Hkv, D)),
           {causal = true, scale = o.scale, window = o.window, n_global = o.n_global})
         T.ok(T.relnorm(got:narrow(1, 1, 1), ref:transpose(2, 3)) < 1e-5, tag .. ': as gp.attention, dequantized')
       end

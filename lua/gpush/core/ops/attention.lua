@@ -332,12 +332,20 @@ function gp.KVCache(o)
       "(%s), got %s", self.dtype, type(kvd) == 'string' and "'" .. kvd .. "'" or tostring(kvd)))
   end
   self.kv_dtype, self.fmt = kvd, KV_FMT[kvd]
+  if o.center ~= nil and type(o.center) ~= 'boolean' then
+    raise(string.format('KVCache: center must be true or false, got %s', tostring(o.center)))
+  end
+  self.center = kvd == 'int8' and o.center ~= false
   self.k, self.v, self._lens, self.fill = {}, {}, {}, {}
   local shape = {self.batch, self.heads, self.capacity, self.head_dim}
   local to = {dtype = self.fmt and 'u8' or self.dtype, device = self.device}
   if self.fmt then
-    -- codes (u8) and an f32 scale per position and head; _pos: append's position on the device
-    self.ks, self.vs = {}, {}
+    -- codes (u8) and an f32 scale per position and head; kc: the keys' center per head (kernels/kvquant.h): int8,
+    -- the mean of the keys a prefill appends to the empty layer (0 until then); fp8 (whose error is relative to
+    -- each element, not to the row's max) and center = false, 0; _c0 the values' (0); _pos: append's position on
+    -- the device
+    self.ks, self.vs, self.kc = {}, {}, {}
+    self._c0 = gp.zeros({self.batch, self.heads, self.head_dim}, {device = self.device})
     self._pos = gp.zeros({1}, {dtype = 'i64', device = self.device})
   end
   for l = 1, self.layers do
@@ -346,13 +354,14 @@ function gp.KVCache(o)
     if self.fmt then
       self.ks[l] = gp.zeros({self.batch, self.heads, self.capacity}, {device = self.device})
       self.vs[l] = gp.zeros({self.batch, self.heads, self.capacity}, {device = self.device})
+      self.kc[l] = gp.zeros({self.batch, self.heads, self.head_dim}, {device = self.device})
     end
     self._lens[l] = gp.zeros({self.batch}, {dtype = 'i32', device = self.device})
     self.fill[l] = 0
   end
   return self
 end
-gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, dtype=f32, device=, kv_dtype=nil}',
+gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, dtype=f32, device=, kv_dtype=nil, center=true}',
   'preallocated keys and values per layer (B, H, capacity, D), H the KV heads (grouped-query attention: fewer than ' ..
   'the query heads, which attend and attend_at take as they are): cache:append(layer, k, v) writes (B, H, Tnew, D) ' ..
   'in place (no device allocation), cache:len(), cache:reset(), cache:keys(layer), cache:values(layer) (views of ' ..
@@ -360,7 +369,8 @@ gp.doc(gp.KVCache, 'gp.KVCache{batch=, heads=, capacity=, head_dim=, layers=1, d
   'cache:attend_chunk(layer, q, opts) (a prefill chunk after its append); never grows: going past capacity is an ' ..
   'error. kv_dtype = \'int8\' or \'fp8\' (e4m3) stores keys and values as one-byte codes with an f32 scale per ' ..
   'position and head (quantized on append, read directly by decode attention and attend_chunk; keys/values return ' ..
-  'dequantized copies in dtype); cache:nbytes() is the device memory it holds')
+  'dequantized copies in dtype); int8 quantizes keys less a center per head, the mean of the keys appended first ' ..
+  '(a shift softmax does not see; center = false: as they are); cache:nbytes() is the device memory it holds')
 
 function KVCache:_layer(op, layer)
   if type(layer) ~= 'number' or layer ~= math.floor(layer) or layer < 1 or layer > self.layers then
@@ -395,6 +405,10 @@ function KVCache:append(layer, k, v)
   if n == 0 then return self end
   if self.fmt then
     K.fill(self._pos, pos)
+    -- the first keys of a layer set its center (in place: a captured decode step reads the same tensor)
+    if pos == 0 and self.center then
+      K.copy(self.kc[layer], n > 1 and tensor.to_dtype(k, 'f32'):mean(3) or self._c0)
+    end
     self:_quant(layer, k, v, self._pos)
   else
     K.copy(self.k[layer]:narrow(3, pos + 1, n), k)
@@ -429,7 +443,8 @@ function KVCache:rope_append_at(layer, qkv, pos, inv_freq, H)
   local kc = self.k[layer]
   local q = empty({qkv:size(1), H, kc:size(4)}, self.fmt and qkv.dtype or kc.dtype, kc.device, 'KVCache:rope_append_at')
   if self.fmt then
-    K.rope_kv_quant_at(q, kc, self.v[layer], self.ks[layer], self.vs[layer], qkv, pos, inv_freq, self.fmt)
+    K.rope_kv_quant_at(q, kc, self.v[layer], self.ks[layer], self.vs[layer], self.kc[layer], qkv, pos, inv_freq,
+      self.fmt)
   else
     K.rope_kv_at(q, kc, self.v[layer], qkv, pos, inv_freq)
   end
@@ -437,8 +452,8 @@ function KVCache:rope_append_at(layer, qkv, pos, inv_freq, H)
 end
 -- compressed: k, v quantized into layer's codes and scales at the device position pos
 function KVCache:_quant(layer, k, v, pos)
-  K.kv_quant_append(self.k[layer], self.ks[layer], usable(k), pos, self.fmt)
-  K.kv_quant_append(self.v[layer], self.vs[layer], usable(v), pos, self.fmt)
+  K.kv_quant_append(self.k[layer], self.ks[layer], usable(k), self.kc[layer], pos, self.fmt)
+  K.kv_quant_append(self.v[layer], self.vs[layer], usable(v), self._c0, pos, self.fmt)
   return self
 end
 -- decode attention of q (B, H, D) over the first lens[b] positions of layer
@@ -525,23 +540,24 @@ function KVCache:reset()
   for l = 1, self.layers do
     self.fill[l] = 0
     K.fill(self._lens[l], 0)
+    if self.fmt then K.fill(self.kc[l], 0) end
   end
   return self
 end
--- the filled part of codes t with scales sc, dequantized into a new (B, H, len, D) tensor of the cache's dtype
-function KVCache:_dequant(layer, t, sc)
+-- the filled part of codes t with scales sc and center c, dequantized into a new (B, H, len, D) tensor of the cache's dtype
+function KVCache:_dequant(layer, t, sc, c)
   local out = empty({self.batch, self.heads, self.fill[layer], self.head_dim}, self.dtype, self.device, 'KVCache')
-  K.kv_dequant(out, t, sc, self.fmt)
+  K.kv_dequant(out, t, sc, c, self.fmt)
   return out
 end
 function KVCache:keys(layer)
   layer = self:_layer('keys', layer or 1)
-  if self.fmt then return self:_dequant(layer, self.k[layer], self.ks[layer]) end
+  if self.fmt then return self:_dequant(layer, self.k[layer], self.ks[layer], self.kc[layer]) end
   return self.k[layer]:narrow(3, 1, self.fill[layer])
 end
 function KVCache:values(layer)
   layer = self:_layer('values', layer or 1)
-  if self.fmt then return self:_dequant(layer, self.v[layer], self.vs[layer]) end
+  if self.fmt then return self:_dequant(layer, self.v[layer], self.vs[layer], self._c0) end
   return self.v[layer]:narrow(3, 1, self.fill[layer])
 end
 function KVCache:lens(layer) return self._lens[self:_layer('lens', layer or 1)] end
@@ -553,7 +569,8 @@ end
 function KVCache:nbytes()
   local n = 0
   for l = 1, self.layers do
-    for _, t in ipairs {self.k[l], self.v[l], self._lens[l], self.ks and self.ks[l], self.vs and self.vs[l]} do
+    for _, t in ipairs {self.k[l], self.v[l], self._lens[l], self.ks and self.ks[l], self.vs and self.vs[l],
+                        self.kc and self.kc[l]} do
       if t then n = n + t:numel() * t:element_size() end
     end
   end
@@ -571,7 +588,7 @@ D(KVCache.set_len, 'cache:set_len(n)', 'set the filled count of every layer (aft
 D(KVCache.reset, 'cache:reset()', 'empty every layer (the buffers are kept)')
 D(KVCache.keys, 'cache:keys(layer=1)', 'view (B, H, len, D) of the filled keys (kv_dtype int8/fp8: a dequantized copy in dtype)')
 D(KVCache.values, 'cache:values(layer=1)', 'view (B, H, len, D) of the filled values (kv_dtype int8/fp8: a dequantized copy in dtype)')
-D(KVCache.nbytes, 'cache:nbytes()', 'device bytes the cache holds (keys, values, their scales when compressed, lengths)')
+D(KVCache.nbytes, 'cache:nbytes()', 'device bytes the cache holds (keys, values, their scales and the keys\' centers when compressed, lengths)')
 D(KVCache.lens, 'cache:lens(layer=1)', 'i32 [B] device tensor holding len (for gp.attention_decode)')
 D(KVCache.attend, 'cache:attend(layer, q, opts)', 'gp.attention_decode of q (B, Hq, D) over the filled part of layer (Hq a multiple of the cache\'s heads: grouped-query attention)')
 KVCache.__tostring = function(self)
