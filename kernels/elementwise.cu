@@ -115,21 +115,28 @@ template <typename T> __global__ void k_where(gp_loop L, T *o, const uint8_t *m,
   }
 }
 
-/* where over four dense operands of one shape: V elements a thread and step (16 bytes of out, a, b; V bytes
- * of the mask), the tail one at a time */
-template <typename T, int V> __global__ void k_where_flat(T *o, const uint8_t *m, const T *a, const T *b, int64_t n) {
+/* where over dense operands of one shape: V elements a thread and step (16 bytes of out, a, b; V bytes of the
+ * mask), the tail one at a time; SA / SB: a / b is one value broadcast (where(mask, x, -inf)) */
+template <typename T, int V, bool SA, bool SB>
+__global__ void k_where_flat(T *o, const uint8_t *m, const T *a, const T *b, int64_t n) {
   const int64_t tid = blockIdx.x * (int64_t)blockDim.x + threadIdx.x, nth = (int64_t)gridDim.x * blockDim.x;
   const int64_t nv = n / V;
+  const T a0 = SA ? a[0] : T{}, b0 = SB ? b[0] : T{};
   for (int64_t i = tid; i < nv; i += nth) {
     const gp_vec<uint8_t, V> mv = reinterpret_cast<const gp_vec<uint8_t, V> *>(m)[i];
-    const gp_vec<T, V> av = reinterpret_cast<const gp_vec<T, V> *>(a)[i],
-                       bv = reinterpret_cast<const gp_vec<T, V> *>(b)[i];
-    gp_vec<T, V> ov;
+    gp_vec<T, V> av, bv, ov;
+    if constexpr (!SA) av = reinterpret_cast<const gp_vec<T, V> *>(a)[i];
+    if constexpr (!SB) bv = reinterpret_cast<const gp_vec<T, V> *>(b)[i];
 #pragma unroll
-    for (int j = 0; j < V; j++) ov.v[j] = mv.v[j] ? av.v[j] : bv.v[j];
+    for (int j = 0; j < V; j++) ov.v[j] = mv.v[j] ? (SA ? a0 : av.v[j]) : (SB ? b0 : bv.v[j]);
     reinterpret_cast<gp_vec<T, V> *>(o)[i] = ov;
   }
-  for (int64_t i = nv * V + tid; i < n; i += nth) o[i] = m[i] ? a[i] : b[i];
+  for (int64_t i = nv * V + tid; i < n; i += nth) o[i] = m[i] ? (SA ? a0 : a[i]) : (SB ? b0 : b[i]);
+}
+template <typename T, int V, bool SA, bool SB>
+static void launch_where_flat(T *o, const uint8_t *m, const T *a, const T *b, int64_t n) {
+  GP_NOTE_LAUNCH((k_where_flat<T, V, SA, SB>), 256, 0);
+  k_where_flat<T, V, SA, SB><<<gp_grid((n + V - 1) / V, 256), 256, 0, gp_cuda_stream()>>>(o, m, a, b, n);
 }
 
 extern "C" int gp_cuda_where(gp_tensor *out, const gp_tensor *mask, const gp_tensor *a, const gp_tensor *b) {
@@ -137,16 +144,20 @@ extern "C" int gp_cuda_where(gp_tensor *out, const gp_tensor *mask, const gp_ten
   const gp_tensor *ops[] = {out, mask, a, b};
   GP_TRY(gp_loop_init(&L, "where", 4, ops));
   if (L.numel == 0) return GP_OK;
-  bool flat = L.ndim == 1;
-  for (int k = 0; k < 4; k++) flat = flat && (L.stride[k][0] == 1 || L.numel == 1);
+  /* flat: out and mask dense, a and b dense or one broadcast value (not both: a mask of two values is rare) */
+  bool flat = L.ndim == 1 && L.numel > 1;
+  for (int k = 0; k < 2; k++) flat = flat && L.stride[k][0] == 1;
+  const bool sa = flat && L.stride[2][0] == 0, sb = flat && L.stride[3][0] == 0;
+  flat = flat && (L.stride[2][0] == 1 || sa) && (L.stride[3][0] == 1 || sb) && !(sa && sb);
   GP_ANY_SWITCH(out->dtype, T, {
     constexpr int V = 16 / sizeof(T);
     T *po = (T *)gp_ptr(out);
     const T *pa = (const T *)gp_ptr(a), *pb = (const T *)gp_ptr(b);
     const uint8_t *pm = (const uint8_t *)gp_ptr(mask);
-    if (flat && gp_aligned(po, 16) && gp_aligned(pa, 16) && gp_aligned(pb, 16) && gp_aligned(pm, V)) {
-      GP_NOTE_LAUNCH((k_where_flat<T, V>), 256, 0);
-      k_where_flat<T, V><<<gp_grid((L.numel + V - 1) / V, 256), 256, 0, gp_cuda_stream()>>>(po, pm, pa, pb, L.numel);
+    if (flat && gp_aligned(po, 16) && (sa || gp_aligned(pa, 16)) && (sb || gp_aligned(pb, 16)) && gp_aligned(pm, V)) {
+      if (sa) launch_where_flat<T, V, true, false>(po, pm, pa, pb, L.numel);
+      else if (sb) launch_where_flat<T, V, false, true>(po, pm, pa, pb, L.numel);
+      else launch_where_flat<T, V, false, false>(po, pm, pa, pb, L.numel);
     } else {
       GP_NOTE_LAUNCH(k_where<T>, 256, 0);
       k_where<T><<<gp_grid(L.numel, 256), 256, 0, gp_cuda_stream()>>>(L, po, pm, pa, pb);

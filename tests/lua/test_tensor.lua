@@ -388,9 +388,9 @@ T.test('copy (cuda): packed rows to padded rows and back equal the CPU', functio
   end
 end)
 
--- where over dense operands of one shape moves 16 bytes a thread when all four are aligned for it; unaligned
--- views and the tail go one element at a time: every way equals the CPU
-T.test('where (cuda): dense vectors, tails and unaligned views equal the CPU', function()
+-- where over dense operands of one shape (a or b may be one broadcast value) moves 16 bytes a thread when all
+-- are aligned for it; unaligned views and the tail go one element at a time: every way equals the CPU
+T.test('where (cuda): dense vectors, broadcast values, tails and unaligned views equal the CPU', function()
   T.cuda()
   for _, dt in ipairs(DTYPES) do
     for _, n in ipairs {1, 5, 16, 37, 4099} do
@@ -407,6 +407,13 @@ T.test('where (cuda): dense vectors, tails and unaligned views equal the CPU', f
         gp.k.where(o, m:cuda(), a:cuda(), b:cuda())
         T.same(o:float():cpu():totable(), want, 0,
           string.format('%s n %d offset %d, an unaligned out', dt, n, off))
+        -- a number for a or b (one broadcast value), or both
+        for _, ab in ipairs {{a, -7}, {3, b}, {2, -5}} do
+          local gw = gp.where(view(M:cuda()), type(ab[1]) == 'number' and ab[1] or view(A:cuda()),
+            type(ab[2]) == 'number' and ab[2] or view(B:cuda()))
+          T.same(gw:float():cpu():totable(), gp.where(m, ab[1], ab[2]):float():totable(), 0,
+            string.format('%s n %d offset %d, a %s, b %s', dt, n, off, type(ab[1]), type(ab[2])))
+        end
       end
     end
   end
@@ -430,10 +437,13 @@ T.test('contiguous copies of transposed views (cuda): tiles equal the CPU', func
   end
 end)
 
--- x ^ 2 is one product on the GPU: exactly the CPU's (double pow rounded), NaN, infinities and -0 included
-T.test('pow by 2 (cuda): one product, equal to the CPU', function()
+-- x ^ 2, x ^ 0.5 and x ^ -1 are one correctly rounded operation on the GPU: exactly the CPU's (double pow
+-- rounded), NaN, infinities, -0 and random values included
+T.test('pow by 2, 0.5 and -1 (cuda): one operation, equal to the CPU', function()
   T.cuda()
+  gp.manual_seed(5)
   local v = {0 / 0, 1 / 0, -1 / 0, -0.0, 0.0, 1e-30, -3.5, 1e20, 0.1, 7}
+  for _, e in ipairs(gp.randn({990}, {device = 'cpu'}):mul(30):totable()) do v[#v + 1] = e end
   for _, dt in ipairs {'f32', 'bf16', 'f16'} do
     local x = gp.tensor(v, {device = 'cpu'}):type(dt)
     local function tbl(t)
@@ -441,7 +451,10 @@ T.test('pow by 2 (cuda): one product, equal to the CPU', function()
       for i, e in ipairs(r) do r[i] = e ~= e and 'nan' or tostring(e) end
       return table.concat(r, ' ')
     end
-    T.eq(tbl(x:cuda():pow(2)), tbl(x:pow(2)), dt .. ' pow_s')
-    T.eq(tbl(x:cuda():pow(gp.full({10}, 2, {dtype = dt, device = 'cuda'}))), tbl(x:pow(2)), dt .. ' pow')
+    for _, p in ipairs {2, 0.5, -1} do
+      local name = string.format('%s ^ %g', dt, p)
+      T.eq(tbl(x:cuda():pow(p)), tbl(x:pow(p)), name .. ' pow_s')
+      T.eq(tbl(x:cuda():pow(gp.full({#v}, p, {dtype = dt, device = 'cuda'}))), tbl(x:pow(p)), name .. ' pow')
+    end
   end
 end)
