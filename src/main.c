@@ -50,6 +50,8 @@ static const char *usage =
     "                      the attention kernels to use (docs/attention.md)\n"
     "  GPUSH_MATMUL_TUNE   1: cuBLASLt algorithms chosen by timing, cached per shape (gp.matmul_option('tune'))\n"
     "  GPUSH_JIT           0: LuaJIT's compiler off; 1: on under compute-sanitizer too (off there by default)\n"
+    "  GPUSH_GC_PACE       0: the floor of tensor bytes between full collections fixed at 256 MB (not paced\n"
+    "                      by what the collections cost; docs/tensors.md)\n"
     "\n";
 
 #if GP_LUA_SYSTEM_ALLOC

@@ -103,7 +103,7 @@ T.test('--help lists the environment variables and points to examples/ and docs/
   T.eq(rc, 0)
   -- every variable gpush reads (grep getenv in src/ and os.getenv in lua/)
   for _, v in ipairs {'GPUSH_HOME', 'GPUSH_HISTORY', 'GPUSH_CACHE', 'GPUSH_CUDA_DEVICE', 'GPUSH_DIST_TIMEOUT', 'LOCAL_RANK',
-                      'MASTER_ADDR', 'GP_NCCL_LIB', 'GP_ATTN_IMPL', 'GPUSH_MATMUL_TUNE', 'GPUSH_JIT', '/examples', '/docs',
+                      'MASTER_ADDR', 'GP_NCCL_LIB', 'GP_ATTN_IMPL', 'GPUSH_MATMUL_TUNE', 'GPUSH_JIT', 'GPUSH_GC_PACE', '/examples', '/docs',
                       'help()'} do
     T.ok(out:find(v, 1, true), v .. ' in ' .. out)
   end
