@@ -144,18 +144,19 @@ extern "C" int gp_cuda_where(gp_tensor *out, const gp_tensor *mask, const gp_ten
   const gp_tensor *ops[] = {out, mask, a, b};
   GP_TRY(gp_loop_init(&L, "where", 4, ops));
   if (L.numel == 0) return GP_OK;
-  /* flat: out and mask dense, a and b dense or one broadcast value (not both: a mask of two values is rare) */
+  /* flat: out and mask dense, a and b each dense or one broadcast value (nn's causal mask: where(j > i, -inf, 0)) */
   bool flat = L.ndim == 1 && L.numel > 1;
   for (int k = 0; k < 2; k++) flat = flat && L.stride[k][0] == 1;
   const bool sa = flat && L.stride[2][0] == 0, sb = flat && L.stride[3][0] == 0;
-  flat = flat && (L.stride[2][0] == 1 || sa) && (L.stride[3][0] == 1 || sb) && !(sa && sb);
+  flat = flat && (L.stride[2][0] == 1 || sa) && (L.stride[3][0] == 1 || sb);
   GP_ANY_SWITCH(out->dtype, T, {
     constexpr int V = 16 / sizeof(T);
     T *po = (T *)gp_ptr(out);
     const T *pa = (const T *)gp_ptr(a), *pb = (const T *)gp_ptr(b);
     const uint8_t *pm = (const uint8_t *)gp_ptr(mask);
     if (flat && gp_aligned(po, 16) && (sa || gp_aligned(pa, 16)) && (sb || gp_aligned(pb, 16)) && gp_aligned(pm, V)) {
-      if (sa) launch_where_flat<T, V, true, false>(po, pm, pa, pb, L.numel);
+      if (sa && sb) launch_where_flat<T, V, true, true>(po, pm, pa, pb, L.numel);
+      else if (sa) launch_where_flat<T, V, true, false>(po, pm, pa, pb, L.numel);
       else if (sb) launch_where_flat<T, V, false, true>(po, pm, pa, pb, L.numel);
       else launch_where_flat<T, V, false, false>(po, pm, pa, pb, L.numel);
     } else {
