@@ -8,13 +8,13 @@
  *   fmt 2 (fp8 e4m3): scale = amax / 448, code = e4m3(x * (448 / amax)),
  *                 round to nearest even, saturated to +-448; x ~ e4m3 * scale
  * amax = max |x| over the row (0: every code 0, scale 0). A key row is
- * quantized less its head's center c (x - c per element; gp.KVCache sets c
- * to the mean of the first keys it holds): attention scores q . (k - c) of
- * one query differ from q . k by q . c for every key, which softmax drops,
- * so the attention kernels read the codes as they are, and a key is code *
- * scale + c. The differences, products and quotients are single-precision
- * IEEE operations on both devices, so the GPU writes the same bytes as the
- * CPU. */
+ * quantized less its head's center c (x - c per element; an int8
+ * gp.KVCache sets c to the mean of the first keys it holds, fp8 to 0):
+ * attention scores q . (k - c) of one query differ from q . k by q . c for
+ * every key, which softmax drops, so the attention kernels read the codes
+ * as they are, and a key is code * scale + c. The differences, products
+ * and quotients are single-precision IEEE operations on both devices, so
+ * the GPU writes the same bytes as the CPU. */
 #ifndef GP_KVQUANT_H
 #define GP_KVQUANT_H
 #include <math.h>
