@@ -1,6 +1,7 @@
-/* loss.cu: fused cross-entropy, one block per row. Pass 1 reads the row once
- * for its max and sum of exponentials (online softmax, f32), pass 2 reads it
- * again and writes dlogits. Rows load in 16-byte vectors from their first
+/* loss.cu: fused cross-entropy, one block per row (rows of up to 16 KB: a
+ * group of 4 to 32 lanes a row, several rows a block). Pass 1 reads the row
+ * once for its max and sum of exponentials (online softmax, f32), pass 2
+ * reads it again and writes dlogits. Rows load in 16-byte vectors from their first
  * 16-byte boundary (the elements before it and after the last vector one a
  * thread) when logits and dlogits lie the same distance from one. A target
  * outside [0, classes) that is not ignore_index gives a NaN loss and NaN
@@ -23,10 +24,11 @@ template <typename T> __device__ __forceinline__ int64_t row_head(const T *p, in
   return h < v ? h : v;
 }
 
-/* this thread's (max, sum of 2^(x - max)) of a row in log2 units (onchip.cuh's Acc, without branches a
- * value): 16-byte vectors from the row's first boundary, four loads in flight a thread, the elements
- * before it and after the last whole vector one a thread (vec: the vectors; else one element a thread) */
-template <typename T> __device__ __forceinline__ Acc row_acc2(const T *p, int64_t v, bool vec) {
+/* thread tid's (of nt on the row) (max, sum of 2^(x - max)) of a row in log2 units (onchip.cuh's Acc,
+ * without branches a value): 16-byte vectors from the row's first boundary, four loads in flight a thread,
+ * the elements before it and after the last whole vector one a thread (vec: the vectors; else one element a
+ * thread) */
+template <typename T> __device__ __forceinline__ Acc row_acc2(const T *p, int64_t v, bool vec, int tid, int nt) {
   constexpr int W = 16 / sizeof(T);
   constexpr float L2E = 1.4426950408889634f;
   Acc a{-INFINITY, 0.f, 0.f};
@@ -38,8 +40,7 @@ template <typename T> __device__ __forceinline__ Acc row_acc2(const T *p, int64_
   if (vec) {
     h = row_head(p, v), nv = (v - h) / W;
     const uint4 *q = reinterpret_cast<const uint4 *>(p + h);
-    const int64_t nt = blockDim.x;
-    for (int64_t j0 = threadIdx.x; j0 < nv; j0 += 4 * nt) {
+    for (int64_t j0 = tid; j0 < nv; j0 += 4 * nt) {
       uint4 u[4];
 #pragma unroll
       for (int i = 0; i < 4; i++)
@@ -55,21 +56,21 @@ template <typename T> __device__ __forceinline__ Acc row_acc2(const T *p, int64_
         }
       }
     }
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) one(j);
+    for (int64_t j = tid; j < h; j += nt) one(j);
   }
-  for (int64_t j = h + nv * W + threadIdx.x; j < v; j += blockDim.x) one(j);
+  for (int64_t j = h + nv * W + tid; j < v; j += nt) one(j);
   return a;
 }
 
-/* o[j] = g(j, x[j]) over a row (vec: o and p the same distance from a 16-byte boundary) */
+/* o[j] = g(j, x[j]) over a row by thread tid of nt (vec: o and p the same distance from a 16-byte boundary) */
 template <typename T, typename G>
-__device__ __forceinline__ void row_map(T *o, const T *p, int64_t v, bool vec, G g) {
+__device__ __forceinline__ void row_map(T *o, const T *p, int64_t v, bool vec, G g, int tid, int nt) {
   constexpr int W = 16 / sizeof(T);
   if (vec) {
     const int64_t h = row_head(p, v), nv = (v - h) / W;
     const uint4 *q = reinterpret_cast<const uint4 *>(p + h);
     uint4 *w = reinterpret_cast<uint4 *>(o + h);
-    for (int64_t j = threadIdx.x; j < nv; j += blockDim.x) {
+    for (int64_t j = tid; j < nv; j += nt) {
       uint4 u = q[j], r;
       const T *e = reinterpret_cast<const T *>(&u);
       T *d = reinterpret_cast<T *>(&r);
@@ -77,10 +78,10 @@ __device__ __forceinline__ void row_map(T *o, const T *p, int64_t v, bool vec, G
       for (int l = 0; l < W; l++) d[l] = st<T>(g(h + j * W + l, ld(e[l])));
       w[j] = r;
     }
-    for (int64_t j = threadIdx.x; j < h; j += blockDim.x) o[j] = st<T>(g(j, ld(p[j])));
-    for (int64_t j = h + nv * W + threadIdx.x; j < v; j += blockDim.x) o[j] = st<T>(g(j, ld(p[j])));
+    for (int64_t j = tid; j < h; j += nt) o[j] = st<T>(g(j, ld(p[j])));
+    for (int64_t j = h + nv * W + tid; j < v; j += nt) o[j] = st<T>(g(j, ld(p[j])));
   } else {
-    for (int64_t j = threadIdx.x; j < v; j += blockDim.x) o[j] = st<T>(g(j, ld(p[j])));
+    for (int64_t j = tid; j < v; j += nt) o[j] = st<T>(g(j, ld(p[j])));
   }
 }
 
@@ -119,37 +120,53 @@ __device__ __forceinline__ void block_ms(float &m, float &s) {
   s = ss[0];
 }
 
-template <typename T, typename I>
+/* LPR 0: a block a row; else LPR lanes a row (4 to 32), 256 / LPR rows a block: short rows (a block a row of a
+ * few KB is bound by its start and its reduction, not by bytes). A group's shuffles name its own lanes only,
+ * so groups of a warp may part at an ignored or bad row */
+template <typename T, typename I, int LPR>
 __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const I *targets, const float *count,
-                                int64_t v, int64_t vt, int64_t ign, float scale, bool vec, gp_bad_ref bad) {
-  int64_t row = blockIdx.x;
+                                int64_t n, int64_t v, int64_t vt, int64_t ign, float scale, bool vec, gp_bad_ref bad) {
+  const int64_t row = LPR == 0 ? (int64_t)blockIdx.x : ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / LPR;
+  if (LPR > 0 && row >= n) return;
+  const int tid = LPR == 0 ? threadIdx.x : threadIdx.x % LPR, nt = LPR == 0 ? blockDim.x : LPR;
+  const unsigned gmask = LPR == 0 || LPR == 32 ? 0xffffffffu : ((1u << LPR) - 1) << ((threadIdx.x & 31) & ~(LPR - 1));
   const T *x = logits + row * v;
   T *g = dlogits ? dlogits + row * v : nullptr;
   int64_t t = (int64_t)targets[row];
   if (t == ign) {
-    if (threadIdx.x == 0) loss[row] = 0.f;
-    if (g) row_map(g, x, v, vec, [](int64_t, float) { return 0.f; });
+    if (tid == 0) loss[row] = 0.f;
+    if (g)
+      row_map(
+          g, x, v, vec, [](int64_t, float) { return 0.f; }, tid, nt);
     return;
   }
   if (t < 0 || t >= vt) {
     float nan = __int_as_float(0x7fc00000);
-    if (threadIdx.x == 0) {
+    if (tid == 0) {
       loss[row] = nan;
       gp_report_bad(bad, t);
     }
-    if (g) row_map(g, x, v, vec, [nan](int64_t, float) { return nan; });
+    if (g)
+      row_map(
+          g, x, v, vec, [nan](int64_t, float) { return nan; }, tid, nt);
     return;
   }
-  const Acc a = row_acc2(x, v, vec);
+  const Acc a = row_acc2(x, v, vec, tid, nt);
   float m = a.m * 0.6931471805599453f, s = a.z;
-  /* the target's logit, read before the block's reduction (its barrier orders
-   * the read before pass 2's writes: dlogits may be logits itself) */
-  float xt = threadIdx.x == 0 ? ld(x[t]) : 0.f;
-  block_ms(m, s);
+  /* the target's logit, read before the reduction (whose barrier orders the read before pass 2's writes:
+   * dlogits may be logits itself) */
+  float xt = tid == 0 ? ld(x[t]) : 0.f;
+  if (LPR == 0) block_ms(m, s);
+  else {
+    for (int o = LPR / 2; o > 0; o >>= 1) ms_combine(m, s, __shfl_xor_sync(gmask, m, o), __shfl_xor_sync(gmask, s, o));
+    __syncwarp(gmask);
+  }
   float lse = m + logf(s);
-  if (threadIdx.x == 0) loss[row] = lse - xt;
+  if (tid == 0) loss[row] = lse - xt;
   if (count) scale /= *count;
-  if (g) row_map(g, x, v, vec, [=](int64_t j, float a) { return (expf(a - lse) - (j == t ? 1.f : 0.f)) * scale; });
+  if (g)
+    row_map(
+        g, x, v, vec, [=](int64_t j, float a) { return (expf(a - lse) - (j == t ? 1.f : 0.f)) * scale; }, tid, nt);
 }
 
 /* forward + backward of rows held on chip (kernels/onchip.cuh): the logits
@@ -313,13 +330,33 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
 #undef GP_CR
     if (done) return rc;
   }
-  GP_FLOAT_SWITCH(logits->dtype, T,
-                  if (targets->dtype == GP_I32) k_cross_entropy<T, int32_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
-                      (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
-                      (const int32_t *)gp_ptr(targets), cnt, v, vt, ignore, (float)scale, vec, bad);
-                  else k_cross_entropy<T, int64_t><<<(unsigned)n, bs, 0, gp_cuda_stream()>>>(
-                      (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits),
-                      (const int64_t *)gp_ptr(targets), cnt, v, vt, ignore, (float)scale, vec, bad));
+  /* rows of up to 16 KB: LPR lanes a row, about four 16-byte vectors a lane (eight for the forward alone). H200
+   * (BENCHMARKS.md 2026-11-30 (n)), against a block a row: 32768 x 1000 bf16 forward 140.5 -> 28.2 us, forward +
+   * backward 179.5 -> 56.3; 65536 x 65 f32 97.2 -> 13.9, 130.2 -> 25.6; 16384 x 4096 bf16 88.5 -> 42.6, 259.7 ->
+   * 106.2. Four vectors a lane in the forward: 65536 x 512 bf16 31.5 us against 27.1; all 32 lanes: 46.2 */
+  int lpr = 0;
+  if (v * es <= 16384) {
+    const int64_t per = dlogits ? 64 : 128, quads = (v * es + per - 1) / per;
+    lpr = quads <= 4 ? 4 : quads <= 8 ? 8 : quads <= 16 ? 16 : 32;
+    bs = 256;
+  }
+  const unsigned grid = lpr ? (unsigned)((n * lpr + 255) / 256) : (unsigned)n;
+#define GP_CE(I, L)                                                                               \
+  k_cross_entropy<T, I, L><<<grid, bs, 0, gp_cuda_stream()>>>(                                    \
+      (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits), \
+      (const I *)gp_ptr(targets), cnt, n, v, vt, ignore, (float)scale, vec, bad)
+#define GP_CE_L(I)                \
+  switch (lpr) {                  \
+    case 4: GP_CE(I, 4); break;   \
+    case 8: GP_CE(I, 8); break;   \
+    case 16: GP_CE(I, 16); break; \
+    case 32: GP_CE(I, 32); break; \
+    default: GP_CE(I, 0);         \
+  }
+  GP_FLOAT_SWITCH(
+      logits->dtype, T, if (targets->dtype == GP_I32) { GP_CE_L(int32_t) } else {GP_CE_L(int64_t)});
+#undef GP_CE_L
+#undef GP_CE
   return gp_cuda_check_launch(op);
 }
 

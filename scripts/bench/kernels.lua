@@ -89,6 +89,9 @@ local BENCH = {
   {'scatter_add', {'f32'}, syms = {A = S(64, 4), B = S(4096, 64), K = S(2048, 32), C = S(512, 16)}},
   {'cross_entropy', {'bf16', 'f32'}, syms = {N = S(2048, 16), V = S(50304, 1000)}},
   {'cross_entropy_fwd_bwd', {'bf16', 'f32'}, syms = {N = S(2048, 16), V = S(50304, 1000)}},
+  -- short rows (a character model's 65 classes, 1000): a group of lanes a row, several rows a block
+  {'cross_entropy', {'bf16', 'f32'}, syms = {N = S(32768, 16), V = 1000}, label = 'cross_entropy V=1000'},
+  {'cross_entropy_fwd_bwd', {'bf16', 'f32'}, syms = {N = S(65536, 16), V = S(65, 65)}, label = 'cross_entropy_fwd_bwd V=65'},
   -- a decode step's draw: one row (batch 1) and 32 rows of SmolLM2's and Llama 3's vocabularies, top-p 0.9 (one
   -- block a row: latency, not bandwidth, bounds it; GB/s is the logits read and probs written once)
   {'sample', {'bf16'}, syms = {N = 1, V = S(49152, 1000)}, scalars = {top_p = 0.9}, label = 'sample N1 top-p'},

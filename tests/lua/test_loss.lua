@@ -138,14 +138,11 @@ T.test('cross_entropy (cuda): matches the CPU for every dtype; a bad target give
   T.near(gp.cross_entropy(gp.zeros({2, 4}, {device = 'cuda'}), gp.tensor({1, 3}, {dtype = 'i64', device = 'cuda'})):item(), math.log(4), 1e-6)
 end)
 
--- rows from 32 KB up to what fits in shared memory are held on chip, several a block
--- (the next row loads while this one is finished), wider ones (128,256 in bf16) split
--- over a cluster of 2 or 4 blocks on Hopper: many rows, ignored and bad ones among them,
--- and in place (dlogits over the logits, as gp.linear_cross_entropy's chunks)
-T.test('cross_entropy (cuda): many rows held on chip, ignored and bad rows, in place', function()
-  T.cuda()
-  local N = 400
-  for _, c in ipairs {{'bf16', 50304}, {'f16', 32000}, {'f32', 16384}, {'bf16', 100000}, {'bf16', 128256}, {'f32', 65536}} do
+-- N rows of each {dtype, V} of cases against the CPU: every 9th row from the 2nd ignored, the loss and
+-- dlogits, the forward alone, and in place with i32 targets (dlogits over the logits, as
+-- gp.linear_cross_entropy's chunks)
+local function rows_vs_cpu(N, cases)
+  for _, c in ipairs(cases) do
     local dt, V = c[1], c[2]
     local lg = (gp.randn({N, V}, cpu) * 3):to(dt)
     local tg = gp.randint(0, V, {N}, {device = 'cpu'}):totable()
@@ -156,19 +153,42 @@ T.test('cross_entropy (cuda): many rows held on chip, ignored and bad rows, in p
     local what = string.format('%s V=%d', dt, V)
     T.ok(T.relnorm(lc, l) < 1e-5, what .. ' loss ' .. T.relnorm(lc, l))
     T.ok(T.relnorm(dc, d) < (dt == 'f32' and 1e-5 or 1e-2), what .. ' dlogits ' .. T.relnorm(dc, d))
+    T.ok(T.relnorm(gp.cross_entropy(lg:cuda(), tg:cuda(), {reduction = 'none'}), l) < 1e-5, what .. ' forward alone')
     local x, ti = lg:cuda(), tg:cuda():to('i32')
     local li = gp.empty({N}, {device = 'cuda'})
     gp.k.cross_entropy_fwd_bwd(li, x, x, ti, gp.full({1}, 4, {device = 'cuda'}), -100, 4)
     T.ok(T.relnorm(li, l) < 1e-5 and T.relnorm(x, dc) < 1e-6, what .. ' in place')
   end
-  local V = 50304
-  local tg = gp.zeros({300}, {dtype = 'i64', device = 'cuda'})
-  tg[150] = V
-  local lg = gp.randn({300, V}, {dtype = 'bf16', device = 'cuda'})
-  local l, d = gp.cross_entropy(lg, tg, {grad = true, reduction = 'none'})
+end
+
+-- a target of V in row r of N (dtype dt): an error at the next synchronization, NaN in that row alone
+local function bad_row(N, V, dt, r)
+  local tg = gp.zeros({N}, {dtype = 'i64', device = 'cuda'})
+  tg[r] = V
+  local l, d = gp.cross_entropy(gp.randn({N, V}, {dtype = dt, device = 'cuda'}), tg, {grad = true, reduction = 'none'})
   T.raises(function() l:totable() end, 'cross_entropy', 'target ' .. V, 'next synchronization')
-  local lt, d150 = l:totable(), d:narrow(1, 150, 1):float():totable()[1]
-  T.ok(lt[150] ~= lt[150] and d150[1] ~= d150[1] and lt[149] == lt[149] and lt[151] == lt[151])
+  local lt, dr = l:totable(), d:narrow(1, r, 1):float():totable()[1]
+  T.ok(lt[r] ~= lt[r] and dr[1] ~= dr[1] and lt[r - 1] == lt[r - 1] and lt[r + 1] == lt[r + 1] and lt[N] == lt[N])
+end
+
+-- rows from 32 KB up to what fits in shared memory are held on chip, several a block
+-- (the next row loads while this one is finished), wider ones (128,256 in bf16) split
+-- over a cluster of 2 or 4 blocks on Hopper: many rows, ignored and bad ones among them
+T.test('cross_entropy (cuda): many rows held on chip, ignored and bad rows, in place', function()
+  T.cuda()
+  rows_vs_cpu(400, {{'bf16', 50304}, {'f16', 32000}, {'f32', 16384}, {'bf16', 100000}, {'bf16', 128256},
+                    {'f32', 65536}})
+  bad_row(300, 50304, 'bf16', 150)
+end)
+
+-- rows of up to 16 KB take a group of 4 to 32 lanes a row, several rows a block: row counts that leave a block
+-- part empty, rows that start off a 16-byte boundary (V 1003, 65), every group size
+T.test('cross_entropy (cuda): short rows a group of lanes each, ignored and bad rows, in place', function()
+  T.cuda()
+  rows_vs_cpu(37, {{'f32', 1000}, {'bf16', 1003}, {'f16', 65}, {'f32', 7}, {'bf16', 256}, {'f32', 256},
+                   {'bf16', 8192}, {'f32', 4096}, {'f32', 4097}})
+  bad_row(37, 1000, 'f32', 20)
+  bad_row(37, 65, 'bf16', 5)
 end)
 
 -- rows padded past their V classes with -inf (gp.linear_cross_entropy's chunks of 50257 outputs): the same loss and
