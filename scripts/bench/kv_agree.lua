@@ -10,8 +10,15 @@
 -- --vs-f32 the model loaded in f32 is compared with the same reference: how
 -- often two float precisions of the same weights agree, for scale; with
 -- --center-off also an int8 cache that quantizes the keys as they are
--- (gp.KVCache{center = false}, the cache before 2026-11-30). Capacity: the largest KV cache
--- of the model (every layer, batch 1) that gp.KVCache can allocate under
+-- (gp.KVCache{center = false}, the cache before 2026-11-30). Every row and the
+-- reference run the op-by-op decode step (gp.decode_step(false)): a compressed
+-- cache always takes it, and the one-kernel step of a bf16 model sums in
+-- another order. With --floor also the reference's cache with the one-kernel
+-- step (the default for a bf16 model): the same numbers summed in another
+-- order, so the agreement a change of rounding alone reaches on this model;
+-- and the reference again, run to run (a deterministic step gives 100%).
+-- Capacity: the largest KV cache of the model (every layer, batch 1) that
+-- gp.KVCache can allocate under
 -- gp.set_memory_limit (a binary search over the capacity; the limit is the
 -- bytes the weights already hold plus the budget: the allocator's reserved
 -- device bytes, host bytes on the CPU), beside the bytes a position takes.
@@ -24,6 +31,7 @@ local a = gp.args.parse(arg, {
   {'budget-mb', 256, 'the memory budget of the capacity search (MiB)'},
   {'vs-f32', false, 'also the same model in f32 (f32 cache) against the reference: the agreement two float precisions reach'},
   {'center-off', false, 'also an int8 cache whose keys are quantized as they are (center = false; "int8 raw")'},
+  {'floor', false, 'also the reference run again, and with the one-kernel decode step (gp.decode_step(true)): the agreement a change of summation order alone reaches'},
 }, {usage = 'gpush scripts/bench/kv_agree.lua [flags]', description = 'bf16 / int8 / fp8 KV caches: greedy agreement and capacity.'})
 
 local dev = gp.device()
@@ -50,34 +58,48 @@ for i = 1, math.min(a.prompts, #QUESTIONS) do
   end
 end
 
--- one prompt at a time (no padding): the continuation's ids; raw: an int8
--- cache whose keys are quantized as they are (center = false)
-local function run(kvd, m, raw)
+-- one prompt at a time (no padding): the continuation's ids. row.kvd: the
+-- cache's kv_dtype (nil: the model's dtype); row.model: another model;
+-- row.raw: an int8 cache whose keys are quantized as they are (center =
+-- false); row.kernel: the one-kernel decode step; an explicit cache (raw,
+-- kernel, again) keeps the step captured for the reference from being reused
+local function run(row)
   local out = {}
+  gp.decode_step(row.kernel == true)
   for i, p in ipairs(prompts) do
-    local cache = raw and gp.KVCache {batch = 1, heads = model.config.num_key_value_heads, capacity = #p + a.max_new,
-                                      head_dim = model.config.head_dim, layers = model.config.num_hidden_layers,
-                                      dtype = dtype, device = dev, kv_dtype = kvd, center = false} or nil
-    local r = gp.generate(m or model, {p}, {max_new = a.max_new, greedy = true, stop = {}, kv_dtype = kvd, cache = cache})
+    local cache = (row.raw or row.kernel or row.again) and
+      gp.KVCache {batch = 1, heads = model.config.num_key_value_heads, capacity = #p + a.max_new,
+                  head_dim = model.config.head_dim, layers = model.config.num_hidden_layers, dtype = dtype,
+                  device = dev, kv_dtype = row.kvd, center = not row.raw} or nil
+    local r = gp.generate(row.model or model, {p},
+      {max_new = a.max_new, greedy = true, stop = {}, kv_dtype = row.kvd, cache = cache})
     out[i] = r.lists[1]
   end
   return out
 end
 
 print(string.format('kv agree: %s %s on %s, %d prompts, %d greedy tokens each', a.model, dtype, dev, #prompts, a.max_new))
-local ref = run(nil)
-local rows = {{'int8', 'int8'}, {'fp8', 'fp8'}}
-if a.center_off then table.insert(rows, 2, {'int8 raw', 'int8', nil, true}) end
-if a.vs_f32 and dtype ~= 'f32' then rows[#rows + 1] = {'f32 model', nil, (gp.models.load(a.model, {dtype = 'f32'}))} end
+local ref = run {}
+local rows = {{name = 'int8', kvd = 'int8'}, {name = 'fp8', kvd = 'fp8'}}
+if a.center_off then table.insert(rows, 2, {name = 'int8 raw', kvd = 'int8', raw = true}) end
+if a.floor then
+  table.insert(rows, 1, {name = 'one kernel', kernel = true})
+  table.insert(rows, 1, {name = 'again', again = true})
+  if dtype ~= 'bf16' or dev ~= 'cuda' then
+    print('  (the one-kernel step is bf16\'s, on the GPU: here it is the op-by-op step, the reference itself)')
+  end
+end
+if a.vs_f32 and dtype ~= 'f32' then
+  rows[#rows + 1] = {name = 'f32 model', model = (gp.models.load(a.model, {dtype = 'f32'}))}
+end
 for _, row in ipairs(rows) do
-  local kvd = row[1]
-  local got, same, parted = run(row[2], row[3], row[4]), 0, {}
+  local got, same, parted = run(row), 0, {}
   for i = 1, #prompts do
     local k = 1
     while k <= #ref[i] and ref[i][k] == got[i][k] do k = k + 1 end
     if k > #ref[i] and #got[i] == #ref[i] then same = same + 1 else parted[#parted + 1] = tostring(k) end
   end
-  print(string.format('  %-9s identical continuations: %d of %d (%.0f%%)%s', kvd, same, #prompts, 100 * same / #prompts,
+  print(string.format('  %-9s identical continuations: %d of %d (%.0f%%)%s', row.name, same, #prompts, 100 * same / #prompts,
     #parted > 0 and ('; the others part at token ' .. table.concat(parted, ', ')) or ''))
 end
 if tok then print(string.format('  %s reply to prompt 1: %q', dtype, tok:decode(ref[1]))) end
