@@ -1,9 +1,9 @@
 /* loss.cu: fused cross-entropy, one block per row (rows of up to 16 KB: a
  * group of 4 to 32 lanes a row, several rows a block). Pass 1 reads the row
  * once for its max and sum of exponentials (online softmax, f32), pass 2
- * reads it again and writes dlogits. Rows load in 16-byte vectors from their first
- * 16-byte boundary (the elements before it and after the last vector one a
- * thread) when logits and dlogits lie the same distance from one. A target
+ * reads it again and writes dlogits. Rows load in 16-byte vectors from their
+ * first 16-byte boundary (the elements before it and after the last vector
+ * one a thread) when logits and dlogits lie the same distance from one. A target
  * outside [0, classes) that is not ignore_index gives a NaN loss and NaN
  * gradient row and is reported as an error at the next synchronization point
  * (kernels/bad_index.cuh: no host sync here; the CPU reference raises the
@@ -64,7 +64,7 @@ template <typename T> __device__ __forceinline__ Acc row_acc2(const T *p, int64_
 
 /* o[j] = g(j, x[j]) over a row by thread tid of nt (vec: o and p the same distance from a 16-byte boundary) */
 template <typename T, typename G>
-__device__ __forceinline__ void row_map(T *o, const T *p, int64_t v, bool vec, G g, int tid, int nt) {
+__device__ __forceinline__ void row_map(T *o, const T *p, int64_t v, bool vec, int tid, int nt, G g) {
   constexpr int W = 16 / sizeof(T);
   if (vec) {
     const int64_t h = row_head(p, v), nv = (v - h) / W;
@@ -135,9 +135,7 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
   int64_t t = (int64_t)targets[row];
   if (t == ign) {
     if (tid == 0) loss[row] = 0.f;
-    if (g)
-      row_map(
-          g, x, v, vec, [](int64_t, float) { return 0.f; }, tid, nt);
+    if (g) row_map(g, x, v, vec, tid, nt, [](int64_t, float) { return 0.f; });
     return;
   }
   if (t < 0 || t >= vt) {
@@ -146,9 +144,7 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
       loss[row] = nan;
       gp_report_bad(bad, t);
     }
-    if (g)
-      row_map(
-          g, x, v, vec, [nan](int64_t, float) { return nan; }, tid, nt);
+    if (g) row_map(g, x, v, vec, tid, nt, [nan](int64_t, float) { return nan; });
     return;
   }
   const Acc a = row_acc2(x, v, vec, tid, nt);
@@ -165,8 +161,7 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
   if (tid == 0) loss[row] = lse - xt;
   if (count) scale /= *count;
   if (g)
-    row_map(
-        g, x, v, vec, [=](int64_t j, float a) { return (expf(a - lse) - (j == t ? 1.f : 0.f)) * scale; }, tid, nt);
+    row_map(g, x, v, vec, tid, nt, [=](int64_t j, float a) { return (expf(a - lse) - (j == t ? 1.f : 0.f)) * scale; });
 }
 
 /* forward + backward of rows held on chip (kernels/onchip.cuh): the logits
