@@ -17,6 +17,11 @@
 -- step (the default for a bf16 model): the same numbers summed in another
 -- order, so the agreement a change of rounding alone reaches on this model;
 -- and the reference again, run to run (a deterministic step gives 100%).
+-- With --forced each row is also fed the reference's continuation token by
+-- token (teacher forcing: one decode step a token over the row's cache) and
+-- counts the positions whose argmax is the reference's token: free-running
+-- continuations part for good at the first near tie, so this counts every
+-- position once and tells caches apart where the first measure cannot.
 -- Capacity: the largest KV cache of the model (every layer, batch 1) that
 -- gp.KVCache can allocate under
 -- gp.set_memory_limit (a binary search over the capacity; the limit is the
@@ -31,6 +36,7 @@ local a = gp.args.parse(arg, {
   {'budget-mb', 256, 'the memory budget of the capacity search (MiB)'},
   {'vs-f32', false, 'also the same model in f32 (f32 cache) against the reference: the agreement two float precisions reach'},
   {'center-off', false, 'also an int8 cache whose keys are quantized as they are (center = false; "int8 raw")'},
+  {'forced', false, 'also the teacher-forced top-1 agreement of each row over the reference\'s continuations'},
   {'floor', false, 'also the reference run again, and with the one-kernel decode step (gp.decode_step(true)): the agreement a change of summation order alone reaches'},
 }, {usage = 'gpush scripts/bench/kv_agree.lua [flags]', description = 'bf16 / int8 / fp8 KV caches: greedy agreement and capacity.'})
 
@@ -103,6 +109,42 @@ for _, row in ipairs(rows) do
     #parted > 0 and ('; the others part at token ' .. table.concat(parted, ', ')) or ''))
 end
 if tok then print(string.format('  %s reply to prompt 1: %q', dtype, tok:decode(ref[1]))) end
+
+-- teacher forcing: each prompt, then the reference's continuation one token a
+-- decode step (device positions where the model takes them, as gp.generate's
+-- step) over the row's cache;
+-- the positions whose argmax is the reference's next token
+local function forced(row)
+  gp.decode_step(row.kernel == true)
+  local m, same, total = row.model or model, 0, 0
+  local pos = gp.zeros({1}, {dtype = 'i64', device = dev})
+  gp.no_grad(function()
+    for i, p in ipairs(prompts) do
+      local r = ref[i]
+      local cache = gp.KVCache {batch = 1, heads = model.config.num_key_value_heads, capacity = #p + #r,
+                                head_dim = model.config.head_dim, layers = model.config.num_hidden_layers,
+                                dtype = m.lm_head.weight.dtype, device = dev, kv_dtype = row.kvd, center = not row.raw}
+      local dpos = m.supports_device_positions and m:supports_device_positions(cache)
+      local lg = m:forward_cached(gp.tensor({p}, {dtype = 'i64', device = dev}), cache, 0):select(2, #p)
+      for k = 1, #r do
+        if lg:view({-1}):argmax():item() == r[k] then same = same + 1 end
+        total = total + 1
+        if k == #r then break end
+        local at = #p + k - 1
+        if dpos then gp.k.fill(pos, at) end
+        lg = m:forward_cached(gp.tensor({{r[k]}}, {dtype = 'i64', device = dev}), cache, dpos and pos or at)
+      end
+    end
+  end)
+  return same, total
+end
+if a.forced then
+  for _, row in ipairs(rows) do
+    local same, total = forced(row)
+    print(string.format('  %-9s teacher-forced top-1: %d of %d positions (%.1f%%)', row.name, same, total,
+      100 * same / total))
+  end
+end
 
 -- capacity under a budget
 collectgarbage('collect')

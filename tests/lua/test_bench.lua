@@ -201,14 +201,18 @@ end)
 
 T.test('kv agreement bench (scripts/bench/kv_agree.lua) compares the caches and their capacity', function()
   local out, rc = T.sh(timeout(120) .. exe .. ' ' .. root .. '/scripts/bench/kv_agree.lua --model ' .. root ..
-    '/tests/fixtures/models/llama_gqa --dtype f32 --prompts 3 --max-new 4 --budget-mb 1 --center-off --floor')
+    '/tests/fixtures/models/llama_gqa --dtype f32 --prompts 3 --max-new 4 --budget-mb 1 --center-off --floor --forced')
   T.eq(rc, 0, out)
   -- on the CPU the step is op by op either way (the one-kernel step only on the GPU): the floor row is the reference
   T.eq(out:match('\n  one kernel%s+identical continuations: (%d+) of 3'), '3', out)
   T.eq(out:match('\n  again%s+identical continuations: (%d+) of 3'), '3', out)
+  -- teacher forcing over the reference's own cache and step gives back its greedy tokens at every position
+  T.eq(out:match('\n  again%s+teacher%-forced top%-1: (%d+ of %d+) positions'), '12 of 12', out)
   for _, kvd in ipairs {'int8', 'int8 raw', 'fp8'} do
     local same = out:match('\n  ' .. kvd .. '%s+identical continuations: (%d+) of 3')
     T.ok(tonumber(same), kvd .. ' row in\n' .. out)
+    local fs, ft = out:match('\n  ' .. kvd:gsub(' ', '%%s') .. '%s+teacher%-forced top%-1: (%d+) of (%d+) positions')
+    T.ok(tonumber(fs) and tonumber(ft) == 12, kvd .. ' teacher-forced row in\n' .. out)
   end
   local f32, i8 = out:match('f32%s+most positions in 1 MiB: (%d+)'), out:match('int8%s+most positions in 1 MiB: (%d+)')
   T.ok(tonumber(f32) and tonumber(f32) > 0, out)
