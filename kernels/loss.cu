@@ -292,13 +292,6 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
    * on-chip kernel: rows that start on one). H200, bf16 8192 x 50257: 1421 us one element a thread */
   const bool vec = ((pl ^ pd) & 15) == 0 && pl % (uintptr_t)es == 0;
   const bool aligned = (v * es) % 16 == 0 && ((pl | pd) & 15) == 0;
-  /* a block a row. The forward alone reads each row once: blocks of 256 keep 8 rows an SM in flight, so one
-   * row's reduction and start overlap the others' loads (H200, 2048 x 50,304: bf16 0.52 -> 0.85 of copy, f32
-   * 0.78 -> 1.00, against blocks of 1024); the two passes of the streaming forward + backward, 16-bit: 512
-   * (bf16 0.49 -> 0.60; f32 keeps 1024: 0.70 against 0.64) */
-  int bs = v >= 16384 ? 1024 : v >= 2048 ? 512 : v >= 256 ? 256 : 64;
-  if (!dlogits && bs > 256) bs = 256;
-  else if (es < 4 && bs > 512) bs = 512;
   const char *op = dlogits ? "cross_entropy_fwd_bwd" : "cross_entropy";
   gp_bad_ref bad;
   GP_TRY(gp_cuda_bad_ref(&bad, op, "target", vt, "the classes (a target that is not ignore_index)"));
@@ -329,11 +322,16 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
    * (BENCHMARKS.md 2026-11-30 (n)), against a block a row: 32768 x 1000 bf16 forward 140.5 -> 28.2 us, forward +
    * backward 179.5 -> 56.3; 65536 x 65 f32 97.2 -> 13.9, 130.2 -> 25.6; 16384 x 4096 bf16 88.5 -> 42.6, 259.7 ->
    * 106.2. Four vectors a lane in the forward: 65536 x 512 bf16 31.5 us against 27.1; all 32 lanes: 46.2 */
-  int lpr = 0;
+  int lpr = 0, bs = 256;
   if (v * es <= 16384) {
     const int64_t per = dlogits ? 64 : 128, quads = (v * es + per - 1) / per;
     lpr = quads <= 4 ? 4 : quads <= 8 ? 8 : quads <= 16 ? 16 : 32;
-    bs = 256;
+  } else if (dlogits) {
+    /* else a block a row. The forward alone reads each row once: blocks of 256 keep 8 rows an SM in flight, so
+     * one row's reduction and start overlap the others' loads (H200, 2048 x 50,304: bf16 0.52 -> 0.85 of copy,
+     * f32 0.78 -> 1.00, against blocks of 1024); the two passes of the streaming forward + backward, 16-bit: 512
+     * (bf16 0.49 -> 0.60; f32 keeps 1024 from 16384 columns: 0.70 against 0.64) */
+    bs = v >= 16384 && es >= 4 ? 1024 : 512;
   }
   const unsigned grid = lpr ? (unsigned)((n * lpr + 255) / 256) : (unsigned)n;
 #define GP_CE(I, L)                                                                               \

@@ -64,6 +64,13 @@ for i = 1, math.min(a.prompts, #QUESTIONS) do
   end
 end
 
+-- row's cache of model m for capacity positions (batch 1)
+local function row_cache(row, m, capacity)
+  return gp.KVCache {batch = 1, heads = model.config.num_key_value_heads, capacity = capacity,
+                     head_dim = model.config.head_dim, layers = model.config.num_hidden_layers,
+                     dtype = m.lm_head.weight.dtype, device = dev, kv_dtype = row.kvd, center = not row.raw}
+end
+
 -- one prompt at a time (no padding): the continuation's ids. row.kvd: the
 -- cache's kv_dtype (nil: the model's dtype); row.model: another model;
 -- row.raw: an int8 cache whose keys are quantized as they are (center =
@@ -73,10 +80,7 @@ local function run(row)
   local out = {}
   gp.decode_step(row.kernel == true)
   for i, p in ipairs(prompts) do
-    local cache = (row.raw or row.kernel or row.again) and
-      gp.KVCache {batch = 1, heads = model.config.num_key_value_heads, capacity = #p + a.max_new,
-                  head_dim = model.config.head_dim, layers = model.config.num_hidden_layers, dtype = dtype,
-                  device = dev, kv_dtype = row.kvd, center = not row.raw} or nil
+    local cache = (row.raw or row.kernel or row.again) and row_cache(row, row.model or model, #p + a.max_new) or nil
     local r = gp.generate(row.model or model, {p},
       {max_new = a.max_new, greedy = true, stop = {}, kv_dtype = row.kvd, cache = cache})
     out[i] = r.lists[1]
@@ -121,9 +125,7 @@ local function forced(row)
   gp.no_grad(function()
     for i, p in ipairs(prompts) do
       local r = ref[i]
-      local cache = gp.KVCache {batch = 1, heads = model.config.num_key_value_heads, capacity = #p + #r,
-                                head_dim = model.config.head_dim, layers = model.config.num_hidden_layers,
-                                dtype = m.lm_head.weight.dtype, device = dev, kv_dtype = row.kvd, center = not row.raw}
+      local cache = row_cache(row, m, #p + #r)
       local dpos = m.supports_device_positions and m:supports_device_positions(cache)
       local lg = m:forward_cached(gp.tensor({p}, {dtype = 'i64', device = dev}), cache, 0):select(2, #p)
       for k = 1, #r do
