@@ -252,8 +252,8 @@ __global__ void __launch_bounds__(NT, 2)
 #endif
 }
 
-/* the on-chip kernel when the row fits in C blocks (C > 1: Hopper's clusters),
- * from 32 KB up, and at least two blocks an SM when two (so that one row's
+/* the on-chip kernel when the row fits in C blocks (C > 1: Hopper's clusters)
+ * and at least two blocks an SM when two (so that one row's
  * reductions, and a cluster's exchange, overlap another's streaming); false:
  * the streaming kernel */
 template <typename T, typename I, int NT, int C>
@@ -297,28 +297,39 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   GP_TRY(gp_cuda_bad_ref(&bad, op, "target", vt, "the classes (a target that is not ignore_index)"));
   const float *cnt = count ? (const float *)gp_ptr(count) : nullptr;
   static const bool stream_only = getenv("GPUSH_CE_STREAM") != 0; /* for comparisons */
-  if (dlogits && aligned && !stream_only && v * es >= 32768) {
+  if (dlogits && aligned && !stream_only && v * es >= 8192) {
     int rc = GP_OK;
     bool done = false;
-#define GP_CR(C, TWO)                                                                                               \
-  ((force == 0 || force == C) &&                                                                                    \
-   (targets->dtype == GP_I32 ? cross_entropy_rows<T, int32_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
-                                                                      vt, ignore, (float)scale, bad, TWO)              \
-                             : cross_entropy_rows<T, int64_t, 512, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
-                                                                      vt, ignore, (float)scale, bad, TWO)))
-    /* the fewest blocks a row that still leave two blocks an SM, else the
-     * fewest that fit (H100, bf16 4096 x 128,256 through autograd: clusters
-     * of 4, three blocks an SM, 919.5 us against 968.8 with clusters of 2,
-     * one block an SM); GPUSH_CE_CLUSTER=C asks for clusters of C */
+#define GP_CR(NT, C, TWO)                                                                                            \
+  ((force == 0 || force == C) &&                                                                                     \
+   (targets->dtype == GP_I32 ? cross_entropy_rows<T, int32_t, NT, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
+                                                                     vt, ignore, (float)scale, bad, TWO)             \
+                             : cross_entropy_rows<T, int64_t, NT, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
+                                                                     vt, ignore, (float)scale, bad, TWO)))
+    /* rows of up to 48 KB: a block of the fewest threads (64 to 256) that hold the row in 12 slots each, so that
+     * more rows an SM are in flight (H200, BENCHMARKS.md 2026-12-01: bf16 8192 x 8192 119.4 -> 84.3 us, 0.57 ->
+     * 0.81 of copy; 65536 x 4096 385.4 -> 318.8; 4096 x 16384 95.9 -> 86.5; f32 8192 x 6144 160.8 -> 112.5;
+     * 64 threads at 16 KB: 93.5, 512 at 62 KB: 87.7 against 89.8 with 256). Wider rows: blocks of 512, the
+     * fewest blocks a row that still leave two blocks an SM, else the fewest that fit (H100, bf16 4096 x 128,256
+     * through autograd: clusters of 4, three blocks an SM, 919.5 us against 968.8 with clusters of 2, one block
+     * an SM); GPUSH_CE_CLUSTER=C asks for clusters of C */
     static const int force = getenv("GPUSH_CE_CLUSTER") ? atoi(getenv("GPUSH_CE_CLUSTER")) : 0;
-    GP_FLOAT_SWITCH(logits->dtype, T,
-                    done = GP_CR(1, force == 0) || GP_CR(2, force == 0) || GP_CR(4, force == 0) ||
-                           GP_CR(8, force == 0) || GP_CR(1, false) || GP_CR(2, false) || GP_CR(4, false) ||
-                           GP_CR(8, false););
+    const int64_t nvec = v * es / 16;
+    if (nvec <= 12 * 256)
+      GP_FLOAT_SWITCH(logits->dtype, T,
+                      done = nvec <= 12 * 64    ? GP_CR(64, 1, true)
+                             : nvec <= 12 * 128 ? GP_CR(128, 1, true)
+                                                : GP_CR(256, 1, true););
+    if (!done && v * es >= 32768)
+      GP_FLOAT_SWITCH(logits->dtype, T,
+                      done = GP_CR(512, 1, force == 0) || GP_CR(512, 2, force == 0) || GP_CR(512, 4, force == 0) ||
+                             GP_CR(512, 8, force == 0) || GP_CR(512, 1, false) || GP_CR(512, 2, false) ||
+                             GP_CR(512, 4, false) || GP_CR(512, 8, false););
 #undef GP_CR
     if (done) return rc;
   }
-  /* rows of up to 16 KB: LPR lanes a row, about four 16-byte vectors a lane (eight for the forward alone). H200
+  /* the forward alone, and unaligned forward + backward rows, of up to 16 KB (aligned ones of 8 KB and more are
+   * on chip above): LPR lanes a row, about four 16-byte vectors a lane (eight for the forward alone). H200
    * (BENCHMARKS.md 2026-11-30 (n)), against a block a row: 32768 x 1000 bf16 forward 140.5 -> 28.2 us, forward +
    * backward 179.5 -> 56.3; 65536 x 65 f32 97.2 -> 13.9, 130.2 -> 25.6; 16384 x 4096 bf16 88.5 -> 42.6, 259.7 ->
    * 106.2. Four vectors a lane in the forward: 65536 x 512 bf16 31.5 us against 27.1; all 32 lanes: 46.2 */

@@ -171,7 +171,7 @@ local function bad_row(N, V, dt, r)
   T.ok(lt[r] ~= lt[r] and dr[1] ~= dr[1] and lt[r - 1] == lt[r - 1] and lt[r + 1] == lt[r + 1] and lt[N] == lt[N])
 end
 
--- rows from 32 KB up to what fits in shared memory are held on chip, several a block
+-- rows from 48 KB up to what fits in shared memory are held on chip, several a block
 -- (the next row loads while this one is finished), wider ones (128,256 in bf16) split
 -- over a cluster of 2 or 4 blocks on Hopper: many rows, ignored and bad ones among them
 T.test('cross_entropy (cuda): many rows held on chip, ignored and bad rows, in place', function()
@@ -179,6 +179,18 @@ T.test('cross_entropy (cuda): many rows held on chip, ignored and bad rows, in p
   rows_vs_cpu(400, {{'bf16', 50304}, {'f16', 32000}, {'f32', 16384}, {'bf16', 100000}, {'bf16', 128256},
                     {'f32', 65536}})
   bad_row(300, 50304, 'bf16', 150)
+end)
+
+-- rows of 8 to 48 KB are held on chip by blocks of 64, 128 or 256 threads (the fewest that hold a row in 12
+-- slots each): more rows than resident blocks (each block loops, the next row loading while this one is
+-- finished), the boundaries of each block size, ignored and bad rows
+T.test('cross_entropy (cuda): rows of 8 to 48 KB on chip in small blocks, more rows than blocks', function()
+  T.cuda()
+  rows_vs_cpu(5000, {{'bf16', 4096}})
+  rows_vs_cpu(1500, {{'bf16', 16384}})
+  rows_vs_cpu(200, {{'f16', 6144}, {'f16', 6152}, {'bf16', 12288}, {'f32', 12288}, {'f32', 12292}})
+  bad_row(3000, 4096, 'bf16', 2500)
+  bad_row(200, 12288, 'f32', 7)
 end)
 
 -- rows of up to 16 KB take a group of 4 to 32 lanes a row, several rows a block: row counts that leave a block
