@@ -171,8 +171,9 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
  * block (Llama 3's 128,256 in bf16: 251 KB) is split over a cluster of C
  * blocks (Hopper), each holding V / C columns; their (max, sum) meet through
  * distributed shared memory. */
-template <typename T, typename I, int NT, int C>
-__global__ void __launch_bounds__(NT, 2)
+/* (U in 16 bits: registers for 48 warps an SM; 56 a thread unbounded, against 38 for aligned rows) */
+template <typename T, typename I, int NT, int C, bool U>
+__global__ void __launch_bounds__(NT, U && sizeof(T) == 2 ? 1536 / NT : 2)
     k_cross_entropy_rows(float *loss, T *dlogits, const T *logits, const I *targets, const float *count, int64_t n,
                          int64_t v, int64_t vt, int nk, int64_t ign, float scale, gp_bad_ref bad) {
   constexpr int W = 16 / sizeof(T);
@@ -180,19 +181,27 @@ __global__ void __launch_bounds__(NT, 2)
   extern __shared__ uint4 sm_rows[];
   const int64_t vc = v / C;  /* this block's columns: [rank vc, (rank + 1) vc) */
   const int rank = (int)(blockIdx.x % C);
-  const RowSlots<T, false> sl{sm_rows, nullptr, NT, nk, vc / W};
+  /* U (C 1): rows that start off a 16-byte boundary, each held as the 16-byte vectors that cover it (a row's
+   * first element at offset off of its first vector; the allocator's blocks are whole 16-byte vectors) */
+  auto off_of = [=](int64_t r) { return U ? (int)(((uintptr_t)(logits + r * v) & 15) / sizeof(T)) : 0; };
+  auto nvec_of = [=](int o) { return U ? (o + v + W - 1) / W : vc / W; };
   if (count) scale /= *count;
   const int64_t step = gridDim.x / C, c0 = (int64_t)rank * vc;
   int64_t row = blockIdx.x / C;
   [[maybe_unused]] int par = 0; /* the row's parity (clusters) */
+  int off = off_of(row);
   if (row < n)
-    for (int k = 0; k < nk; k++) sl.load(logits + row * v + c0, nullptr, k);
+    for (int k = 0; k < nk; k++)
+      RowSlots<T, false>{sm_rows, nullptr, NT, nk, nvec_of(off)}.load(logits + row * v + c0 - off, nullptr, k);
   for (; row < n; row += step) {
+    const RowSlots<T, false> sl{sm_rows, nullptr, NT, nk, nvec_of(off)};
     const T *x = logits + row * v;
-    T *g = dlogits + row * v + c0;
+    T *g = dlogits + row * v + c0 - off;
     const int64_t next = row + step;
     const bool more = next < n;
-    const T *nx = logits + next * v + c0;
+    const int noff = more ? off_of(next) : 0;
+    const int64_t nn = more ? nvec_of(noff) : 0;
+    const T *nx = logits + next * v + c0 - noff;
     const int64_t tg = (int64_t)targets[row];
     const bool skip = tg == ign, badr = !skip && (tg < 0 || tg >= vt);
     Acc a{-INFINITY, 0.f, 0.f}; /* log2 units */
@@ -205,6 +214,10 @@ __global__ void __launch_bounds__(NT, 2)
       float xa[W];
 #pragma unroll
       for (int l = 0; l < W; l++) xa[l] = ld(e[l]) * L2E;
+      if (U && (j == 0 || j == sl.nvec - 1))
+#pragma unroll
+        for (int l = 0; l < W; l++)
+          if (j * W + l < off || j * W + l >= off + v) xa[l] = -INFINITY; /* a neighbour's */
       acc_add2<W, false>(a, xa, nullptr);
     }
     if (skip || badr) { /* (every block of a cluster takes the same branch: one row) */
@@ -213,7 +226,8 @@ __global__ void __launch_bounds__(NT, 2)
         loss[row] = f;
         if (badr) gp_report_bad(bad, tg);
       }
-      sl.backward(g, nx, nullptr, more, [f](int, float, float) { return f; });
+      sl.template backward<U>(g, nx, nullptr, nn, off, off + (int)v, [f](int, float, float) { return f; });
+      off = noff;
       continue;
     }
     /* the target's logit before the reduction's barrier (dlogits may be the logits) */
@@ -242,10 +256,11 @@ __global__ void __launch_bounds__(NT, 2)
     const float lse = m + logf(z), lse2 = lse * L2E;
     if (threadIdx.x == 0 && rank == 0) loss[row] = lse - xt;
     __syncthreads(); /* every thread has read block_ms's results before the next row's */
-    const int tgi = (int)(tg - c0);
-    sl.backward(g, nx, nullptr, more, [=](int j, float xv, float) {
+    const int tgi = (int)(tg - c0) + off;
+    sl.template backward<U>(g, nx, nullptr, nn, off, off + (int)v, [=](int j, float xv, float) {
       return (ex2(fmaf(xv, L2E, -lse2)) - (j == tgi ? 1.f : 0.f)) * scale;
     });
+    off = noff;
   }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if constexpr (C > 1) cooperative_groups::this_cluster().sync(); /* no block leaves while a peer may read it */
@@ -255,16 +270,17 @@ __global__ void __launch_bounds__(NT, 2)
 /* the on-chip kernel when the row fits in C blocks (C > 1: Hopper's clusters)
  * and at least two blocks an SM when two (so that one row's
  * reductions, and a cluster's exchange, overlap another's streaming); false:
- * the streaming kernel */
-template <typename T, typename I, int NT, int C>
+ * the streaming kernel. U: rows that start off a 16-byte boundary (a block a row) */
+template <typename T, typename I, int NT, int C, bool U>
 static bool cross_entropy_rows(int *rc, gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *logits,
                                const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t vt,
                                int64_t ign, float scale, const gp_bad_ref &bad, bool two) {
   constexpr int W = 16 / sizeof(T);
-  if (v % (C * W) != 0) return false;
-  const int64_t nvec = v / C / W, nk = (nvec + NT - 1) / NT;
+  static_assert(!U || C == 1, "rows off a boundary take one block");
+  if (!U && v % (C * W) != 0) return false;
+  const int64_t nvec = U ? (v + 2 * W - 2) / W : v / C / W, nk = (nvec + NT - 1) / NT;
   const size_t smem = (size_t)nk * NT * 16;
-  auto fn = k_cross_entropy_rows<T, I, NT, C>;
+  auto fn = k_cross_entropy_rows<T, I, NT, C, U>;
   static int ptx90[8];
   if (C > 1 && !gp_cuda_ptx90((const void *)fn, ptx90)) return false; /* PTX of 8.0: the streaming kernel */
   static OnchipCache cache;
@@ -297,15 +313,24 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   GP_TRY(gp_cuda_bad_ref(&bad, op, "target", vt, "the classes (a target that is not ignore_index)"));
   const float *cnt = count ? (const float *)gp_ptr(count) : nullptr;
   static const bool stream_only = getenv("GPUSH_CE_STREAM") != 0; /* for comparisons */
-  if (dlogits && aligned && !stream_only && v * es >= 8192) {
+  /* rows off a 16-byte boundary (GPT-2's 50257 columns in 16 bits) are held as the vectors that cover them, from
+   * 16 KB up (H200, BENCHMARKS.md 2026-12-01 (b): bf16 8192 x 50257 636.7 -> 555.7 us, f32 8192 x 4097 148.3 ->
+   * 86.5; bf16 16384 x 4099 122.0 against 110.0 with a group of lanes a row) */
+  if (dlogits && (aligned || (vec && v * es > 16384)) && !stream_only && v * es >= 8192) {
     int rc = GP_OK;
     bool done = false;
-#define GP_CR(NT, C, TWO)                                                                                            \
-  ((force == 0 || force == C) &&                                                                                     \
-   (targets->dtype == GP_I32 ? cross_entropy_rows<T, int32_t, NT, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
-                                                                     vt, ignore, (float)scale, bad, TWO)             \
-                             : cross_entropy_rows<T, int64_t, NT, C>(&rc, loss, dlogits, logits, targets, cnt, n, v, \
-                                                                     vt, ignore, (float)scale, bad, TWO)))
+#define GP_CR(NT, C, TWO)                                                                                              \
+  ((force == 0 || force == C) &&                                                                                       \
+   (!aligned ? C == 1 && (targets->dtype == GP_I32                                                                     \
+                              ? cross_entropy_rows<T, int32_t, NT, 1, true>(&rc, loss, dlogits, logits, targets, cnt,  \
+                                                                            n, v, vt, ignore, (float)scale, bad, TWO)  \
+                              : cross_entropy_rows<T, int64_t, NT, 1, true>(&rc, loss, dlogits, logits, targets, cnt,  \
+                                                                            n, v, vt, ignore, (float)scale, bad, TWO)) \
+    : targets->dtype == GP_I32                                                                                         \
+        ? cross_entropy_rows<T, int32_t, NT, C, false>(&rc, loss, dlogits, logits, targets, cnt, n, v, vt, ignore,     \
+                                                       (float)scale, bad, TWO)                                         \
+        : cross_entropy_rows<T, int64_t, NT, C, false>(&rc, loss, dlogits, logits, targets, cnt, n, v, vt, ignore,     \
+                                                       (float)scale, bad, TWO)))
     /* rows of up to 48 KB: a block of the fewest threads (64 to 256) that hold the row in 12 slots each, so that
      * more rows an SM are in flight (H200, BENCHMARKS.md 2026-12-01: bf16 8192 x 8192 119.4 -> 84.3 us, 0.57 ->
      * 0.81 of copy; 65536 x 4096 385.4 -> 318.8; 4096 x 16384 95.9 -> 86.5; f32 8192 x 6144 160.8 -> 112.5;
@@ -314,7 +339,7 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
      * through autograd: clusters of 4, three blocks an SM, 919.5 us against 968.8 with clusters of 2, one block
      * an SM); GPUSH_CE_CLUSTER=C asks for clusters of C */
     static const int force = getenv("GPUSH_CE_CLUSTER") ? atoi(getenv("GPUSH_CE_CLUSTER")) : 0;
-    const int64_t nvec = v * es / 16;
+    const int64_t nvec = aligned ? v * es / 16 : (v * es + 30) / 16;
     if (nvec <= 12 * 256)
       GP_FLOAT_SWITCH(logits->dtype, T,
                       done = nvec <= 12 * 64    ? GP_CR(64, 1, true)

@@ -69,20 +69,23 @@ template <typename T, bool TWO> struct RowSlots {
   uint4 *sx, *sy;
   int nt, nk;
   int64_t nvec;
-  /* this thread's slot k of a row: one commit group a slot index, empty or not, so that the counts agree */
-  __device__ __forceinline__ void load(const T *x, const T *y, int k) const {
+  /* this thread's slot k of a row of n vectors: one commit group a slot index, empty or not, so that the counts
+   * agree */
+  __device__ __forceinline__ void load(const T *x, const T *y, int k, int64_t n) const {
     const int64_t j = (int64_t)k * nt + threadIdx.x;
-    if (j < nvec) {
+    if (j < n) {
       cp16(sx + k * nt + threadIdx.x, reinterpret_cast<const uint4 *>(x) + j);
       if (TWO) cp16(sy + k * nt + threadIdx.x, reinterpret_cast<const uint4 *>(y) + j);
     }
     cp_commit();
   }
-  /* o[j] = g(j, x[j], y[j]) from shared memory over this thread's slots (streaming
-   * stores; y[j] is x[j] for one row), each slot then refilled with the next
-   * row's (when more) */
-  template <typename G>
-  __device__ __forceinline__ void backward(T *o, const T *nx, const T *ny, bool more, G g) const {
+  __device__ __forceinline__ void load(const T *x, const T *y, int k) const { load(x, y, k, nvec); }
+  /* o[j] = g(j, x[j], y[j]) from shared memory over this thread's slots (streaming stores; y[j] is x[j] for one
+   * row), each slot then refilled with the next row's nn vectors (none when 0). PART: only elements [lo, hi) of
+   * the vectors are the row's (a row that starts off a 16-byte boundary: the vectors at its ends are written an
+   * element at a time, the neighbours' elements left as they are) */
+  template <bool PART, typename G>
+  __device__ __forceinline__ void backward(T *o, const T *nx, const T *ny, int64_t nn, int lo, int hi, G g) const {
     constexpr int W = 16 / sizeof(T);
     for (int k = 0; k < nk; k++) {
       const int64_t j = (int64_t)k * nt + threadIdx.x;
@@ -93,10 +96,18 @@ template <typename T, bool TWO> struct RowSlots {
         T *d = reinterpret_cast<T *>(&r);
 #pragma unroll
         for (int e = 0; e < W; e++) d[e] = st<T>(g((int)(j * W) + e, ld(es[e]), ld(et[e])));
-        __stcs(reinterpret_cast<uint4 *>(o) + j, r);
+        const int c0 = (int)(j * W);
+        if (!PART || (c0 >= lo && c0 + W <= hi)) __stcs(reinterpret_cast<uint4 *>(o) + j, r);
+        else
+#pragma unroll
+          for (int e = 0; e < W; e++)
+            if (c0 + e >= lo && c0 + e < hi) o[c0 + e] = d[e];
       }
-      if (more) load(nx, ny, k);
+      if (nn) load(nx, ny, k, nn);
     }
+  }
+  template <typename G> __device__ __forceinline__ void backward(T *o, const T *nx, const T *ny, bool more, G g) const {
+    backward<false>(o, nx, ny, more ? nvec : 0, 0, 0, g);
   }
 };
 

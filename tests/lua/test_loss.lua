@@ -169,6 +169,10 @@ local function bad_row(N, V, dt, r)
   T.raises(function() l:totable() end, 'cross_entropy', 'target ' .. V, 'next synchronization')
   local lt, dr = l:totable(), d:narrow(1, r, 1):float():totable()[1]
   T.ok(lt[r] ~= lt[r] and dr[1] ~= dr[1] and lt[r - 1] == lt[r - 1] and lt[r + 1] == lt[r + 1] and lt[N] == lt[N])
+  -- the NaN row's dlogits stop at its ends (rows off a 16-byte boundary share a vector with each neighbour)
+  local dr2 = d:narrow(1, r, 1):float()
+  local before, after = d:narrow(1, r - 1, 1):float():sum():item(), d:narrow(1, r + 1, 1):float():sum():item()
+  T.ok(before == before and after == after and dr2:narrow(2, V, 1):item() ~= dr2:narrow(2, V, 1):item())
 end
 
 -- rows from 48 KB up to what fits in shared memory are held on chip, several a block
@@ -183,13 +187,18 @@ end)
 
 -- rows of 8 to 48 KB are held on chip by blocks of 64, 128 or 256 threads (the fewest that hold a row in 12
 -- slots each): more rows than resident blocks (each block loops, the next row loading while this one is
--- finished), the boundaries of each block size, ignored and bad rows
-T.test('cross_entropy (cuda): rows of 8 to 48 KB on chip in small blocks, more rows than blocks', function()
+-- finished), the boundaries of each block size, ignored and bad rows. Rows of more than 16 KB that start off a
+-- 16-byte boundary (V 8195, 12291, 4097, 50257) are held as the vectors that cover them, the neighbours'
+-- elements left alone; shorter ones (V 4099) take a group of lanes a row
+T.test('cross_entropy (cuda): rows of 8 KB and more on chip in small blocks, rows off a 16-byte boundary', function()
   T.cuda()
-  rows_vs_cpu(5000, {{'bf16', 4096}})
+  rows_vs_cpu(5000, {{'bf16', 4096}, {'bf16', 4099}})
+  rows_vs_cpu(3000, {{'bf16', 8195}})
   rows_vs_cpu(1500, {{'bf16', 16384}})
-  rows_vs_cpu(200, {{'f16', 6144}, {'f16', 6152}, {'bf16', 12288}, {'f32', 12288}, {'f32', 12292}})
+  rows_vs_cpu(600, {{'bf16', 50257}})
+  rows_vs_cpu(200, {{'f16', 6144}, {'f16', 12291}, {'bf16', 12288}, {'f32', 12288}, {'f32', 12291}, {'f32', 4097}})
   bad_row(3000, 4096, 'bf16', 2500)
+  bad_row(3000, 8195, 'bf16', 2500)
   bad_row(200, 12288, 'f32', 7)
 end)
 
