@@ -201,6 +201,13 @@ local function ce_cases()
     for k, v in pairs(KERNEL_IT) do p[k] = v end
     cs[#cs + 1] = {row = 'cross_entropy fwd+bwd', shape = dt .. ' ' .. N .. 'x' .. V, p = p, bytes = bytes}
   end
+  -- rows of 16 KB (held on chip by blocks of 128 threads) and GPT-2's 50257 columns (rows off a 16-byte boundary)
+  for _, nv in ipairs {{S(8192, 16), S(8192, 1000)}, {S(8192, 16), S(50257, 1001)}} do
+    local bytes = 2 * nv[1] * nv[2] * 2
+    local p = {dtype = 'bf16', n = nv[1], v = nv[2], sets = sets_for(bytes)}
+    for k, v in pairs(KERNEL_IT) do p[k] = v end
+    cs[#cs + 1] = {row = 'cross_entropy fwd+bwd', shape = 'bf16 ' .. nv[1] .. 'x' .. nv[2], p = p, bytes = bytes}
+  end
   -- Llama 3's vocabulary (issue 24): rows split over a cluster of blocks
   local N3, V3 = S(4096, 16), S(128256, 1000)
   local b3 = 2 * N3 * V3 * 2
