@@ -267,6 +267,10 @@ __global__ void __launch_bounds__(NT, U && sizeof(T) == 2 ? 1536 / NT : 2)
 #endif
 }
 
+/* the 16-byte vectors (of w elements) that hold a row of v elements: the most that cover it when it may start off
+ * a boundary */
+static int64_t ce_row_vectors(int64_t v, int64_t w, bool aligned) { return aligned ? v / w : (v + 2 * w - 2) / w; }
+
 /* the on-chip kernel when the row fits in C blocks (C > 1: Hopper's clusters)
  * and at least two blocks an SM when two (so that one row's
  * reductions, and a cluster's exchange, overlap another's streaming); false:
@@ -278,7 +282,7 @@ static bool cross_entropy_rows(int *rc, gp_tensor *loss, gp_tensor *dlogits, con
   constexpr int W = 16 / sizeof(T);
   static_assert(!U || C == 1, "rows off a boundary take one block");
   if (!U && v % (C * W) != 0) return false;
-  const int64_t nvec = U ? (v + 2 * W - 2) / W : v / C / W, nk = (nvec + NT - 1) / NT;
+  const int64_t nvec = ce_row_vectors(v / C, W, !U), nk = (nvec + NT - 1) / NT;
   const size_t smem = (size_t)nk * NT * 16;
   auto fn = k_cross_entropy_rows<T, I, NT, C, U>;
   static int ptx90[8];
@@ -339,7 +343,7 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
      * through autograd: clusters of 4, three blocks an SM, 919.5 us against 968.8 with clusters of 2, one block
      * an SM); GPUSH_CE_CLUSTER=C asks for clusters of C */
     static const int force = getenv("GPUSH_CE_CLUSTER") ? atoi(getenv("GPUSH_CE_CLUSTER")) : 0;
-    const int64_t nvec = aligned ? v * es / 16 : (v * es + 30) / 16;
+    const int64_t nvec = ce_row_vectors(v, 16 / es, aligned);
     if (nvec <= 12 * 256)
       GP_FLOAT_SWITCH(logits->dtype, T,
                       done = nvec <= 12 * 64    ? GP_CR(64, 1, true)
