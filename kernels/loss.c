@@ -12,6 +12,7 @@ int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const gp_tensor *
                           const gp_tensor *count, int64_t ignore, double scale, int64_t classes);
 int gp_cuda_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets, int64_t ignore,
                         int average);
+int gp_cuda_loss_count(gp_tensor *count, const gp_tensor *targets, int64_t ignore, int average);
 #ifdef __cplusplus
 }
 #endif
@@ -83,6 +84,20 @@ int gp_k_cross_entropy_fwd_bwd(gp_tensor *loss, gp_tensor *dlogits, const gp_ten
                                const gp_tensor *count, double ignore_index, double scale, double classes) {
   GP_CHECK(cross_entropy_fwd_bwd, loss, dlogits, logits, targets, count);
   return ce("cross_entropy_fwd_bwd", loss, dlogits, logits, targets, count, ignore_index, scale, classes);
+}
+
+int gp_k_loss_count(gp_tensor *count, const gp_tensor *targets, double ignore_index, double average) {
+  GP_CHECK(loss_count, count, targets);
+  if (ignore_index != floor(ignore_index) || fabs(ignore_index) > 9e15)
+    return gp_error("loss_count: ignore_index must be an integer, got %g", ignore_index);
+  int64_t ign = (int64_t)ignore_index, n = targets->shape[0];
+  GP_CUDA_DISPATCH(count, gp_cuda_loss_count(count, targets, ign, average != 0));
+  const void *pt = gp_ptr(targets);
+  int64_t c = 0;
+  if (average != 0)
+    for (int64_t i = 0; i < n; i++) c += gp_load_i64(pt, targets->dtype, i) != ign;
+  ((float *)gp_ptr(count))[0] = average != 0 ? (float)c : 1.0f;
+  return GP_OK;
 }
 
 int gp_k_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets,

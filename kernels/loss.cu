@@ -393,13 +393,33 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   return gp_cuda_check_launch(op);
 }
 
-/* one block: out = sum (or mean) of loss over non-ignored rows, in a fixed order */
+/* one block: out = sum (or mean) of loss over non-ignored rows, in a fixed order. A thread's 4 rows a
+ * round are loaded before they are added (one memory latency a round, not two a row); an ignored row's
+ * loss is read but not added (every loss kernel writes it, 0). */
+constexpr int LR_U = 4;
 template <typename I>
 __global__ void k_loss_reduce(float *out, float *count, const float *loss, const I *targets, int64_t n, int64_t ign,
                               bool average) {
   __shared__ float ssum[32], scnt[32];
   float s = 0.f, c = 0.f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x)
+  const int64_t step = blockDim.x;
+  int64_t i = threadIdx.x;
+  for (; i + (LR_U - 1) * step < n; i += LR_U * step) {
+    I t[LR_U];
+    float l[LR_U];
+#pragma unroll
+    for (int u = 0; u < LR_U; u++) {
+      t[u] = targets[i + u * step];
+      l[u] = loss[i + u * step];
+    }
+#pragma unroll
+    for (int u = 0; u < LR_U; u++)
+      if ((int64_t)t[u] != ign) {
+        s += l[u];
+        c += 1.f;
+      }
+  }
+  for (; i < n; i += step)
     if ((int64_t)targets[i] != ign) {
       s += loss[i];
       c += 1.f;
@@ -426,16 +446,61 @@ __global__ void k_loss_reduce(float *out, float *count, const float *loss, const
   }
 }
 
+/* one block: count = the targets that are not ign (average), else 1 */
+template <typename I>
+__global__ void k_loss_count(float *count, const I *targets, int64_t n, int64_t ign, bool average) {
+  __shared__ int scnt[32];
+  if (!average) {
+    if (threadIdx.x == 0) count[0] = 1.f;
+    return;
+  }
+  int c = 0;
+  const int64_t step = blockDim.x;
+  int64_t i = threadIdx.x;
+  for (; i + (LR_U - 1) * step < n; i += LR_U * step) {
+    I t[LR_U];
+#pragma unroll
+    for (int u = 0; u < LR_U; u++) t[u] = targets[i + u * step];
+#pragma unroll
+    for (int u = 0; u < LR_U; u++) c += (int64_t)t[u] != ign;
+  }
+  for (; i < n; i += step) c += (int64_t)targets[i] != ign;
+  for (int o = 16; o > 0; o >>= 1) c += __shfl_xor_sync(0xffffffffu, c, o);
+  if ((threadIdx.x & 31) == 0) scnt[threadIdx.x >> 5] = c;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t t = 0;
+    for (int k = 0; k < (int)(blockDim.x >> 5); k++) t += scnt[k];
+    count[0] = (float)t;
+  }
+}
+
+/* the block of the one-block reductions: 256 threads for short lists, else 1024 */
+static unsigned lr_threads(int64_t n) { return n > 4096 ? 1024u : 256u; }
+
 extern "C" int gp_cuda_loss_reduce(gp_tensor *out, gp_tensor *count, const gp_tensor *loss, const gp_tensor *targets,
                                    int64_t ignore, int average) {
   int64_t n = loss->shape[0];
+  const unsigned nt = lr_threads(n);
   if (targets->dtype == GP_I32)
-    k_loss_reduce<int32_t><<<1, 1024, 0, gp_cuda_stream()>>>((float *)gp_ptr(out), (float *)gp_ptr(count),
-                                                             (const float *)gp_ptr(loss),
-                                                             (const int32_t *)gp_ptr(targets), n, ignore, average != 0);
+    k_loss_reduce<int32_t><<<1, nt, 0, gp_cuda_stream()>>>((float *)gp_ptr(out), (float *)gp_ptr(count),
+                                                           (const float *)gp_ptr(loss),
+                                                           (const int32_t *)gp_ptr(targets), n, ignore, average != 0);
   else
-    k_loss_reduce<int64_t><<<1, 1024, 0, gp_cuda_stream()>>>((float *)gp_ptr(out), (float *)gp_ptr(count),
-                                                             (const float *)gp_ptr(loss),
-                                                             (const int64_t *)gp_ptr(targets), n, ignore, average != 0);
+    k_loss_reduce<int64_t><<<1, nt, 0, gp_cuda_stream()>>>((float *)gp_ptr(out), (float *)gp_ptr(count),
+                                                           (const float *)gp_ptr(loss),
+                                                           (const int64_t *)gp_ptr(targets), n, ignore, average != 0);
   return gp_cuda_check_launch("loss_reduce");
+}
+
+extern "C" int gp_cuda_loss_count(gp_tensor *count, const gp_tensor *targets, int64_t ignore, int average) {
+  int64_t n = targets->shape[0];
+  const unsigned nt = average ? lr_threads(n) : 32u;
+  if (targets->dtype == GP_I32)
+    k_loss_count<int32_t><<<1, nt, 0, gp_cuda_stream()>>>((float *)gp_ptr(count), (const int32_t *)gp_ptr(targets), n,
+                                                          ignore, average != 0);
+  else
+    k_loss_count<int64_t><<<1, nt, 0, gp_cuda_stream()>>>((float *)gp_ptr(count), (const int64_t *)gp_ptr(targets), n,
+                                                          ignore, average != 0);
+  return gp_cuda_check_launch("loss_count");
 }

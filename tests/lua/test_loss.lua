@@ -264,3 +264,25 @@ T.test('cross_entropy backward: upstream x dlogits / count in one pass, with ign
     T.ok(T.relnorm(x.grad, want) < 1e-6, red) -- (the loss, and so its upstream gradient, is f32)
   end
 end)
+
+T.test('cross_entropy forward + backward: three launches (count, fused kernel, reduction), the seed not filled', function()
+  for _, dev in ipairs(gp.cuda_available() and {'cpu', 'cuda'} or {'cpu'}) do
+    local o = {device = dev}
+    local tg = gp.tensor({1, -100, 4, 0, -100, 2, 3}, {dtype = 'i64', device = dev})
+    local cnt = gp.empty({1}, o)
+    T.eq(gp.k.loss_count(cnt, tg, -100, 1):item(), 5, dev)
+    T.eq(gp.k.loss_count(cnt, tg, -100, 0):item(), 1, dev)
+    T.eq(gp.k.loss_count(cnt, tg, 4, 1):item(), 6, dev)
+    for _, red in ipairs {'mean', 'sum'} do
+      local x0 = gp.randn({7, 5}, o)
+      local x = x0:clone():requires_grad()
+      local _, n = T.launches(function() gp.cross_entropy(x, tg, {reduction = red}):backward() end)
+      T.eq(n.loss_count, 1, red)
+      T.eq(n.cross_entropy_fwd_bwd, 1, red)
+      T.eq(n.loss_reduce, 1, red)
+      T.eq(n.fill, 0, red .. ': no fill (the count needs no zeroed losses; the seed is not read)')
+      local _, want = gp.cross_entropy(x0, tg, {reduction = red, grad = true})
+      T.ok(T.relnorm(x.grad, want) < 1e-6, red)
+    end
+  end
+end)

@@ -107,8 +107,12 @@ function A.def_method(name, rule, opts)
   A.method_rules[name] = rule; A.method_opts[name] = opts
   if A.installed then wrap(Tensor, name, A.method_rules, opts) end
 end
+-- rules that never read the values of backward()'s seed (opts.seed_unread: a
+-- fused loss returns the gradient its kernel saved): the seed is not filled
+A.seed_unread = {}
 function A.def_function(name, rule, opts)
   A.function_rules[name] = rule; A.function_opts[name] = opts
+  if opts and opts.seed_unread then A.seed_unread[rule] = true end
   for _, t in ipairs(A.tables) do wrap(t, name, A.function_rules, opts) end
 end
 
@@ -253,10 +257,12 @@ function A.backward(root, grad, opts)
     if root:numel() ~= 1 then
       raise(string.format('backward: a gradient is needed for a non-scalar output of shape %s', tensor.shape_str(root.shape)))
     end
-    grad = gp.ones_like(root)
     -- the seed: a rule may return a gradient it saved as it is when its
     -- incoming gradient is this one (a fused loss whose kernel already wrote
-    -- the final gradient: distill_loss)
+    -- the final gradient: distill_loss); such a rule's seed is left unfilled
+    local rn = rawget(root, '_node')
+    grad = rn and A.seed_unread[rn.rule] and tensor.empty(root.shape, root.dtype, root.device, 'backward') or
+      gp.ones_like(root)
     rawset(grad, '_seed', true)
   end
   -- nodes reachable from the root, inputs before users

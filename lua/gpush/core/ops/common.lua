@@ -66,13 +66,10 @@ end
 -- the count a fused loss's kernel divides dx by (cross_entropy,
 -- distill_loss, with grad): for 'mean', the rows whose target is not
 -- ignore_index, counted on the device before the launch (no host sync), so dx
--- comes out final; ones otherwise. loss: the (N) f32 losses (zeroed here).
-function M.grad_count(op, loss, tg, ignore, red)
-  if red ~= 'mean' then return gp.ones({1}, {device = loss.device}) end
-  local r = tensor.empty({1}, 'f32', loss.device, op)
-  local cnt = tensor.empty({1}, 'f32', loss.device, op)
-  gp.k.fill(loss, 0)
-  gp.k.loss_reduce(r, cnt, loss, tg, ignore, 0)
+-- comes out final; 1 otherwise. One launch (gp.k.loss_count).
+function M.grad_count(op, tg, ignore, red)
+  local cnt = tensor.empty({1}, 'f32', tg.device, op)
+  gp.k.loss_count(cnt, tg, ignore, red == 'mean' and 1 or 0)
   return cnt
 end
 
@@ -103,6 +100,7 @@ function M.fused_loss_rule(g, a, _, saved)
 end
 M.fused_loss_opts = {
   nout = 1,
+  seed_unread = true,
   forward = function(f, x, y, opts)
     if type(opts) ~= 'table' and opts ~= nil then return nil, f(x, y, opts) end -- f raises
     local o2 = {}
@@ -209,7 +207,7 @@ function M.head_loss(hd, tg, ignore, opts, kernel, padded)
   local dw = grad and opts.grad_w ~= false and (N > 0 and tensor.empty({V, D}, w.dtype, dev, op) or
     gp.zeros({V, D}, {dtype = w.dtype, device = dev})) or nil
   local k, wt = gp.k, w:transpose(1, 2) -- (D, V): a transposed view, no copy
-  local cnt = grad and M.grad_count(op, loss, tg, ignore, red)
+  local cnt = grad and M.grad_count(op, tg, ignore, red)
   local at -- the first row of the chunk in flight (0-based)
   local ok, err = pcall(function()
     for r0 = 0, N - 1, C do
@@ -277,6 +275,7 @@ function M.head_loss_rule(g, a, _, saved)
 end
 M.head_loss_opts = {
   nout = 1,
+  seed_unread = true,
   forward = function(f, h, w, third, opts)
     if type(opts) ~= 'table' and opts ~= nil then return nil, f(h, w, third, opts) end -- f raises
     opts = opts or {}

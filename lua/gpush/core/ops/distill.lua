@@ -83,7 +83,7 @@ function gp.distill_loss(student, teacher, opts)
   local ds
   if opts.grad then
     -- one pass: dstudent final (/ the count of kept rows for 'mean', counted on the device first)
-    local cnt = common.grad_count(op, loss, tg, ignore, red)
+    local cnt = common.grad_count(op, tg, ignore, red)
     ds = empty({N, V}, student.dtype, dev, op)
     gp.k.distill_fwd_bwd(loss, ds, s, t, tg, cnt, T, alpha, kind, ignore, 1)
   else
