@@ -172,6 +172,14 @@ end
 -- the graph is retained: the next backward would return the same tensor)
 local retaining = false
 
+-- two tensors of one shape (their C sizes compared: no shape tables made)
+local function same_shape(x, y)
+  local cx, cy = x.c, y.c
+  if cx.ndim ~= cy.ndim then return false end
+  for i = 0, cx.ndim - 1 do if cx.shape[i] ~= cy.shape[i] then return false end end
+  return true
+end
+
 local function accumulate(grads, a, g)
   if g == nil then return end
   if type(a) == 'table' and not is_tensor(a) then
@@ -182,7 +190,7 @@ local function accumulate(grads, a, g)
   if type(g) == 'table' and not is_tensor(g) and g.fresh then
     local t = g.fresh
     if not retaining and not rawget(a, '_node') and rawget(a, 'grad') == nil and t.dtype == a.dtype and
-        t.device == a.device and tensor.shape_str(t.shape) == tensor.shape_str(a.shape) then
+        t.device == a.device and same_shape(t, a) then
       rawset(a, 'grad', t)
       return
     end

@@ -26,15 +26,18 @@ function gp.cross_entropy(logits, targets, opts)
     raise(string.format('cross_entropy: logits are %s so targets must be %s, got %s', shape_str(logits.shape),
       shape_str({unpack(logits.shape, 1, logits:dim() - 1)}), shape_str(targets.shape)))
   end
-  local lg = logits:contiguous():reshape {N, V}
-  local tg = targets:contiguous():reshape {N}
+  -- (2-d logits and 1-d targets as they are: a view is a tensor object more a call)
+  local lg = logits:contiguous()
+  if lg:dim() ~= 2 then lg = lg:reshape {N, V} end
+  local tg = targets:contiguous()
+  if tg:dim() ~= 1 then tg = tg:reshape {N} end
   local loss = empty({N}, 'f32', logits.device, 'cross_entropy')
   if opts.grad then
     -- one pass: dlogits final (/ the count of kept rows for 'mean', counted on the device first)
     local cnt = common.grad_count('cross_entropy', tg, ignore, red)
     local dl = empty({N, V}, logits.dtype, logits.device, 'cross_entropy')
     gp.k.cross_entropy_fwd_bwd(loss, dl, lg, tg, cnt, ignore, 1)
-    return common.reduce_rows(loss, tg, ignore, red, targets.shape), dl:view(logits.shape)
+    return common.reduce_rows(loss, tg, ignore, red, targets.shape), logits:dim() == 2 and dl or dl:view(logits.shape)
   end
   gp.k.cross_entropy(loss, lg, tg, ignore)
   return common.reduce_rows(loss, tg, ignore, red, targets.shape)
