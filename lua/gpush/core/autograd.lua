@@ -33,15 +33,15 @@ local function any_needs(n, ...)
 end
 
 -- run f(...) with grad mode set to `on`, restoring it even on error
+local function restore(prev, ok, ...)
+  A.enabled = prev
+  if not ok then error((...), 0) end
+  return ...
+end
 local function with_mode(on, f, ...)
   local prev = A.enabled
   A.enabled = on
-  local r = {n = 0}
-  local function pack(ok, ...) r.ok = ok; r.n = select('#', ...); for i = 1, r.n do r[i] = select(i, ...) end end
-  pack(pcall(f, ...))
-  A.enabled = prev
-  if not r.ok then error(r[1], 0) end
-  return unpack(r, 1, r.n)
+  return restore(prev, pcall(f, ...))
 end
 
 function A.no_grad(f, ...) return with_mode(false, f, ...) end
@@ -57,14 +57,16 @@ function A.enable_grad(f, ...) return with_mode(true, f, ...) end
 --   nout              only outputs 1..nout get the node (the others, such as
 --                     saved statistics, are returned detached)
 local wrapped = setmetatable({}, {__mode = 'k'}) -- the wrappers made here
+-- the values of a call as {n = count, ...} (pack_saved: the first one as .saved)
+local function pack(...) return {n = select('#', ...), ...} end
+local function pack_saved(s, ...) return {n = select('#', ...), saved = s, ...} end
 local function wrap(tbl, name, rules, opts)
   local f = tbl[name]
   if not f or wrapped[f] then return end
   opts = opts or {}
   local check, fwd, nout = opts.check, opts.forward, opts.nout
-  -- the recorded call is a function of its own: its closures (pack) make the
-  -- function that holds them end in UCLO, which LuaJIT cannot compile, and
-  -- the untracked call (every op in no_grad and inference) should stay on trace
+  -- the recorded call is a function of its own, so that the untracked call
+  -- (every op in no_grad and inference) stays short
   local recorded
   local g = function(...)
     if not A.enabled or not any_needs(select('#', ...), ...) then return f(...) end
@@ -73,11 +75,14 @@ local function wrap(tbl, name, rules, opts)
   recorded = function(...)
     if check then check(...) end
     local args = {n = select('#', ...), ...}
-    local outs = {n = 0}
-    local saved
-    local function pack(...) outs.n = select('#', ...); for i = 1, outs.n do outs[i] = select(i, ...) end end
-    local function pack_saved(s, ...) saved = s; pack(...) end
-    if fwd then pack_saved(with_mode(false, fwd, f, ...)) else pack(with_mode(false, f, ...)) end
+    local outs, saved
+    if fwd then
+      outs = pack_saved(with_mode(false, fwd, f, ...))
+      saved = outs.saved
+      outs.saved = nil
+    else
+      outs = pack(with_mode(false, f, ...))
+    end
     local node = {name = name, rule = rules[name], args = args, outs = outs, saved = saved}
     for i = 1, math.min(outs.n, nout or outs.n) do
       local o = outs[i]
