@@ -209,7 +209,8 @@ end
 
 -- where the fills and copies of an update come from, per layer (L) and once.
 -- Fills: none per layer (no bias zeros for bias-free groups); once: zero_grad's
--- flat buffer, the loss's count, backward's seed, the narrowed hidden's gradient.
+-- flat buffer, backward's seed, the narrowed hidden's gradient (the loss's
+-- count is gp.k.loss_count's own launch).
 -- Copies per layer: none for rope (it reads q and k where the q/k/v product put
 -- them), nor for swiglu's backward (it reads gate and up, column views of the
 -- gate/up product, where they lie), nor for the attention output's (B, H, T, hd)
@@ -221,7 +222,7 @@ T.test('models: a LoRA update of a Llama launches no per-layer fill or copy', fu
     local n = lora_update(m, ad)
     local L = m.config.num_hidden_layers
     local what = case[1] .. (case[2] and ' (NF4)' or '')
-    T.eq(n.fill, 4, what .. ': fills')
+    T.eq(n.fill, 3, what .. ': fills')
     T.eq(n.copy, case[3] * L + 8, what .. ': copies')
   end
 end)
