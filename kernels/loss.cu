@@ -320,20 +320,26 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
   /* rows off a 16-byte boundary (GPT-2's 50257 columns in 16 bits) are held as the vectors that cover them, from
    * 16 KB up (H200, BENCHMARKS.md 2026-12-01 (b): bf16 8192 x 50257 636.7 -> 555.7 us, f32 8192 x 4097 148.3 ->
    * 86.5; bf16 16384 x 4099 122.0 against 110.0 with a group of lanes a row) */
-  if (dlogits && (aligned || (vec && v * es > 16384)) && !stream_only && v * es >= 8192) {
+  /* rows off a boundary held on chip read the 16-byte vectors that cover them: the last row's last one runs past
+   * the logits when their end is off a boundary (inside the allocation, whose blocks are whole vectors, but bytes
+   * that compute-sanitizer's initcheck sees unwritten): that row takes the streaming kernel below */
+  const int64_t nr = !aligned && ((pl + (uintptr_t)(n * v * es)) & 15) ? n - 1 : n;
+  int64_t r0 = 0; /* the first row of the streaming kernel */
+  if (dlogits && (aligned || (vec && v * es > 16384)) && !stream_only && v * es >= 8192 && nr > 0) {
     int rc = GP_OK;
     bool done = false;
-#define GP_CR(NT, C, TWO)                                                                                              \
-  ((force == 0 || force == C) &&                                                                                       \
-   (!aligned ? C == 1 && (targets->dtype == GP_I32                                                                     \
-                              ? cross_entropy_rows<T, int32_t, NT, 1, true>(&rc, loss, dlogits, logits, targets, cnt,  \
-                                                                            n, v, vt, ignore, (float)scale, bad, TWO)  \
-                              : cross_entropy_rows<T, int64_t, NT, 1, true>(&rc, loss, dlogits, logits, targets, cnt,  \
-                                                                            n, v, vt, ignore, (float)scale, bad, TWO)) \
-    : targets->dtype == GP_I32                                                                                         \
-        ? cross_entropy_rows<T, int32_t, NT, C, false>(&rc, loss, dlogits, logits, targets, cnt, n, v, vt, ignore,     \
-                                                       (float)scale, bad, TWO)                                         \
-        : cross_entropy_rows<T, int64_t, NT, C, false>(&rc, loss, dlogits, logits, targets, cnt, n, v, vt, ignore,     \
+#define GP_CR(NT, C, TWO)                                                                                            \
+  ((force == 0 || force == C) &&                                                                                     \
+   (!aligned                                                                                                         \
+        ? C == 1 && (targets->dtype == GP_I32                                                                        \
+                         ? cross_entropy_rows<T, int32_t, NT, 1, true>(&rc, loss, dlogits, logits, targets, cnt, nr, \
+                                                                       v, vt, ignore, (float)scale, bad, TWO)        \
+                         : cross_entropy_rows<T, int64_t, NT, 1, true>(&rc, loss, dlogits, logits, targets, cnt, nr, \
+                                                                       v, vt, ignore, (float)scale, bad, TWO))       \
+    : targets->dtype == GP_I32                                                                                       \
+        ? cross_entropy_rows<T, int32_t, NT, C, false>(&rc, loss, dlogits, logits, targets, cnt, nr, v, vt, ignore,  \
+                                                       (float)scale, bad, TWO)                                       \
+        : cross_entropy_rows<T, int64_t, NT, C, false>(&rc, loss, dlogits, logits, targets, cnt, nr, v, vt, ignore,  \
                                                        (float)scale, bad, TWO)))
     /* rows of up to 48 KB: a block of the fewest threads (64 to 256) that hold the row in 12 slots each, so that
      * more rows an SM are in flight (H200, BENCHMARKS.md 2026-12-01: bf16 8192 x 8192 119.4 -> 84.3 us, 0.57 ->
@@ -355,7 +361,8 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
                              GP_CR(512, 8, force == 0) || GP_CR(512, 1, false) || GP_CR(512, 2, false) ||
                              GP_CR(512, 4, false) || GP_CR(512, 8, false););
 #undef GP_CR
-    if (done) return rc;
+    if (done && (nr == n || rc != GP_OK)) return rc;
+    if (done) r0 = nr;
   }
   /* the forward alone, and unaligned forward + backward rows, of up to 16 KB (aligned ones of 8 KB and more are
    * on chip above): LPR lanes a row, about four 16-byte vectors a lane (eight for the forward alone). H200
@@ -373,11 +380,12 @@ extern "C" int gp_cuda_cross_entropy(gp_tensor *loss, gp_tensor *dlogits, const 
      * (bf16 0.49 -> 0.60; f32 keeps 1024 from 16384 columns: 0.70 against 0.64) */
     bs = v >= 16384 && es >= 4 ? 1024 : 512;
   }
-  const unsigned grid = lpr ? (unsigned)((n * lpr + 255) / 256) : (unsigned)n;
-#define GP_CE(I, L)                                                                               \
-  k_cross_entropy<T, I, L><<<grid, bs, 0, gp_cuda_stream()>>>(                                    \
-      (float *)gp_ptr(loss), dlogits ? (T *)gp_ptr(dlogits) : nullptr, (const T *)gp_ptr(logits), \
-      (const I *)gp_ptr(targets), cnt, n, v, vt, ignore, (float)scale, vec, bad)
+  const unsigned grid = lpr ? (unsigned)(((n - r0) * lpr + 255) / 256) : (unsigned)(n - r0);
+#define GP_CE(I, L)                                                                                                  \
+  k_cross_entropy<T, I, L><<<grid, bs, 0, gp_cuda_stream()>>>(                                                       \
+      (float *)gp_ptr(loss) + r0, dlogits ? (T *)gp_ptr(dlogits) + r0 * v : nullptr,                                 \
+      (const T *)gp_ptr(logits) + r0 * v, (const I *)gp_ptr(targets) + r0, cnt, n - r0, v, vt, ignore, (float)scale, \
+      vec, bad)
 #define GP_CE_L(I)                \
   switch (lpr) {                  \
     case 4: GP_CE(I, 4); break;   \
