@@ -171,9 +171,12 @@ __global__ void k_cross_entropy(float *loss, T *dlogits, const T *logits, const 
  * block (Llama 3's 128,256 in bf16: 251 KB) is split over a cluster of C
  * blocks (Hopper), each holding V / C columns; their (max, sum) meet through
  * distributed shared memory. */
-/* (U in 16 bits: registers for 48 warps an SM; 56 a thread unbounded, against 38 for aligned rows) */
+/* (U in 16 bits: registers for 48 warps an SM; 56 a thread unbounded, against 38 for aligned rows. Clusters of 4
+ * and more: three blocks an SM, whose shared memory holds them at Llama 3's 128,256 columns) */
 template <typename T, typename I, int NT, int C, bool U>
-__global__ void __launch_bounds__(NT, U && sizeof(T) == 2 ? 1536 / NT : 2)
+__global__ void __launch_bounds__(NT, U && sizeof(T) == 2 ? 1536 / NT
+                                      : C >= 4            ? 3
+                                                          : 2)
     k_cross_entropy_rows(float *loss, T *dlogits, const T *logits, const I *targets, const float *count, int64_t n,
                          int64_t v, int64_t vt, int nk, int64_t ign, float scale, gp_bad_ref bad) {
   constexpr int W = 16 / sizeof(T);
@@ -204,21 +207,49 @@ __global__ void __launch_bounds__(NT, U && sizeof(T) == 2 ? 1536 / NT : 2)
     const T *nx = logits + next * v + c0 - noff;
     const int64_t tg = (int64_t)targets[row];
     const bool skip = tg == ign, badr = !skip && (tg < 0 || tg >= vt);
-    Acc a{-INFINITY, 0.f, 0.f}; /* log2 units */
-    for (int k = 0; k < nk; k++) {
-      cp_wait(nk - 1 - k);
-      const int64_t j = (int64_t)k * NT + threadIdx.x;
-      if (skip || badr || j >= sl.nvec) continue;
-      const uint4 u = sl.sx[k * NT + threadIdx.x];
+    /* this thread's (r, sum of 2^(x L2E - r)) in log2 units, r its first vector's max: no max a vector (the
+     * instructions, not the bytes, bound these rows: ncu, H200). A sum past 2^64 (a logit 44 nats above the first
+     * vector's max) is summed again from the max over the slots, which stay in shared memory until backward */
+    auto vec_x = [&](int64_t j, float(&xa)[W]) {
+      const uint4 u = sl.sx[j]; /* (slot k of this thread) */
       const T *e = reinterpret_cast<const T *>(&u);
-      float xa[W];
 #pragma unroll
-      for (int l = 0; l < W; l++) xa[l] = ld(e[l]) * L2E;
+      for (int l = 0; l < W; l++) xa[l] = ld(e[l]);
       if (U && (j == 0 || j == sl.nvec - 1))
 #pragma unroll
         for (int l = 0; l < W; l++)
           if (j * W + l < off || j * W + l >= off + v) xa[l] = -INFINITY; /* a neighbour's */
-      acc_add2<W, false>(a, xa, nullptr);
+    };
+    float r = -INFINITY, z = 0.f;
+    for (int k = 0; k < nk; k++) {
+      cp_wait(nk - 1 - k);
+      const int64_t j = (int64_t)k * NT + threadIdx.x;
+      if (skip || badr || j >= sl.nvec) continue;
+      float xa[W];
+      vec_x(j, xa);
+      if (r == -INFINITY) {
+        float mx = xa[0];
+#pragma unroll
+        for (int l = 1; l < W; l++) mx = fmaxf(mx, xa[l]);
+        r = mx * L2E;
+        if (r == -INFINITY) continue; /* zero probabilities add nothing */
+      }
+#pragma unroll
+      for (int l = 0; l < W; l++) z += ex2(fmaf(xa[l], L2E, -r));
+    }
+    if (!(z <= 0x1p64f)) { /* (NaN too) */
+      Acc a{-INFINITY, 0.f, 0.f};
+      for (int k = 0; k < nk; k++) {
+        const int64_t j = (int64_t)k * NT + threadIdx.x;
+        if (j >= sl.nvec) continue;
+        float xa[W];
+        vec_x(j, xa);
+#pragma unroll
+        for (int l = 0; l < W; l++) xa[l] *= L2E;
+        acc_add2<W, false>(a, xa, nullptr);
+      }
+      r = a.m;
+      z = a.z;
     }
     if (skip || badr) { /* (every block of a cluster takes the same branch: one row) */
       const float f = skip ? 0.f : __int_as_float(0x7fc00000);
@@ -232,7 +263,7 @@ __global__ void __launch_bounds__(NT, U && sizeof(T) == 2 ? 1536 / NT : 2)
     }
     /* the target's logit before the reduction's barrier (dlogits may be the logits) */
     const float xt = threadIdx.x == 0 && rank == 0 ? ld(x[tg]) : 0.f;
-    float m = a.m * LN2, z = a.z;
+    float m = r * LN2;
     block_ms(m, z);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if constexpr (C > 1) { /* the cluster's (max, sum); peer[par] is rewritten two rows on, after the next sync */
@@ -256,9 +287,24 @@ __global__ void __launch_bounds__(NT, U && sizeof(T) == 2 ? 1536 / NT : 2)
     const float lse = m + logf(z), lse2 = lse * L2E;
     if (threadIdx.x == 0 && rank == 0) loss[row] = lse - xt;
     __syncthreads(); /* every thread has read block_ms's results before the next row's */
-    const int tgi = (int)(tg - c0) + off;
-    sl.template backward<U>(g, nx, nullptr, nn, off, off + (int)v, [=](int j, float xv, float) {
-      return (ex2(fmaf(xv, L2E, -lse2)) - (j == tgi ? 1.f : 0.f)) * scale;
+    /* dlogits = (p - [j == t]) scale = +-2^(x L2E + log2 |scale| - lse2), less scale at the target (its vector's
+     * lane tl of vector tv) */
+    const int tgi = (int)(tg - c0) + off, tv = tgi >= 0 ? tgi / W : -1, tl = tgi - tv * W;
+    const float c = log2f(fabsf(scale)) - lse2;
+    const bool neg = scale < 0.f;
+    sl.template backward_v<U>(g, nx, nullptr, nn, off, off + (int)v, [=](int64_t j, const uint4 &u, const uint4 &) {
+      const T *e = reinterpret_cast<const T *>(&u);
+      float q[W];
+#pragma unroll
+      for (int l = 0; l < W; l++) q[l] = ex2(fmaf(ld(e[l]), L2E, c));
+      if (neg)
+#pragma unroll
+        for (int l = 0; l < W; l++) q[l] = -q[l];
+      if (j == tv)
+#pragma unroll
+        for (int l = 0; l < W; l++)
+          if (l == tl) q[l] -= scale;
+      return st_vec<T>(q);
     });
     off = noff;
   }

@@ -62,6 +62,29 @@ template <int W, bool D> __device__ __forceinline__ void acc_add2(Acc &a, const 
   a = Acc{mn, z, w};
 }
 
+/* a 16-byte vector of T from W = 16 / sizeof(T) floats (pairs rounded by one instruction in 16 bits) */
+template <typename T, int W> __device__ __forceinline__ uint4 st_vec(const float (&q)[W]) {
+  static_assert(W * sizeof(T) == 16, "a 16-byte vector");
+  uint4 r;
+  uint32_t *w = reinterpret_cast<uint32_t *>(&r);
+  if constexpr (sizeof(T) == 4) {
+#pragma unroll
+    for (int l = 0; l < 4; l++) w[l] = __float_as_uint(q[l]);
+  } else {
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+      if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+        const __nv_bfloat162 h = __floats2bfloat162_rn(q[2 * l], q[2 * l + 1]);
+        w[l] = *reinterpret_cast<const uint32_t *>(&h);
+      } else {
+        const __half2 h = __floats2half2_rn(q[2 * l], q[2 * l + 1]);
+        w[l] = *reinterpret_cast<const uint32_t *>(&h);
+      }
+    }
+  }
+  return r;
+}
+
 /* a row's 16-byte slots in shared memory, [k][thread] (TWO: two rows read
  * together, the second's slots after the first's: the student's and the
  * teacher's) */
@@ -86,16 +109,26 @@ template <typename T, bool TWO> struct RowSlots {
    * element at a time, the neighbours' elements left as they are) */
   template <bool PART, typename G>
   __device__ __forceinline__ void backward(T *o, const T *nx, const T *ny, int64_t nn, int lo, int hi, G g) const {
+    backward_v<PART>(o, nx, ny, nn, lo, hi, [&](int64_t j, const uint4 &us, const uint4 &ut) {
+      constexpr int W = 16 / sizeof(T);
+      const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
+      uint4 r;
+      T *d = reinterpret_cast<T *>(&r);
+#pragma unroll
+      for (int e = 0; e < W; e++) d[e] = st<T>(g((int)(j * W) + e, ld(es[e]), ld(et[e])));
+      return r;
+    });
+  }
+  /* the same with gv(j, x's vector j, y's) giving o's vector j */
+  template <bool PART, typename GV>
+  __device__ __forceinline__ void backward_v(T *o, const T *nx, const T *ny, int64_t nn, int lo, int hi, GV gv) const {
     constexpr int W = 16 / sizeof(T);
     for (int k = 0; k < nk; k++) {
       const int64_t j = (int64_t)k * nt + threadIdx.x;
       if (j < nvec) {
         const uint4 us = sx[k * nt + threadIdx.x], ut = TWO ? sy[k * nt + threadIdx.x] : us;
-        const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
-        uint4 r;
-        T *d = reinterpret_cast<T *>(&r);
-#pragma unroll
-        for (int e = 0; e < W; e++) d[e] = st<T>(g((int)(j * W) + e, ld(es[e]), ld(et[e])));
+        uint4 r = gv(j, us, ut);
+        const T *d = reinterpret_cast<const T *>(&r);
         const int c0 = (int)(j * W);
         if (!PART || (c0 >= lo && c0 + W <= hi)) __stcs(reinterpret_cast<uint4 *>(o) + j, r);
         else
