@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(1024)
  * row-sizes moved for 3, 0.49 of the copy bandwidth at SmolLM2's
  * vocabulary); bf16 49,152 takes 192 KB of the H100's 227. The arithmetic is
  * base 2 (ex2.approx). */
-template <typename T, typename I, int NT>
+template <typename T, typename I, int NT, bool KL0>
 __global__ void __launch_bounds__(NT, 1)
     k_distill_rows(float *loss, T *ds, const T *s, const T *t, const I *targets, const float *count, int64_t n,
                    int64_t v, int nk, int64_t ign, float temp, float alpha, int kind, float scale, gp_bad_ref bad) {
@@ -243,11 +243,8 @@ __global__ void __launch_bounds__(NT, 1)
     const bool skip = tg == ign, badr = !skip && (tg < 0 || tg >= v);
     /* pass 1, log2 units: 0: student/T, w = sum p (x - y); 1: teacher/T, w = sum q (y - x); 2: raw student (CE) */
     Acc a[3] = {{-INFINITY, 0.f, 0.f}, {-INFINITY, 0.f, 0.f}, {-INFINITY, 0.f, 0.f}};
-    for (int k = 0; k < nk; k++) {
-      cp_wait(nk - 1 - k);
-      const int64_t j = (int64_t)k * NT + threadIdx.x;
-      if (skip || badr || j >= sl.nvec) continue;
-      const uint4 us = sl.sx[k * NT + threadIdx.x], ut = sl.sy[k * NT + threadIdx.x];
+    auto acc_vec = [&](int64_t j) {
+      const uint4 us = sl.sx[j], ut = sl.sy[j]; /* (slot k of this thread) */
       const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
       float xa[W], yb[W], dx[W], dy[W];
 #pragma unroll
@@ -263,6 +260,60 @@ __global__ void __launch_bounds__(NT, 1)
 #pragma unroll
         for (int e = 0; e < W; e++) xa[e] = ld(es[e]) * L2E;
         acc_add2<W, false>(a[2], xa, nullptr);
+      }
+    };
+    if constexpr (KL0) {
+      /* forward KL, no hard targets: sums of 2^(x c2 - rs), 2^(y c2 - rt) and q (y - x) against each thread's
+       * first vector's maxes (no max a vector: the instructions bound these rows); a sum past 2^64 is summed
+       * again exactly from the slots, which stay in shared memory until backward */
+      float rs = -INFINITY, rt = -INFINITY, zs = 0.f, zt = 0.f, wt = 0.f;
+      for (int k = 0; k < nk; k++) {
+        cp_wait(nk - 1 - k);
+        const int64_t j = (int64_t)k * NT + threadIdx.x;
+        if (skip || badr || j >= sl.nvec) continue;
+        const uint4 us = sl.sx[j], ut = sl.sy[j];
+        const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
+        float xs[W], yt[W];
+#pragma unroll
+        for (int e = 0; e < W; e++) {
+          xs[e] = ld(es[e]);
+          yt[e] = ld(et[e]);
+        }
+        if (rs == -INFINITY) {
+          float mx = xs[0];
+#pragma unroll
+          for (int e = 1; e < W; e++) mx = fmaxf(mx, xs[e]);
+          rs = mx * c2;
+        }
+        if (rt == -INFINITY) {
+          float my = yt[0];
+#pragma unroll
+          for (int e = 1; e < W; e++) my = fmaxf(my, yt[e]);
+          rt = my * c2;
+        }
+        if (rs != -INFINITY)
+#pragma unroll
+          for (int e = 0; e < W; e++) zs += ex2(fmaf(xs[e], c2, -rs));
+        if (rt != -INFINITY)
+#pragma unroll
+          for (int e = 0; e < W; e++) {
+            const float q = ex2(fmaf(yt[e], c2, -rt));
+            zt += q;
+            wt = fmaf(q, fmaxf(yt[e] - xs[e], -3.4e38f), wt); /* a zero probability adds 0, not 0 * -inf */
+          }
+      }
+      if (zs <= 0x1p64f && zt <= 0x1p64f && fabsf(wt) <= 3.4e38f) {
+        a[0] = Acc{rs, zs, 0.f};
+        a[1] = Acc{rt, zt, wt * c2};
+      } else if (!skip && !badr) {
+        for (int64_t j = threadIdx.x; j < sl.nvec; j += NT) acc_vec(j);
+      }
+    } else {
+      for (int k = 0; k < nk; k++) {
+        cp_wait(nk - 1 - k);
+        const int64_t j = (int64_t)k * NT + threadIdx.x;
+        if (skip || badr || j >= sl.nvec) continue;
+        acc_vec(j);
       }
     }
     if (skip || badr) {
@@ -310,7 +361,22 @@ __global__ void __launch_bounds__(NT, 1)
           return ca * gd(sv, tv) + cc * (ex2(sv * L2E - lc2) - (j == tgi ? 1.f : 0.f));
         });
     };
-    if (kind == 0) with_ce([=](float sv, float tv) { return ex2(fmaf(sv, c2, -ls2)) - ex2(fmaf(tv, c2, -lt2)); });
+    if constexpr (KL0) { /* ca (p - q) = +-(2^(x c2 + log2 |ca| - ls2) - 2^(y c2 + log2 |ca| - lt2)) */
+      const float l2a = log2f(fabsf(ca)), cs = l2a - ls2, ct = l2a - lt2;
+      const bool neg = ca < 0.f;
+      sl.template backward_v<false>(
+          g, nx, ny, more ? sl.nvec : 0, 0, 0, [=](int64_t, const uint4 &us, const uint4 &ut) {
+            const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
+            float q[W];
+#pragma unroll
+            for (int e = 0; e < W; e++) q[e] = ex2(fmaf(ld(es[e]), c2, cs)) - ex2(fmaf(ld(et[e]), c2, ct));
+            if (neg)
+#pragma unroll
+              for (int e = 0; e < W; e++) q[e] = -q[e];
+            return st_vec<T>(q);
+          });
+    } else if (kind == 0)
+      with_ce([=](float sv, float tv) { return ex2(fmaf(sv, c2, -ls2)) - ex2(fmaf(tv, c2, -lt2)); });
     else if (kind == 1)
       with_ce([=](float sv, float tv) {
         const float aa = fmaf(sv, inv_t, -ls);
@@ -326,14 +392,14 @@ __global__ void __launch_bounds__(NT, 1)
 
 /* forward + backward with the rows held on chip, when they fit in one block's
  * shared memory and load in 16-byte slots; false: the streaming kernel */
-template <typename T, typename I, int NT>
+template <typename T, typename I, int NT, bool KL0>
 static bool distill_rows(int *rc, gp_tensor *loss, gp_tensor *ds, const gp_tensor *s, const gp_tensor *t,
                          const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t ign, float temp,
                          float alpha, int kind, float scale, const gp_bad_ref &bad) {
   const int64_t nvec = v * (int64_t)sizeof(T) / 16, nk = (nvec + NT - 1) / NT;
   const size_t smem = 2 * (size_t)nk * NT * 16;
   static OnchipCache cache;
-  auto fn = k_distill_rows<T, I, NT>;
+  auto fn = k_distill_rows<T, I, NT, KL0>;
   const int64_t slots = nk > 32 ? 0 : onchip_slots(fn, NT, smem, 1, cache);
   if (slots == 0) return false;
   const unsigned grid = (unsigned)(n < slots ? n : slots);
@@ -371,15 +437,19 @@ extern "C" int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *
   if (ds && vec && !stream_only && v * es >= 32768) {
     int rc = GP_OK;
     bool done = false;
-#define GP_DR(NT)                                                                                                   \
-  (targets->dtype == GP_I32 ? distill_rows<T, int32_t, NT>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore,           \
-                                                           (float)temperature, (float)alpha, kind, (float)scale, bad) \
-                            : distill_rows<T, int64_t, NT>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore,           \
-                                                           (float)temperature, (float)alpha, kind, (float)scale, bad))
+#define GP_DR2(NT, KL0)                                                                                         \
+  (targets->dtype == GP_I32                                                                                     \
+       ? distill_rows<T, int32_t, NT, KL0>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore, (float)temperature, \
+                                           (float)alpha, kind, (float)scale, bad)                               \
+       : distill_rows<T, int64_t, NT, KL0>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore, (float)temperature, \
+                                           (float)alpha, kind, (float)scale, bad))
+    /* the forward KL without hard targets (the common case) has its own leaner instance */
+#define GP_DR(NT) (kind == 0 && alpha == 1.0 ? GP_DR2(NT, true) : GP_DR2(NT, false))
     /* 1024 threads where the row's slots fit (H100, bf16 8192 x 49152: 1.04-1.12 ms
      * against 1.08-1.13 at 512), else 512 (less rounding of the row to the block) */
     GP_FLOAT_SWITCH(s->dtype, T, done = GP_DR(1024) || GP_DR(512););
 #undef GP_DR
+#undef GP_DR2
     if (done) return rc;
   }
   GP_FLOAT_SWITCH(s->dtype, T,

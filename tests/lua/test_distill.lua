@@ -195,6 +195,34 @@ T.test('distill_loss (cuda): many rows held on chip (several a block), ignored a
   T.ok(T.relnorm(l:narrow(1, 201, 100), l2) < 1e-6 and T.relnorm(d:narrow(1, 201, 100), d2) < 1e-6)
 end)
 
+-- the forward KL without hard targets (alpha 1: the common case) has its own on-chip kernel, which sums each
+-- thread's exponentials against its first vector's max: logits far above the rest of their row (sums past
+-- 2^64, summed again exactly), a teacher's -inf, and the kernel's scale negative, against the CPU
+T.test('distill_loss (cuda): the forward KL without targets on chip: spikes, -inf, a negative scale', function()
+  T.cuda()
+  local N = 150
+  for _, c in ipairs {{'bf16', 49152}, {'f32', 20000}, {'f16', 16384}} do
+    local dt, V = c[1], c[2]
+    local s, t = gp.randn({N, V}, {device = 'cpu'}), gp.randn({N, V}, {device = 'cpu'}) * 2
+    local function set(x, r, j, v) x:narrow(1, r, 1):narrow(2, j, 1):fill_(v) end
+    set(s, 5, V - 3, 300)
+    set(t, 9, 1000, 250)
+    set(s, 9, 7, 200)
+    set(t, 20, V, -math.huge)
+    s, t = s:to(dt), t:to(dt)
+    local o = {kind = 'forward_kl', temperature = 2, grad = true, reduction = 'none'}
+    local l, d = gp.distill_loss(s, t, o)
+    local lc, dc = gp.distill_loss(s:cuda(), t:cuda(), o)
+    local tol = dt == 'f32' and 1e-5 or 1e-2
+    T.ok(T.relnorm(lc, l) < 1e-4, dt .. ' loss ' .. T.relnorm(lc, l))
+    T.ok(T.relnorm(dc, d) < tol, dt .. ' dstudent ' .. T.relnorm(dc, d))
+    local li, di = gp.empty({N}, {device = 'cuda'}), gp.empty({N, V}, {dtype = dt, device = 'cuda'})
+    gp.k.distill_fwd_bwd(li, di, s:cuda(), t:cuda(), gp.zeros({N}, {dtype = 'i64', device = 'cuda'}),
+      gp.full({1}, 4, {device = 'cuda'}), 2, 1, 0, -100, -3)
+    T.ok(T.relnorm(li, l) < 1e-4 and T.relnorm(di, d:float() * (-3 / 4)) < tol, dt .. ' scale -3 / 4')
+  end
+end)
+
 T.test('distill_loss: bad input', function()
   local s, t = gp.randn({3, 5}, CPU64), gp.randn({3, 5}, CPU64)
   local tg = gp.tensor({0, 1, 2}, I64)
