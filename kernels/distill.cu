@@ -279,28 +279,10 @@ __global__ void __launch_bounds__(NT, 1)
           xs[e] = ld(es[e]);
           yt[e] = ld(et[e]);
         }
-        if (rs == -INFINITY) {
-          float mx = xs[0];
-#pragma unroll
-          for (int e = 1; e < W; e++) mx = fmaxf(mx, xs[e]);
-          rs = mx * c2;
-        }
-        if (rt == -INFINITY) {
-          float my = yt[0];
-#pragma unroll
-          for (int e = 1; e < W; e++) my = fmaxf(my, yt[e]);
-          rt = my * c2;
-        }
-        if (rs != -INFINITY)
-#pragma unroll
-          for (int e = 0; e < W; e++) zs += ex2(fmaf(xs[e], c2, -rs));
-        if (rt != -INFINITY)
-#pragma unroll
-          for (int e = 0; e < W; e++) {
-            const float q = ex2(fmaf(yt[e], c2, -rt));
-            zt += q;
-            wt = fmaf(q, fmaxf(yt[e] - xs[e], -3.4e38f), wt); /* a zero probability adds 0, not 0 * -inf */
-          }
+        ref_add(rs, zs, xs, c2, [](int, float) {});
+        ref_add(rt, zt, yt, c2, [&](int e, float q) {
+          wt = fmaf(q, fmaxf(yt[e] - xs[e], -3.4e38f), wt); /* a zero probability adds 0, not 0 * -inf */
+        });
       }
       if (zs <= 0x1p64f && zt <= 0x1p64f && fabsf(wt) <= 3.4e38f) {
         a[0] = Acc{rs, zs, 0.f};

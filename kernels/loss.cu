@@ -207,9 +207,9 @@ __global__ void __launch_bounds__(NT, U && sizeof(T) == 2 ? 1536 / NT
     const T *nx = logits + next * v + c0 - noff;
     const int64_t tg = (int64_t)targets[row];
     const bool skip = tg == ign, badr = !skip && (tg < 0 || tg >= vt);
-    /* this thread's (r, sum of 2^(x L2E - r)) in log2 units, r its first vector's max: no max a vector (the
-     * instructions, not the bytes, bound these rows: ncu, H200). A sum past 2^64 (a logit 44 nats above the first
-     * vector's max) is summed again from the max over the slots, which stay in shared memory until backward */
+    /* this thread's (r, sum of 2^(x L2E - r)) in log2 units against its first max (ref_add: the instructions, not
+     * the bytes, bound these rows, ncu on the H200); a sum past 2^64 (a logit 44 nats above r) is summed again
+     * against the true max from the slots, which stay in shared memory until backward */
     auto vec_x = [&](int64_t j, float(&xa)[W]) {
       const uint4 u = sl.sx[j]; /* (slot k of this thread) */
       const T *e = reinterpret_cast<const T *>(&u);
@@ -227,15 +227,7 @@ __global__ void __launch_bounds__(NT, U && sizeof(T) == 2 ? 1536 / NT
       if (skip || badr || j >= sl.nvec) continue;
       float xa[W];
       vec_x(j, xa);
-      if (r == -INFINITY) {
-        float mx = xa[0];
-#pragma unroll
-        for (int l = 1; l < W; l++) mx = fmaxf(mx, xa[l]);
-        r = mx * L2E;
-        if (r == -INFINITY) continue; /* zero probabilities add nothing */
-      }
-#pragma unroll
-      for (int l = 0; l < W; l++) z += ex2(fmaf(xa[l], L2E, -r));
+      ref_add(r, z, xa, L2E, [](int, float) {});
     }
     if (!(z <= 0x1p64f)) { /* (NaN too) */
       Acc a{-INFINITY, 0.f, 0.f};

@@ -62,6 +62,27 @@ template <int W, bool D> __device__ __forceinline__ void acc_add2(Acc &a, const 
   a = Acc{mn, z, w};
 }
 
+/* z += 2^(x[e] k - r) over W values (log2 units), r this thread's first max (-inf until a vector has a value
+ * above -inf), f(e, term) for each term: no max and no rescale a vector, for kernels bound by their instructions.
+ * The terms stay below 2^64 while no value is 64 / k above r; past that the caller sums again against the true
+ * max (acc_add2) */
+template <int W, typename F>
+__device__ __forceinline__ void ref_add(float &r, float &z, const float (&x)[W], float k, F f) {
+  if (r == -INFINITY) {
+    float mx = x[0];
+#pragma unroll
+    for (int e = 1; e < W; e++) mx = fmaxf(mx, x[e]);
+    r = mx * k;
+    if (r == -INFINITY) return; /* zero probabilities add nothing */
+  }
+#pragma unroll
+  for (int e = 0; e < W; e++) {
+    const float p = ex2(fmaf(x[e], k, -r));
+    z += p;
+    f(e, p);
+  }
+}
+
 /* a 16-byte vector of T from W = 16 / sizeof(T) floats (pairs rounded by one instruction in 16 bits) */
 template <typename T, int W> __device__ __forceinline__ uint4 st_vec(const float (&q)[W]) {
   static_assert(W * sizeof(T) == 16, "a 16-byte vector");
