@@ -83,8 +83,8 @@ function gp.distill_loss(student, teacher, opts)
   local ds
   if opts.grad then
     -- one pass: dstudent final (/ the count of kept rows for 'mean', counted on the device first)
+    ds = empty({N, V}, student.dtype, dev, op) -- (before the count's launch, as cross_entropy's)
     local cnt = common.grad_count(op, tg, ignore, red)
-    ds = empty({N, V}, student.dtype, dev, op)
     gp.k.distill_fwd_bwd(loss, ds, s, t, tg, cnt, T, alpha, kind, ignore, 1)
   else
     gp.k.distill_loss(loss, s, t, tg, T, alpha, kind, ignore)

@@ -34,8 +34,9 @@ function gp.cross_entropy(logits, targets, opts)
   local loss = empty({N}, 'f32', logits.device, 'cross_entropy')
   if opts.grad then
     -- one pass: dlogits final (/ the count of kept rows for 'mean', counted on the device first)
-    local cnt = common.grad_count('cross_entropy', tg, ignore, red)
+    -- (dlogits made before the count's launch: nothing on the host between it and the kernel that reads it)
     local dl = empty({N, V}, logits.dtype, logits.device, 'cross_entropy')
+    local cnt = common.grad_count('cross_entropy', tg, ignore, red)
     gp.k.cross_entropy_fwd_bwd(loss, dl, lg, tg, cnt, ignore, 1)
     return common.reduce_rows(loss, tg, ignore, red, targets.shape), logits:dim() == 2 and dl or dl:view(logits.shape)
   end
