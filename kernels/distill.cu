@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(1024)
  * row-sizes moved for 3, 0.49 of the copy bandwidth at SmolLM2's
  * vocabulary); bf16 49,152 takes 192 KB of the H100's 227. The arithmetic is
  * base 2 (ex2.approx). */
-template <typename T, typename I, int NT, bool KL0>
+template <typename T, typename I, int NT, int LEAN>
 __global__ void __launch_bounds__(NT, 1)
     k_distill_rows(float *loss, T *ds, const T *s, const T *t, const I *targets, const float *count, int64_t n,
                    int64_t v, int nk, int64_t ign, float temp, float alpha, int kind, float scale, gp_bad_ref bad) {
@@ -262,11 +262,12 @@ __global__ void __launch_bounds__(NT, 1)
         acc_add2<W, false>(a[2], xa, nullptr);
       }
     };
-    if constexpr (KL0) {
-      /* forward KL, no hard targets: sums of 2^(x c2 - rs), 2^(y c2 - rt) and q (y - x) against each thread's
-       * first vector's maxes (no max a vector: the instructions bound these rows); a sum past 2^64 is summed
-       * again exactly from the slots, which stay in shared memory until backward */
-      float rs = -INFINITY, rt = -INFINITY, zs = 0.f, zt = 0.f, wt = 0.f;
+    if constexpr (LEAN > 0) {
+      /* forward KL (LEAN 1: without hard targets; 2: with the cross-entropy, alpha < 1): sums of 2^(x c2 - rs),
+       * 2^(y c2 - rt), q (y - x) and (LEAN 2, T != 1) 2^(x log2(e) - rc) against each thread's first vector's
+       * maxes (no max a vector: the instructions bound these rows); a sum past 2^64 is summed again exactly from
+       * the slots, which stay in shared memory until backward */
+      float rs = -INFINITY, rt = -INFINITY, rc = -INFINITY, zs = 0.f, zt = 0.f, zc = 0.f, wt = 0.f;
       for (int k = 0; k < nk; k++) {
         cp_wait(nk - 1 - k);
         const int64_t j = (int64_t)k * NT + threadIdx.x;
@@ -283,10 +284,12 @@ __global__ void __launch_bounds__(NT, 1)
         ref_add(rt, zt, yt, c2, [&](int e, float q) {
           wt = fmaf(q, fmaxf(yt[e] - xs[e], -3.4e38f), wt); /* a zero probability adds 0, not 0 * -inf */
         });
+        if (LEAN == 2 && sep) ref_add(rc, zc, xs, L2E, [](int, float) {});
       }
-      if (zs <= 0x1p64f && zt <= 0x1p64f && fabsf(wt) <= 3.4e38f) {
+      if (zs <= 0x1p64f && zt <= 0x1p64f && zc <= 0x1p64f && fabsf(wt) <= 3.4e38f) {
         a[0] = Acc{rs, zs, 0.f};
         a[1] = Acc{rt, zt, wt * c2};
+        a[2] = Acc{rc, zc, 0.f};
       } else if (!skip && !badr) {
         for (int64_t j = threadIdx.x; j < sl.nvec; j += NT) acc_vec(j);
       }
@@ -343,7 +346,7 @@ __global__ void __launch_bounds__(NT, 1)
           return ca * gd(sv, tv) + cc * (ex2(sv * L2E - lc2) - (j == tgi ? 1.f : 0.f));
         });
     };
-    if constexpr (KL0) { /* ca (p - q) = +-(2^(x c2 + log2 |ca| - ls2) - 2^(y c2 + log2 |ca| - lt2)) */
+    if constexpr (LEAN == 1) { /* ca (p - q) = +-(2^(x c2 + log2 |ca| - ls2) - 2^(y c2 + log2 |ca| - lt2)) */
       const float l2a = log2f(fabsf(ca)), cs = l2a - ls2, ct = l2a - lt2;
       const bool neg = ca < 0.f;
       sl.template backward_v<false>(
@@ -357,6 +360,36 @@ __global__ void __launch_bounds__(NT, 1)
               for (int e = 0; e < W; e++) q[e] = -q[e];
             return st_vec<T>(q);
           });
+    } else if constexpr (LEAN == 2) {
+      /* ca (p - q) + cc (c - onehot) = +-(2^(x c2 + log2 |ca| - ls2) - 2^(y c2 + log2 |ca| - lt2)
+       * + 2^(x log2(e) + log2 |cc| - lc2) - |cc| at the target); at T = 1 c is p: one exponential for both,
+       * with |ca| + |cc| */
+      const float aa = fabsf(ca), ac = fabsf(cc), ct = log2f(aa) - lt2;
+      const float cs = log2f(sep ? aa : aa + ac) - ls2, cx = log2f(ac) - lc2;
+      const bool neg = scale < 0.f;
+      auto bw = [&](auto three) {
+        sl.template backward_v<false>(
+            g, nx, ny, more ? sl.nvec : 0, 0, 0, [=](int64_t j, const uint4 &us, const uint4 &ut) {
+              const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
+              float q[W];
+#pragma unroll
+              for (int e = 0; e < W; e++) {
+                const float xv = ld(es[e]);
+                q[e] = ex2(fmaf(xv, c2, cs)) - ex2(fmaf(ld(et[e]), c2, ct));
+                if (decltype(three)::value) q[e] += ex2(fmaf(xv, L2E, cx));
+              }
+              if ((unsigned)(tgi - (int)(j * W)) < (unsigned)W)
+#pragma unroll
+                for (int e = 0; e < W; e++)
+                  if ((int)(j * W) + e == tgi) q[e] -= ac;
+              if (neg)
+#pragma unroll
+                for (int e = 0; e < W; e++) q[e] = -q[e];
+              return st_vec<T>(q);
+            });
+      };
+      if (sep) bw(std::true_type{});
+      else bw(std::false_type{});
     } else if (kind == 0)
       with_ce([=](float sv, float tv) { return ex2(fmaf(sv, c2, -ls2)) - ex2(fmaf(tv, c2, -lt2)); });
     else if (kind == 1)
@@ -374,14 +407,14 @@ __global__ void __launch_bounds__(NT, 1)
 
 /* forward + backward with the rows held on chip, when they fit in one block's
  * shared memory and load in 16-byte slots; false: the streaming kernel */
-template <typename T, typename I, int NT, bool KL0>
+template <typename T, typename I, int NT, int LEAN>
 static bool distill_rows(int *rc, gp_tensor *loss, gp_tensor *ds, const gp_tensor *s, const gp_tensor *t,
                          const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t ign, float temp,
                          float alpha, int kind, float scale, const gp_bad_ref &bad) {
   const int64_t nvec = v * (int64_t)sizeof(T) / 16, nk = (nvec + NT - 1) / NT;
   const size_t smem = 2 * (size_t)nk * NT * 16;
   static OnchipCache cache;
-  auto fn = k_distill_rows<T, I, NT, KL0>;
+  auto fn = k_distill_rows<T, I, NT, LEAN>;
   const int64_t slots = nk > 32 ? 0 : onchip_slots(fn, NT, smem, 1, cache);
   if (slots == 0) return false;
   const unsigned grid = (unsigned)(n < slots ? n : slots);
@@ -419,16 +452,18 @@ extern "C" int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *
   if (ds && vec && !stream_only && v * es >= 32768) {
     int rc = GP_OK;
     bool done = false;
-#define GP_DR2(NT, KL0)                                                                                         \
-  (targets->dtype == GP_I32                                                                                     \
-       ? distill_rows<T, int32_t, NT, KL0>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore, (float)temperature, \
-                                           (float)alpha, kind, (float)scale, bad)                               \
-       : distill_rows<T, int64_t, NT, KL0>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore, (float)temperature, \
-                                           (float)alpha, kind, (float)scale, bad))
-    /* the forward KL without hard targets (the common case) has its own leaner instance */
-#define GP_DR(NT) (kind == 0 && alpha == 1.0 ? GP_DR2(NT, true) : GP_DR2(NT, false))
+#define GP_DR2(NT, LEAN)                                                                                         \
+  (targets->dtype == GP_I32                                                                                      \
+       ? distill_rows<T, int32_t, NT, LEAN>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore, (float)temperature, \
+                                            (float)alpha, kind, (float)scale, bad)                               \
+       : distill_rows<T, int64_t, NT, LEAN>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore, (float)temperature, \
+                                            (float)alpha, kind, (float)scale, bad))
+    /* the forward KL (the common kind) has its own leaner instances: without hard targets (alpha 1) and with */
+#define GP_DR(NT) (kind != 0 ? GP_DR2(NT, 0) : alpha == 1.0 ? GP_DR2(NT, 1) : GP_DR2(NT, 2))
     /* 1024 threads where the row's slots fit (H100, bf16 8192 x 49152: 1.04-1.12 ms
-     * against 1.08-1.13 at 512), else 512 (less rounding of the row to the block) */
+     * against 1.08-1.13 at 512), else 512 (less rounding of the row to the block). A row pair split over a
+     * cluster of 2 blocks of 512 (two an SM, sums exchanged through distributed shared memory) or 4 of 256
+     * was slower (H200, same shape, alpha 1: 0.94 and 1.07 ms against 0.83) */
     GP_FLOAT_SWITCH(s->dtype, T, done = GP_DR(1024) || GP_DR(512););
 #undef GP_DR
 #undef GP_DR2

@@ -195,10 +195,11 @@ T.test('distill_loss (cuda): many rows held on chip (several a block), ignored a
   T.ok(T.relnorm(l:narrow(1, 201, 100), l2) < 1e-6 and T.relnorm(d:narrow(1, 201, 100), d2) < 1e-6)
 end)
 
--- the forward KL without hard targets (alpha 1: the common case) has its own on-chip kernel, which sums each
--- thread's exponentials against its first vector's max: logits far above the rest of their row (sums past
--- 2^64, summed again exactly), a teacher's -inf, and the kernel's scale negative, against the CPU
-T.test('distill_loss (cuda): the forward KL without targets on chip: spikes, -inf, a negative scale', function()
+-- the forward KL (the common kind) has its own on-chip kernels, without hard targets (alpha 1) and with them
+-- (alpha < 1), which sum each thread's exponentials against its first vector's max: logits far above the rest
+-- of their row (sums past 2^64, summed again exactly), a teacher's -inf, targets at a row's ends, ignored rows,
+-- T = 1 (one exponential for both student terms) and the kernel's scale negative, against the CPU
+T.test('distill_loss (cuda): the forward KL on chip: spikes, -inf, targets, a negative scale', function()
   T.cuda()
   local N = 150
   for _, c in ipairs {{'bf16', 49152}, {'f32', 20000}, {'f16', 16384}} do
@@ -210,16 +211,25 @@ T.test('distill_loss (cuda): the forward KL without targets on chip: spikes, -in
     set(s, 9, 7, 200)
     set(t, 20, V, -math.huge)
     s, t = s:to(dt), t:to(dt)
-    local o = {kind = 'forward_kl', temperature = 2, grad = true, reduction = 'none'}
-    local l, d = gp.distill_loss(s, t, o)
-    local lc, dc = gp.distill_loss(s:cuda(), t:cuda(), o)
+    local tg = gp.randint(0, V, {N}, {device = 'cpu'}):totable()
+    tg[1], tg[2], tg[5], tg[9] = 0, V - 1, V - 4, 7
+    for i = 4, N, 9 do tg[i] = -100 end
+    tg = gp.tensor(tg, I64)
     local tol = dt == 'f32' and 1e-5 or 1e-2
-    T.ok(T.relnorm(lc, l) < 1e-4, dt .. ' loss ' .. T.relnorm(lc, l))
-    T.ok(T.relnorm(dc, d) < tol, dt .. ' dstudent ' .. T.relnorm(dc, d))
-    local li, di = gp.empty({N}, {device = 'cuda'}), gp.empty({N, V}, {dtype = dt, device = 'cuda'})
-    gp.k.distill_fwd_bwd(li, di, s:cuda(), t:cuda(), gp.zeros({N}, {dtype = 'i64', device = 'cuda'}),
-      gp.full({1}, 4, {device = 'cuda'}), 2, 1, 0, -100, -3)
-    T.ok(T.relnorm(li, l) < 1e-4 and T.relnorm(di, d:float() * (-3 / 4)) < tol, dt .. ' scale -3 / 4')
+    for _, a in ipairs {{2}, {2, 0.5}, {1, 0.3}, {2, 0}} do
+      local o = {kind = 'forward_kl', temperature = a[1], alpha = a[2], targets = a[2] and tg, grad = true,
+                 reduction = 'none'}
+      local what = string.format('%s T=%g alpha=%s', dt, a[1], tostring(a[2]))
+      local l, d = gp.distill_loss(s, t, o)
+      o.targets = a[2] and tg:cuda()
+      local lc, dc = gp.distill_loss(s:cuda(), t:cuda(), o)
+      T.ok(T.relnorm(lc, l) < 1e-4, what .. ' loss ' .. T.relnorm(lc, l))
+      T.ok(T.relnorm(dc, d) < tol, what .. ' dstudent ' .. T.relnorm(dc, d))
+      local li, di = gp.empty({N}, {device = 'cuda'}), gp.empty({N, V}, {dtype = dt, device = 'cuda'})
+      gp.k.distill_fwd_bwd(li, di, s:cuda(), t:cuda(), a[2] and tg:cuda() or gp.zeros({N}, {dtype = 'i64', device = 'cuda'}),
+        gp.full({1}, 4, {device = 'cuda'}), a[1], a[2] or 1, 0, -100, -3)
+      T.ok(T.relnorm(li, l) < 1e-4 and T.relnorm(di, d:float() * (-3 / 4)) < tol, what .. ' scale -3 / 4')
+    end
   end
 end)
 
