@@ -150,6 +150,18 @@ __device__ __forceinline__ void jsd_add(float2 &r, float aa, float bb) {
   r.y += tp;
 }
 
+/* the same in log2 units, at log2-probabilities a2, b2, on the approximate ex2 and lg2 (the on-chip kernel):
+ * the log2 of the mixture and the two x log(x / m) terms; 0 where a probability is 0 */
+__device__ __forceinline__ float lg2(float x) {
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float2 jsd_terms2(float a2, float b2) {
+  const float p = ex2(a2), q = ex2(b2), m = lg2(p + q) - 1.f;
+  return make_float2(p > 0.f ? p * (a2 - m) : 0.f, q > 0.f ? q * (b2 - m) : 0.f);
+}
+
 template <typename T, typename I>
 __global__ void __launch_bounds__(1024)
     k_distill(float *loss, T *ds, const T *s, const T *t, const I *targets, const float *count, int64_t v,
@@ -217,11 +229,13 @@ __global__ void __launch_bounds__(1024)
  * and teacher rows are read once (the kernel above reads them twice: 5
  * row-sizes moved for 3, 0.49 of the copy bandwidth at SmolLM2's
  * vocabulary); bf16 49,152 takes 192 KB of the H100's 227. The arithmetic is
- * base 2 (ex2.approx). */
+ * base 2 (ex2.approx). One instance a kind (LEAN): 1 the forward KL without hard targets (alpha 1), 2 with
+ * them, 3 the reverse KL, 4 the JSD. */
 template <typename T, typename I, int NT, int LEAN>
 __global__ void __launch_bounds__(NT, 1)
     k_distill_rows(float *loss, T *ds, const T *s, const T *t, const I *targets, const float *count, int64_t n,
-                   int64_t v, int nk, int64_t ign, float temp, float alpha, int kind, float scale, gp_bad_ref bad) {
+                   int64_t v, int nk, int64_t ign, float temp, float alpha, float scale, gp_bad_ref bad) {
+  static_assert(LEAN >= 1 && LEAN <= 4, "a kind's instance");
   constexpr int W = 16 / sizeof(T);
   constexpr float L2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
   extern __shared__ uint4 sm_rows[];
@@ -262,11 +276,11 @@ __global__ void __launch_bounds__(NT, 1)
         acc_add2<W, false>(a[2], xa, nullptr);
       }
     };
-    if constexpr (LEAN > 0) {
-      /* forward KL (LEAN 1: without hard targets; 2: with the cross-entropy, alpha < 1): sums of 2^(x c2 - rs),
-       * 2^(y c2 - rt), q (y - x) and (LEAN 2, T != 1) 2^(x log2(e) - rc) against each thread's first vector's
-       * maxes (no max a vector: the instructions bound these rows); a sum past 2^64 is summed again exactly from
-       * the slots, which stay in shared memory until backward */
+    {
+      /* sums of 2^(x c2 - rs), 2^(y c2 - rt), q (y - x) (the forward KL; the reverse: p (x - y); the JSD
+       * neither: its own pass follows) and (with hard targets, T != 1) 2^(x log2(e) - rc) against each
+       * thread's first vector's maxes (no max a vector: the instructions bound these rows); a sum past 2^64 is
+       * summed again exactly from the slots, which stay in shared memory until backward */
       float rs = -INFINITY, rt = -INFINITY, rc = -INFINITY, zs = 0.f, zt = 0.f, zc = 0.f, wt = 0.f;
       for (int k = 0; k < nk; k++) {
         cp_wait(nk - 1 - k);
@@ -280,25 +294,26 @@ __global__ void __launch_bounds__(NT, 1)
           xs[e] = ld(es[e]);
           yt[e] = ld(et[e]);
         }
-        ref_add(rs, zs, xs, c2, [](int, float) {});
-        ref_add(rt, zt, yt, c2, [&](int e, float q) {
-          wt = fmaf(q, fmaxf(yt[e] - xs[e], -3.4e38f), wt); /* a zero probability adds 0, not 0 * -inf */
-        });
-        if (LEAN == 2 && sep) ref_add(rc, zc, xs, L2E, [](int, float) {});
+        if constexpr (LEAN == 3) { /* w = sum p (x - y) */
+          ref_add(rs, zs, xs, c2, [&](int e, float p) { wt = fmaf(p, fmaxf(xs[e] - yt[e], -3.4e38f), wt); });
+          ref_add(rt, zt, yt, c2, [](int, float) {});
+        } else if constexpr (LEAN == 4) { /* the JSD: its own pass below */
+          ref_add(rs, zs, xs, c2, [](int, float) {});
+          ref_add(rt, zt, yt, c2, [](int, float) {});
+        } else {
+          ref_add(rs, zs, xs, c2, [](int, float) {});
+          ref_add(rt, zt, yt, c2, [&](int e, float q) {
+            wt = fmaf(q, fmaxf(yt[e] - xs[e], -3.4e38f), wt); /* a zero probability adds 0, not 0 * -inf */
+          });
+        }
+        if (LEAN != 1 && sep) ref_add(rc, zc, xs, L2E, [](int, float) {});
       }
       if (zs <= 0x1p64f && zt <= 0x1p64f && zc <= 0x1p64f && fabsf(wt) <= 3.4e38f) {
-        a[0] = Acc{rs, zs, 0.f};
-        a[1] = Acc{rt, zt, wt * c2};
+        a[0] = Acc{rs, zs, LEAN == 3 ? wt * c2 : 0.f};
+        a[1] = Acc{rt, zt, LEAN == 3 ? 0.f : wt * c2};
         a[2] = Acc{rc, zc, 0.f};
       } else if (!skip && !badr) {
         for (int64_t j = threadIdx.x; j < sl.nvec; j += NT) acc_vec(j);
-      }
-    } else {
-      for (int k = 0; k < nk; k++) {
-        cp_wait(nk - 1 - k);
-        const int64_t j = (int64_t)k * NT + threadIdx.x;
-        if (skip || badr || j >= sl.nvec) continue;
-        acc_vec(j);
       }
     }
     if (skip || badr) {
@@ -319,9 +334,9 @@ __global__ void __launch_bounds__(NT, 1)
     const float ls = a[0].m + logf(a[0].z), lt = a[1].m + logf(a[1].z), lc = sep ? a[2].m + logf(a[2].z) : ls;
     const float ls2 = ls * L2E, lt2 = lt * L2E, lc2 = lc * L2E;
     float d, kk = 0.f;
-    if (kind == 0) d = a[1].w / a[1].z * LN2 - lt + ls;
-    else if (kind == 1) d = a[0].w / a[0].z * LN2 - ls + lt;
-    else {
+    if constexpr (LEAN <= 2) d = a[1].w / a[1].z * LN2 - lt + ls;
+    else if constexpr (LEAN == 3) d = a[0].w / a[0].z * LN2 - ls + lt;
+    else { /* the JSD, log2 units: d = ln 2 sum (p (a - m) + q (b - m)) / 2, kk = sum p (a - m) */
       float2 r = make_float2(0.f, 0.f);
       for (int k = 0; k < nk; k++) {
         const int64_t j = (int64_t)k * NT + threadIdx.x;
@@ -329,10 +344,14 @@ __global__ void __launch_bounds__(NT, 1)
         const uint4 us = sl.sx[k * NT + threadIdx.x], ut = sl.sy[k * NT + threadIdx.x];
         const T *es = reinterpret_cast<const T *>(&us), *et = reinterpret_cast<const T *>(&ut);
 #pragma unroll
-        for (int e = 0; e < W; e++) jsd_add(r, ld(es[e]) * inv_t - ls, ld(et[e]) * inv_t - lt);
+        for (int e = 0; e < W; e++) {
+          const float2 u = jsd_terms2(fmaf(ld(es[e]), c2, -ls2), fmaf(ld(et[e]), c2, -lt2));
+          r.x += u.x + u.y;
+          r.y += u.x;
+        }
       }
       r = block_sum2(r);
-      d = r.x;
+      d = 0.5f * LN2 * r.x;
       kk = r.y;
     }
     if (threadIdx.x == 0) loss[row] = alpha * temp * temp * d + (ce ? (1.f - alpha) * (lc - xt) : 0.f);
@@ -390,17 +409,15 @@ __global__ void __launch_bounds__(NT, 1)
       };
       if (sep) bw(std::true_type{});
       else bw(std::false_type{});
-    } else if (kind == 0)
-      with_ce([=](float sv, float tv) { return ex2(fmaf(sv, c2, -ls2)) - ex2(fmaf(tv, c2, -lt2)); });
-    else if (kind == 1)
+    } else if constexpr (LEAN == 3)
       with_ce([=](float sv, float tv) {
         const float aa = fmaf(sv, inv_t, -ls);
         return xlogy(ex2(aa * L2E), aa, tv * inv_t - lt + d);
       });
-    else
+    else /* the JSD (4): ln 2 / 2 p (a - m - kk), log2 units */
       with_ce([=](float sv, float tv) {
-        const float aa = fmaf(sv, inv_t, -ls);
-        return 0.5f * xlogy(ex2(aa * L2E), aa, log_mix(aa, tv * inv_t - lt) + kk);
+        const float a2 = fmaf(sv, c2, -ls2), b2 = fmaf(tv, c2, -lt2), p = ex2(a2);
+        return p > 0.f ? 0.5f * LN2 * p * (a2 - (lg2(p + ex2(b2)) - 1.f) - kk) : 0.f;
       });
   }
 }
@@ -410,7 +427,7 @@ __global__ void __launch_bounds__(NT, 1)
 template <typename T, typename I, int NT, int LEAN>
 static bool distill_rows(int *rc, gp_tensor *loss, gp_tensor *ds, const gp_tensor *s, const gp_tensor *t,
                          const gp_tensor *targets, const float *cnt, int64_t n, int64_t v, int64_t ign, float temp,
-                         float alpha, int kind, float scale, const gp_bad_ref &bad) {
+                         float alpha, float scale, const gp_bad_ref &bad) {
   const int64_t nvec = v * (int64_t)sizeof(T) / 16, nk = (nvec + NT - 1) / NT;
   const size_t smem = 2 * (size_t)nk * NT * 16;
   static OnchipCache cache;
@@ -421,7 +438,7 @@ static bool distill_rows(int *rc, gp_tensor *loss, gp_tensor *ds, const gp_tenso
   GP_NOTE_LAUNCH(fn, NT, smem);
   fn<<<grid, NT, smem, gp_cuda_stream()>>>((float *)gp_ptr(loss), (T *)gp_ptr(ds), (const T *)gp_ptr(s),
                                            (const T *)gp_ptr(t), (const I *)gp_ptr(targets), cnt, n, v, (int)nk, ign,
-                                           temp, alpha, kind, scale, bad);
+                                           temp, alpha, scale, bad);
   *rc = gp_cuda_check_launch("distill_fwd_bwd");
   return true;
 }
@@ -452,14 +469,13 @@ extern "C" int gp_cuda_distill(gp_tensor *loss, gp_tensor *ds, const gp_tensor *
   if (ds && vec && !stream_only && v * es >= 32768) {
     int rc = GP_OK;
     bool done = false;
-#define GP_DR2(NT, LEAN)                                                                                         \
-  (targets->dtype == GP_I32                                                                                      \
-       ? distill_rows<T, int32_t, NT, LEAN>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore, (float)temperature, \
-                                            (float)alpha, kind, (float)scale, bad)                               \
-       : distill_rows<T, int64_t, NT, LEAN>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore, (float)temperature, \
-                                            (float)alpha, kind, (float)scale, bad))
-    /* the forward KL (the common kind) has its own leaner instances: without hard targets (alpha 1) and with */
-#define GP_DR(NT) (kind != 0 ? GP_DR2(NT, 0) : alpha == 1.0 ? GP_DR2(NT, 1) : GP_DR2(NT, 2))
+#define GP_DR2(NT, LEAN)                                                                                              \
+  (targets->dtype == GP_I32 ? distill_rows<T, int32_t, NT, LEAN>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore,     \
+                                                                 (float)temperature, (float)alpha, (float)scale, bad) \
+                            : distill_rows<T, int64_t, NT, LEAN>(&rc, loss, ds, s, t, targets, cnt, n, v, ignore,     \
+                                                                 (float)temperature, (float)alpha, (float)scale, bad))
+    /* an instance a kind (and for the forward KL, with hard targets or without) */
+#define GP_DR(NT) (kind == 2 ? GP_DR2(NT, 4) : kind == 1 ? GP_DR2(NT, 3) : alpha == 1.0 ? GP_DR2(NT, 1) : GP_DR2(NT, 2))
     /* 1024 threads where the row's slots fit (H100, bf16 8192 x 49152: 1.04-1.12 ms
      * against 1.08-1.13 at 512), else 512 (less rounding of the row to the block). A row pair split over a
      * cluster of 2 blocks of 512 (two an SM, sums exchanged through distributed shared memory) or 4 of 256
