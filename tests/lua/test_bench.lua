@@ -280,3 +280,21 @@ T.test('decode step profile (scripts/bench/profile_decode.lua) lists the step\'s
   T.ok(out:find('\n  matmul%s+%d+') or out:find('\n  rows_linear%s+%d+'), out)
   T.ok(out:find('step: eager [%d.]+ us'), out)
 end)
+
+T.test('loss kernels bench (scripts/bench/losses.lua): a row per distillation kind and cross-entropy case', function()
+  local cmd = exe .. ' ' .. root .. '/scripts/bench/losses.lua'
+  local out, rc = T.sh(timeout(120) .. cmd .. ' --rounds 1 --iters 1 --rows 4 --vocab 256')
+  T.eq(rc, 0, out)
+  T.ok(out:find('round 1: copy', 1, true), out)
+  local n = 0
+  for l in out:gmatch('[^\n]+') do
+    if l:find(' of copy$') then
+      T.ok(tonumber(l:match('([%d.]+) us')) > 0, l)
+      n = n + 1
+    end
+  end
+  T.eq(n, 13, out) -- 9 distillation cases, 4 cross-entropy ones
+  T.ok(select(2, T.sh(cmd .. ' --only ce --rounds 1 --iters 1 --rows 2 --vocab 64')) == 0)
+  out, rc = T.sh(cmd .. ' --only x')
+  T.ok(rc ~= 0 and out:find("--only is 'distill' or 'ce'", 1, true), out)
+end)
