@@ -11,7 +11,7 @@
 --
 --   gpush scripts/bench/losses.lua                       -- the shapes of BENCHMARKS.md (H200: 2 GB a case)
 --   gpush scripts/bench/losses.lua --only ce --rounds 1
---   gpush scripts/bench/losses.lua --rows 64 --vocab 4096 -- one shape for every case (the CPU's default)
+--   gpush scripts/bench/losses.lua --rows 64 --vocab 4096 -- one shape for every case (the CPU: 16 x 4096)
 local gp = rawget(_G, 'gp') or require 'gpush'
 
 local o = gp.args.parse(arg, {
